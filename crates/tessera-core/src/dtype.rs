@@ -1,0 +1,144 @@
+//! Element types.
+//!
+//! [`DType`] is the runtime tag the registry, the CLI and file loaders speak; [`Element`]
+//! is the compile-time side kernels are generic over. Integer, FP8 and block-quantized
+//! formats have tags here already so descriptors can name them; their element types and
+//! codecs arrive with the quantization layer.
+
+use half::{bf16, f16};
+use std::fmt;
+
+/// A runtime element type tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    BF16,
+    I8,
+    U8,
+    F8E4M3,
+    F8E5M2,
+}
+
+impl DType {
+    /// Bytes per element (every current tag is a whole number of bytes).
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::F64 => 8,
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
+        }
+    }
+
+    /// Lower-case name as used on the command line (`f32`, `bf16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "f64",
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
+        }
+    }
+
+    /// All tags, for parsing and listing.
+    pub const ALL: [DType; 8] = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| crate::Error::invalid("dtype", format!("unknown dtype '{s}'")))
+    }
+}
+
+/// A plain-old-data floating element that kernels can load, convert and store.
+///
+/// Every bit pattern is a valid value (so zero-filled or arbitrary memory is a valid
+/// buffer), which is what lets [`crate::AlignedVec`] hand out zeroed storage safely.
+pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + Default + 'static {
+    const DTYPE: DType;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    fn to_f64(self) -> f64;
+    /// Round from f64 (through f32 for the 16-bit types: a double rounding that is
+    /// at most half an ulp of the narrow type off, irrelevant for test data).
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v as f64
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
+macro_rules! half_element {
+    ($t:ty, $tag:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $tag;
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            fn from_f32(v: f32) -> Self {
+                <$t>::from_f32(v)
+            }
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+        }
+    };
+}
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::BF16);

@@ -1,0 +1,149 @@
+//! CPU feature detection, decided once per process.
+//!
+//! Kernels never test CPU features themselves: they ask for an [`Isa`] and the registry
+//! enumerates [`Isa::available`] to run every variant this machine can execute. The
+//! environment variable `TESSERA_ISA` (scalar|avx2|avx512|neon) caps the default choice,
+//! which is how one forces the portable path on a machine that has more.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+/// An instruction-set level a kernel variant is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust, no target features: runs anywhere.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL/DQ (plus BF16/VNNI when [`CpuFeatures`] says so).
+    Avx512,
+    /// aarch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// Whether this machine can run code compiled for `self`.
+    pub fn is_available(self) -> bool {
+        let f = CpuFeatures::get();
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => f.avx2_fma,
+            Isa::Avx512 => f.avx512,
+            Isa::Neon => f.neon,
+        }
+    }
+
+    /// Every ISA this machine can run, best first.
+    pub fn available() -> Vec<Isa> {
+        let mut v: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
+        v.reverse();
+        v
+    }
+
+    /// The ISA kernels use by default: the best available, capped by `TESSERA_ISA`.
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let best = *Isa::available().first().unwrap_or(&Isa::Scalar);
+            match std::env::var("TESSERA_ISA").ok().and_then(|s| s.parse::<Isa>().ok()) {
+                Some(cap) if cap.is_available() => cap,
+                _ => best,
+            }
+        })
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Isa {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| crate::Error::invalid("isa", format!("unknown ISA '{s}'")))
+    }
+}
+
+/// The CPU features kernels care about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuFeatures {
+    pub avx2_fma: bool,
+    pub avx512: bool,
+    /// `vdpbf16ps` (AVX512_BF16).
+    pub avx512_bf16: bool,
+    /// `vpdpbusd` (AVX512_VNNI).
+    pub avx512_vnni: bool,
+    pub neon: bool,
+}
+
+impl CpuFeatures {
+    /// Detected once, then cached.
+    pub fn get() -> &'static CpuFeatures {
+        static F: OnceLock<CpuFeatures> = OnceLock::new();
+        F.get_or_init(Self::detect)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn detect() -> CpuFeatures {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2_fma = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = avx2_fma
+            && has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512vl")
+            && has!("avx512dq");
+        CpuFeatures {
+            avx2_fma,
+            avx512,
+            avx512_bf16: avx512 && has!("avx512bf16"),
+            avx512_vnni: avx512 && has!("avx512vnni"),
+            neon: false,
+        }
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    fn detect() -> CpuFeatures {
+        CpuFeatures {
+            neon: std::arch::is_aarch64_feature_detected!("neon"),
+            ..Default::default()
+        }
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    fn detect() -> CpuFeatures {
+        CpuFeatures::default()
+    }
+
+    /// A one-line summary for reports (`avx512+bf16+vnni`).
+    pub fn summary(&self) -> String {
+        let mut s = Isa::available()
+            .first()
+            .copied()
+            .unwrap_or(Isa::Scalar)
+            .name()
+            .to_string();
+        if self.avx512_bf16 {
+            s += "+bf16";
+        }
+        if self.avx512_vnni {
+            s += "+vnni";
+        }
+        s
+    }
+}
