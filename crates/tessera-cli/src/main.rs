@@ -1,2 +1,112 @@
-//! placeholder
-fn main() {}
+//! `tessera`: verify, benchmark and calibrate Tessera's kernels.
+
+mod bench_cmd;
+
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+use tessera_core::{CpuFeatures, Isa};
+use tessera_kernels::registry::{self, verify};
+use tessera_perf::{calibrate, report};
+
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about = "Verified kernels for LLM inference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
+    /// its float64 reference; exit status 1 on any failure.
+    Verify {
+        /// Only these ops (default: all).
+        #[arg(long = "op")]
+        ops: Vec<String>,
+        /// Seed for the random problems and inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Benchmark ops on their named shapes (or --shape) against this machine's measured
+    /// peak FMA rate and DRAM bandwidth.
+    Bench(bench_cmd::BenchArgs),
+    /// Measure this machine's ceilings (FMA, bf16 dot, DRAM) and the pool's dispatch cost.
+    Calibrate {
+        /// Threads (default: all in the pool).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// List registered ops, their dtypes and variants.
+    Ops,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Verify { ops, seed } => run_verify(&ops, seed),
+        Command::Bench(args) => bench_cmd::run(args),
+        Command::Calibrate { threads } => run_calibrate(threads),
+        Command::Ops => {
+            for op in registry::all() {
+                let dtypes: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();
+                let variants: Vec<String> = op.variants(op.dtypes()[0]).iter().map(|v| v.label.clone()).collect();
+                println!("{:<16} {:<22} [{}] {}", op.name(), dtypes.join(","), variants.join(","), op.summary());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn selected_ops(names: &[String]) -> Result<Vec<&'static dyn registry::OpSpec>> {
+    if names.is_empty() {
+        return Ok(registry::all());
+    }
+    names
+        .iter()
+        .map(|n| {
+            registry::find(n).ok_or_else(|| {
+                let known: Vec<&str> = registry::all().iter().map(|o| o.name()).collect();
+                anyhow::anyhow!("unknown op '{n}' (known: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+fn run_verify(ops: &[String], seed: u64) -> Result<()> {
+    eprintln!("cpu: {} ({} pool threads)", CpuFeatures::get().summary(), tessera_kernels::pool::global().threads());
+    let mut all = Vec::new();
+    for op in selected_ops(ops)? {
+        let reports = verify::verify_op(op, seed);
+        print!("{}", report::verify_table(&reports));
+        for r in &reports {
+            for c in r.failures() {
+                println!(
+                    "  FAIL {}/{}/{} {}: rel_err {:.3e}, non-finite {}, nan propagates {:?}, error {:?}",
+                    r.op, r.variant, r.dtype, c.problem, c.rel_err, c.non_finite, c.nan_propagates, c.error
+                );
+            }
+        }
+        println!();
+        all.extend(reports);
+    }
+    let failed = all.iter().filter(|r| !r.passed()).count();
+    let cases: usize = all.iter().map(|r| r.cases.len()).sum();
+    println!("{} variant/dtype combinations, {} cases: {} failed", all.len(), cases, failed);
+    if failed > 0 {
+        bail!("{failed} kernel variants failed verification");
+    }
+    Ok(())
+}
+
+fn run_calibrate(threads: Option<usize>) -> Result<()> {
+    let threads = threads.unwrap_or(tessera_kernels::pool::global().threads());
+    let c = calibrate::measure(threads);
+    println!("cpu            {} (best ISA {})", CpuFeatures::get().summary(), Isa::best());
+    println!("threads        {}", c.threads);
+    println!("f32 FMA peak   {:.1} GFLOP/s", c.fma_gflops);
+    println!("bf16 dot peak  {:.1} GFLOP/s", c.bf16_gflops);
+    println!("DRAM read      {:.1} GB/s", c.dram_gbps);
+    let (ours, rayon) = calibrate::dispatch_overhead_us(threads);
+    println!("pool dispatch  {ours:.2} µs per parallel op (rayon broadcast: {rayon:.2} µs)");
+    Ok(())
+}

@@ -1,1 +1,6 @@
-//! placeholder
+//! Tessera kernels.
+
+pub mod ops;
+pub mod pool;
+pub mod registry;
+pub mod simd;

@@ -1,0 +1,257 @@
+//! GEMM's registry entry: problems, instances, tolerances.
+
+use super::{gemm_with, Blocking, GemmInput, GemmParams};
+use crate::ops::common::{bytes, poison, random};
+use crate::registry::{parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use half::{bf16, f16};
+use rand::Rng as _;
+use std::fmt;
+use tessera_core::{AlignedVec, CpuFeatures, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut};
+
+/// f32: the only error is f32 accumulation over K terms, which grows like √K·2⁻²⁴ on
+/// random data (≈ 4e-6 at K = 4096 with margin); blocking reorders the sum, no more.
+pub const TOL_F32: Tolerance = Tolerance { rel: 1e-5, reason: "f32 accumulation over K terms (~√K·2⁻²⁴)" };
+/// f16 inputs widen exactly to f32, so the f32 bound holds; the reference uses the same
+/// rounded inputs.
+pub const TOL_F16: Tolerance = Tolerance { rel: 1e-5, reason: "exact widening, then f32 accumulation" };
+/// bf16: products of two bf16 are exact in f32 and `vdpbf16ps` accumulates in f32, so
+/// again only accumulation error (x2 margin for the pairwise sums' extra rounding).
+pub const TOL_BF16: Tolerance = Tolerance { rel: 2e-5, reason: "exact bf16 products, f32 accumulation" };
+
+/// One GEMM call's shape and flags.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmProblem {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// A stored as [k, m] and viewed transposed.
+    pub trans_a: bool,
+    /// B stored as [n, k] and viewed transposed (the `x·Wᵀ` of linear layers).
+    pub trans_b: bool,
+    /// C stored as [n, m] and viewed transposed (non-unit column stride).
+    pub trans_c: bool,
+    /// Rows of A and C padded (row stride > width).
+    pub padded: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl GemmProblem {
+    pub fn square(m: usize, n: usize, k: usize) -> Self {
+        GemmProblem { batch: 1, m, n, k, trans_a: false, trans_b: false, trans_c: false, padded: false, alpha: 1.0, beta: 0.0 }
+    }
+}
+
+impl fmt::Display for GemmProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = |b: bool| if b { "T" } else { "N" };
+        write!(f, "{}x{}x{}", self.m, self.n, self.k)?;
+        if self.batch > 1 {
+            write!(f, " b{}", self.batch)?;
+        }
+        write!(f, " {}{}{}", t(self.trans_a), t(self.trans_b), t(self.trans_c))?;
+        if self.padded {
+            f.write_str(" pad")?;
+        }
+        if self.alpha != 1.0 || self.beta != 0.0 {
+            write!(f, " a={} b={}", self.alpha, self.beta)?;
+        }
+        Ok(())
+    }
+}
+
+/// The registry entry.
+#[derive(Debug)]
+pub struct GemmOp;
+
+impl OpSpec for GemmOp {
+    fn name(&self) -> &'static str {
+        "gemm"
+    }
+    fn summary(&self) -> &'static str {
+        "C = αAB + βC, strided/transposed/batched, f32 accumulate"
+    }
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::F32, DType::BF16, DType::F16]
+    }
+    fn variants(&self, dtype: DType) -> Vec<Variant> {
+        Isa::available()
+            .into_iter()
+            .map(|isa| {
+                let mut v = Variant::cpu(isa);
+                if dtype == DType::BF16 && isa == Isa::Avx512 && CpuFeatures::get().avx512_bf16 {
+                    v.label = "avx512-dpbf16".into();
+                }
+                v
+            })
+            .collect()
+    }
+    fn tolerance(&self, dtype: DType) -> Tolerance {
+        match dtype {
+            DType::BF16 => TOL_BF16,
+            DType::F16 => TOL_F16,
+            _ => TOL_F32,
+        }
+    }
+    fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
+        let mut shapes = vec![
+            (1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 7), (1, 576, 64), (64, 1, 300),
+            (13, 67, 1), (1000, 3, 2), (2, 1000, 5), (97, 131, 257), (5, 200, 600),
+        ];
+        shapes.extend((0..4).map(|_| (rng.random_range(1..150), rng.random_range(1..200), rng.random_range(1..300))));
+        let mut out: Vec<Box<dyn ProblemCase>> = Vec::new();
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            out.push(Box::new(GemmProblem {
+                batch: if i % 4 == 3 { 3 } else { 1 },
+                trans_a: i % 2 == 1,
+                trans_b: i % 3 == 1,
+                trans_c: i % 5 == 2,
+                padded: i % 3 == 2,
+                alpha: if i % 4 == 1 { 0.5 } else { 1.0 },
+                beta: if i % 3 == 0 { 0.0 } else { -0.75 },
+                ..GemmProblem::square(m, n, k)
+            }));
+        }
+        out
+    }
+    fn bench_problems(&self) -> Vec<BenchProblem> {
+        vec![
+            ("square-512", Box::new(GemmProblem::square(512, 512, 512))),
+            ("square-2048", Box::new(GemmProblem::square(2048, 2048, 2048))),
+            ("prefill-512x1536x576", Box::new(GemmProblem { trans_b: true, ..GemmProblem::square(512, 1536, 576) })),
+            ("decode-1x576x576", Box::new(GemmProblem { trans_b: true, ..GemmProblem::square(1, 576, 576) })),
+        ]
+    }
+    fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
+        let d = parse_dims("gemm", s, 3, "MxNxK")?;
+        Ok(Box::new(GemmProblem::square(d[0], d[1], d[2])))
+    }
+}
+
+impl ProblemCase for GemmProblem {
+    fn cost(&self, dtype: DType) -> Cost {
+        let (b, m, n, k) = (self.batch as f64, self.m as f64, self.n as f64, self.k as f64);
+        let c_traffic = if self.beta == 0.0 { 1.0 } else { 2.0 };
+        Cost {
+            flops: 2.0 * b * m * n * k,
+            bytes: b * ((m * k + k * n) * dtype.size_bytes() as f64 + c_traffic * m * n * 4.0),
+        }
+    }
+    fn tune_space(&self) -> TuneSpace {
+        let d = super::default_blocking(Isa::best());
+        TuneSpace(vec![
+            TuneParam { name: "mc", default: d.mc, choices: vec![48, 72, 96, 144, 192, 288] },
+            TuneParam { name: "kc", default: d.kc, choices: vec![128, 192, 256, 384, 512] },
+            TuneParam { name: "nc", default: d.nc, choices: vec![256, 512, 1024, 2048, 4096] },
+            TuneParam { name: "threads", default: d.threads, choices: (1..=d.threads).collect() },
+        ])
+    }
+    fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
+        Ok(match dtype {
+            DType::F32 => Box::new(GemmInstance::<f32>::new(self.clone(), rng)?),
+            DType::F16 => Box::new(GemmInstance::<f16>::new(self.clone(), rng)?),
+            DType::BF16 => Box::new(GemmInstance::<bf16>::new(self.clone(), rng)?),
+            d => return Err(Error::DType { op: "gemm", dtype: d.to_string() }),
+        })
+    }
+}
+
+/// Buffers of one GEMM problem.
+struct GemmInstance<T: Element> {
+    p: GemmProblem,
+    a: AlignedVec<T>,
+    b: AlignedVec<T>,
+    c: AlignedVec<f32>,
+    c_init: AlignedVec<f32>,
+    la: Layout,
+    lb: Layout,
+    lc: Layout,
+}
+
+/// A [batch, rows, cols] layout, stored transposed and/or with padded rows when asked.
+fn layout(batch: usize, rows: usize, cols: usize, trans: bool, pad: usize) -> Result<Layout> {
+    let (r, c) = if trans { (cols, rows) } else { (rows, cols) };
+    let ld = c + pad;
+    let l = Layout::strided(&[batch, r, c], &[r * ld, ld, 1], 0)?;
+    if trans {
+        l.transposed(1, 2)
+    } else {
+        Ok(l)
+    }
+}
+
+impl<T: GemmInput> GemmInstance<T> {
+    fn new(p: GemmProblem, rng: &mut Rng) -> Result<Self> {
+        let pad = if p.padded { 3 } else { 0 };
+        let la = layout(p.batch, p.m, p.k, p.trans_a, pad)?;
+        let lb = layout(p.batch, p.k, p.n, p.trans_b, 0)?;
+        let lc = layout(p.batch, p.m, p.n, p.trans_c, pad)?;
+        let c_init = random::<f32>(rng, lc.span()?)?;
+        Ok(GemmInstance {
+            a: random(rng, la.span()?)?,
+            b: random(rng, lb.span()?)?,
+            c: c_init.clone(),
+            c_init,
+            la,
+            lb,
+            lc,
+            p,
+        })
+    }
+}
+
+impl<T: GemmInput> Instance for GemmInstance<T> {
+    fn reference(&self) -> Vec<f64> {
+        let at = |l: &Layout, v: &[T], b, i, j| v[l.index_of(&[b, i, j])].to_f64();
+        let c0 = |b, i, j| self.c_init[self.lc.index_of(&[b, i, j])] as f64;
+        super::reference::gemm_f64(
+            (self.p.batch, self.p.m, self.p.n, self.p.k),
+            |b, i, p| at(&self.la, &self.a, b, i, p),
+            |b, p, j| at(&self.lb, &self.b, b, p, j),
+            c0,
+            self.p.alpha as f64,
+            self.p.beta as f64,
+        )
+    }
+    fn poison(&mut self) {
+        if self.p.beta == 0.0 {
+            poison(&mut self.c); // β = 0 must neither read C nor leave an element unwritten
+        } else {
+            self.c.copy_from_slice(&self.c_init);
+        }
+    }
+    fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        let d = super::default_blocking(v.isa());
+        let blocking = Blocking {
+            mc: cfg.get("mc").unwrap_or(d.mc),
+            kc: cfg.get("kc").unwrap_or(d.kc),
+            nc: cfg.get("nc").unwrap_or(d.nc),
+            threads: cfg.get("threads").unwrap_or(d.threads),
+        };
+        let a = TensorView::new(&self.a, self.la)?;
+        let b = TensorView::new(&self.b, self.lb)?;
+        let mut c = TensorViewMut::new(&mut self.c, self.lc)?;
+        gemm_with(v.isa(), blocking, &a, &b, &mut c, GemmParams { alpha: self.p.alpha, beta: self.p.beta })
+    }
+    fn output(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.p.batch * self.p.m * self.p.n);
+        for b in 0..self.p.batch {
+            for i in 0..self.p.m {
+                for j in 0..self.p.n {
+                    out.push(self.c[self.lc.index_of(&[b, i, j])] as f64);
+                }
+            }
+        }
+        out
+    }
+    fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        let (bt, i, p) = (rng.random_range(0..self.p.batch), rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
+        self.a[self.la.index_of(&[bt, i, p])] = T::from_f32(f32::NAN);
+        Some((0..self.p.n).map(|j| (bt * self.p.m + i) * self.p.n + j).collect())
+    }
+    fn footprint(&self) -> usize {
+        bytes(&self.a) + bytes(&self.b) + bytes(&self.c)
+    }
+}
+

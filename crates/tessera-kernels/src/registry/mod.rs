@@ -1,0 +1,203 @@
+//! The kernel registry: every op described once.
+//!
+//! An [`OpSpec`] names an op, its dtypes, its variants (one per ISA / backend), its
+//! per-dtype [`Tolerance`], and produces problems: random ragged ones for tests and named
+//! ones for benchmarks. A problem ([`ProblemCase`]) knows its [`Cost`] and [`TuneSpace`]
+//! and builds an [`Instance`]: real inputs and outputs that can compute the float64
+//! reference, run any variant under any tuning config, and inject NaN/Inf.
+//!
+//! Verification ([`verify`]), `tessera bench` and (later) autotuning and the regression
+//! gate are all drivers over these same descriptions, as in ggml's test-backend-ops but
+//! checked against float64.
+
+pub mod verify;
+
+use rand::SeedableRng;
+use std::fmt;
+use tessera_core::{DType, Isa, Result};
+
+/// The random generator every problem generator and instance uses (seeded: reproducible).
+pub type Rng = rand::rngs::StdRng;
+
+/// A generator from a seed.
+pub fn rng(seed: u64) -> Rng {
+    Rng::seed_from_u64(seed)
+}
+
+/// Work and traffic of one call: the roofline inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Floating-point operations (a fused multiply-add counts 2).
+    pub flops: f64,
+    /// The minimum bytes that must cross the memory bus: every input read once, every
+    /// output written once.
+    pub bytes: f64,
+}
+
+impl Cost {
+    /// FLOPs per byte.
+    pub fn intensity(&self) -> f64 {
+        self.flops / self.bytes.max(1.0)
+    }
+}
+
+/// An accepted relative error ‖out−ref‖₂/‖ref‖₂, with why that much is expected.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rel: f64,
+    pub reason: &'static str,
+}
+
+/// Where a variant runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Cpu(Isa),
+}
+
+/// One implementation of an op: a backend and a label for reports (`avx512`, `avx512-bf16`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    pub backend: Backend,
+    pub label: String,
+}
+
+impl Variant {
+    pub fn cpu(isa: Isa) -> Self {
+        Variant {
+            backend: Backend::Cpu(isa),
+            label: isa.name().to_string(),
+        }
+    }
+
+    /// The CPU ISA of a CPU variant.
+    pub fn isa(&self) -> Isa {
+        match self.backend {
+            Backend::Cpu(isa) => isa,
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+/// One tunable parameter: its default and the values a search may try.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuneParam {
+    pub name: &'static str,
+    pub default: usize,
+    pub choices: Vec<usize>,
+}
+
+/// The tunable parameters of an op on one problem.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TuneSpace(pub Vec<TuneParam>);
+
+impl TuneSpace {
+    /// The default configuration.
+    pub fn defaults(&self) -> TuneConfig {
+        TuneConfig(self.0.iter().map(|p| (p.name, p.default)).collect())
+    }
+
+    /// Number of points in the full space.
+    pub fn size(&self) -> usize {
+        self.0.iter().map(|p| p.choices.len().max(1)).product()
+    }
+}
+
+/// Values chosen for tunable parameters; parameters not named take their defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TuneConfig(pub Vec<(&'static str, usize)>);
+
+impl TuneConfig {
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.0.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+
+    /// Sets (or adds) one parameter.
+    pub fn set(&mut self, name: &'static str, value: usize) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((name, value)),
+        }
+    }
+}
+
+impl fmt::Display for TuneConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// Real buffers for one problem: inputs, outputs, and the means to check them.
+pub trait Instance: Send {
+    /// The output computed in float64 from the very same (already rounded) inputs.
+    fn reference(&self) -> Vec<f64>;
+    /// Overwrite every output element with NaN so an unwritten element is caught.
+    fn poison(&mut self);
+    /// Run one variant with one tuning config.
+    fn run(&mut self, variant: &Variant, cfg: &TuneConfig) -> Result<()>;
+    /// The outputs, widened to f64, in the reference's order.
+    fn output(&self) -> Vec<f64>;
+    /// Plant a NaN or Inf in an input; returns the output indices that must then be
+    /// non-finite (None when the op has no such guarantee).
+    fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>>;
+    /// Bytes of input and output buffers (to size rotation sets in benchmarks).
+    fn footprint(&self) -> usize;
+}
+
+/// A problem: shapes and flags of one call.
+pub trait ProblemCase: fmt::Display + Send + Sync {
+    fn cost(&self, dtype: DType) -> Cost;
+    fn tune_space(&self) -> TuneSpace;
+    fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>>;
+}
+
+impl fmt::Debug for dyn ProblemCase + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+/// A named benchmark problem.
+pub type BenchProblem = (&'static str, Box<dyn ProblemCase>);
+
+/// Everything the registry knows about one op.
+pub trait OpSpec: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn summary(&self) -> &'static str;
+    fn dtypes(&self) -> &'static [DType];
+    /// Implementations runnable on this machine for `dtype`.
+    fn variants(&self, _dtype: DType) -> Vec<Variant> {
+        Isa::available().into_iter().map(Variant::cpu).collect()
+    }
+    fn tolerance(&self, dtype: DType) -> Tolerance;
+    /// Random problems for verification, ragged shapes included.
+    fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>>;
+    /// Named problems for benchmarks.
+    fn bench_problems(&self) -> Vec<BenchProblem>;
+    /// A problem from a `--shape` string (op-specific syntax, described in the error).
+    fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>>;
+}
+
+/// Every registered op.
+pub fn all() -> Vec<&'static dyn OpSpec> {
+    crate::ops::registered()
+}
+
+/// The op with this name.
+pub fn find(name: &str) -> Option<&'static dyn OpSpec> {
+    all().into_iter().find(|o| o.name() == name)
+}
+
+/// Parses `AxBxC` into numbers, for `parse_problem` implementations.
+pub fn parse_dims(op: &'static str, s: &str, n: usize, syntax: &str) -> Result<Vec<usize>> {
+    let dims: Option<Vec<usize>> = s.split(['x', ',']).map(|t| t.trim().parse().ok()).collect();
+    match dims {
+        Some(d) if d.len() == n && d.iter().all(|&v| v > 0) => Ok(d),
+        _ => Err(tessera_core::Error::invalid(op, format!("shape '{s}': expected {syntax}"))),
+    }
+}

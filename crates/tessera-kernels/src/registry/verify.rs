@@ -1,0 +1,163 @@
+//! Verification of any registered op against its float64 reference.
+
+use super::{OpSpec, ProblemCase, Rng, TuneConfig, Variant};
+use rand::Rng as _;
+use tessera_core::DType;
+
+/// The outcome of checking one variant on one problem.
+#[derive(Clone, Debug)]
+pub struct CaseReport {
+    pub problem: String,
+    pub rel_err: f64,
+    /// Output elements that were NaN/Inf where the reference is finite (unwritten or wrong).
+    pub non_finite: usize,
+    /// Some(false) when a planted NaN/Inf did not reach the outputs it must reach.
+    pub nan_propagates: Option<bool>,
+    pub error: Option<String>,
+}
+
+impl CaseReport {
+    pub fn passed(&self, tol: f64) -> bool {
+        self.error.is_none()
+            && self.non_finite == 0
+            && self.rel_err <= tol
+            && self.nan_propagates != Some(false)
+    }
+}
+
+/// ‖out−ref‖₂ / ‖ref‖₂ (absolute norm when the reference is all zeros); NaN-aware.
+pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        if r.is_finite() && o.is_finite() {
+            num += (o - r) * (o - r);
+            den += r * r;
+        }
+    }
+    if den > 0.0 {
+        (num / den).sqrt()
+    } else {
+        num.sqrt()
+    }
+}
+
+/// Runs one variant on one problem with fresh random inputs.
+pub fn check(
+    problem: &dyn ProblemCase,
+    dtype: DType,
+    variant: &Variant,
+    cfg: Option<&TuneConfig>,
+    rng: &mut Rng,
+) -> CaseReport {
+    let mut report = CaseReport {
+        problem: problem.to_string(),
+        rel_err: f64::NAN,
+        non_finite: 0,
+        nan_propagates: None,
+        error: None,
+    };
+    let cfg = cfg.cloned().unwrap_or_else(|| problem.tune_space().defaults());
+    let seed: u64 = rng.random();
+    let mut inst = match problem.instantiate(dtype, &mut super::rng(seed)) {
+        Ok(i) => i,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let reference = inst.reference();
+    inst.poison();
+    if let Err(e) = inst.run(variant, &cfg) {
+        report.error = Some(e.to_string());
+        return report;
+    }
+    let out = inst.output();
+    if out.len() != reference.len() {
+        report.error = Some(format!("{} outputs, reference has {}", out.len(), reference.len()));
+        return report;
+    }
+    report.non_finite = out
+        .iter()
+        .zip(&reference)
+        .filter(|(o, r)| r.is_finite() && !o.is_finite())
+        .count();
+    report.rel_err = rel_error(&out, &reference);
+
+    // A second instance (same seed) with a planted NaN/Inf.
+    if let Ok(mut inst) = problem.instantiate(dtype, &mut super::rng(seed)) {
+        if let Some(must) = inst.inject_nonfinite(rng) {
+            inst.poison();
+            report.nan_propagates = Some(
+                inst.run(variant, &cfg).is_ok() && {
+                    let out = inst.output();
+                    must.iter().all(|&i| out.get(i).is_some_and(|v| !v.is_finite()))
+                },
+            );
+        }
+    }
+    report
+}
+
+/// The summary of one (op, variant, dtype) over many problems.
+#[derive(Clone, Debug)]
+pub struct VariantReport {
+    pub op: &'static str,
+    pub variant: String,
+    pub dtype: DType,
+    pub tolerance: f64,
+    pub cases: Vec<CaseReport>,
+}
+
+impl VariantReport {
+    pub fn worst(&self) -> f64 {
+        self.cases.iter().map(|c| c.rel_err).fold(0.0, f64::max)
+    }
+    pub fn failures(&self) -> Vec<&CaseReport> {
+        self.cases.iter().filter(|c| !c.passed(self.tolerance)).collect()
+    }
+    pub fn passed(&self) -> bool {
+        self.failures().is_empty()
+    }
+}
+
+/// Checks every dtype × variant of `op` on its random test problems.
+pub fn verify_op(op: &dyn OpSpec, seed: u64) -> Vec<VariantReport> {
+    let mut rng = super::rng(seed);
+    let problems = op.test_problems(&mut rng);
+    let mut reports = Vec::new();
+    for &dtype in op.dtypes() {
+        for variant in op.variants(dtype) {
+            let cases = problems
+                .iter()
+                .map(|p| check(p.as_ref(), dtype, &variant, None, &mut rng))
+                .collect();
+            reports.push(VariantReport {
+                op: op.name(),
+                variant: variant.label.clone(),
+                dtype,
+                tolerance: op.tolerance(dtype).rel,
+                cases,
+            });
+        }
+    }
+    reports
+}
+
+/// Panics with a readable table of every failure (for `#[test]`s).
+pub fn assert_op_verified(name: &str) {
+    let op = super::find(name).unwrap_or_else(|| panic!("op '{name}' is not registered"));
+    let reports = verify_op(op, 0x7e55e7a ^ name.len() as u64);
+    assert!(!reports.is_empty(), "op '{name}' has no variants to verify");
+    let mut msg = String::new();
+    for r in &reports {
+        assert!(!r.cases.is_empty(), "{name}/{}: no problems", r.variant);
+        for c in r.failures() {
+            msg += &format!(
+                "{}/{}/{}: {} rel_err={:.3e} (tol {:.1e}) non_finite={} nan_propagates={:?} error={:?}\n",
+                r.op, r.variant, r.dtype, c.problem, c.rel_err, r.tolerance, c.non_finite,
+                c.nan_propagates, c.error
+            );
+        }
+    }
+    assert!(msg.is_empty(), "verification failures:\n{msg}");
+}

@@ -1,0 +1,23 @@
+//! Every registered op, every dtype, every ISA variant this machine runs, checked against
+//! its float64 reference on fresh random ragged problems (one harness for all; see
+//! `registry::verify`).
+
+use tessera_kernels::registry::{self, verify::assert_op_verified};
+
+macro_rules! verify_ops {
+    ($($test:ident => $op:literal),* $(,)?) => {
+        $(#[test] fn $test() { assert_op_verified($op); })*
+
+        #[test]
+        fn every_registered_op_has_a_test() {
+            let tested = [$($op),*];
+            for op in registry::all() {
+                assert!(tested.contains(&op.name()), "op '{}' has no verify test", op.name());
+            }
+        }
+    };
+}
+
+verify_ops! {
+    gemm => "gemm",
+}

@@ -1,0 +1,131 @@
+//! The benchmark runner every registered op goes through.
+//!
+//! Method: build enough instances that their buffers together exceed the last-level cache
+//! several times over when the op is memory-bound (so each call reads cold data, as in a
+//! real model), run each once to warm up, then time single calls round-robin until both a
+//! minimum sample count and a time budget are reached (or the spread is already tight).
+//! Report the median.
+
+use crate::calibrate::Ceilings;
+use crate::stats;
+use std::time::{Duration, Instant};
+use tessera_core::{DType, Result};
+use tessera_kernels::registry::{self, Cost, Instance, ProblemCase, TuneConfig, Variant};
+
+/// Last-level cache size assumed when sizing rotation sets (32 MiB on the reference
+/// machine; overridable for larger parts).
+pub fn llc_bytes() -> usize {
+    std::env::var("TESSERA_LLC_MB").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(32) << 20
+}
+
+/// How long and how often to sample.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions {
+    pub min_samples: usize,
+    pub max_samples: usize,
+    pub budget: Duration,
+    /// Stop early once the interquartile spread is below this (relative to the median).
+    pub target_spread: f64,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions { min_samples: 10, max_samples: 10_000, budget: Duration::from_millis(1500), target_spread: 0.02 }
+    }
+}
+
+/// One benchmark result.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchResult {
+    pub op: String,
+    pub problem: String,
+    pub dtype: String,
+    pub variant: String,
+    pub config: String,
+    pub samples_s: Vec<f64>,
+    pub median_s: f64,
+    pub spread: f64,
+    pub flops: f64,
+    pub bytes: f64,
+    pub gflops: f64,
+    pub gbps: f64,
+    /// Achieved rate over the roofline's attainable rate at this intensity.
+    pub roofline_pct: f64,
+    pub bound: &'static str,
+    /// Instances rotated (1 when compute-bound).
+    pub rotation: usize,
+}
+
+/// Whether a cost is below the ridge point (memory-bound) for these ceilings.
+pub fn memory_bound(cost: &Cost, peak_gflops: f64, c: &Ceilings) -> bool {
+    cost.intensity() < peak_gflops / c.dram_gbps
+}
+
+/// What `run` needs to know about one benchmark.
+#[derive(Debug)]
+pub struct BenchSpec<'a> {
+    pub op: &'a str,
+    pub problem: &'a dyn ProblemCase,
+    pub dtype: DType,
+    pub variant: &'a Variant,
+    pub config: &'a TuneConfig,
+    /// The variant uses the bf16 pair-dot peak (else the f32 FMA peak).
+    pub bf16_dot: bool,
+}
+
+/// Benchmarks one (problem, dtype, variant, config).
+pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Result<BenchResult> {
+    let cost = spec.problem.cost(spec.dtype);
+    let peak = ceilings.peak_gflops(spec.bf16_dot);
+    let mem_bound = memory_bound(&cost, peak, ceilings);
+    let mut rng = registry::rng(0xbe4c);
+    let mut instances: Vec<Box<dyn Instance>> = vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
+    if mem_bound {
+        let target = 3 * llc_bytes();
+        let each = instances[0].footprint().max(1);
+        let count = target.div_ceil(each).clamp(1, 256);
+        for _ in 1..count {
+            instances.push(spec.problem.instantiate(spec.dtype, &mut rng)?);
+        }
+    }
+    for inst in instances.iter_mut() {
+        inst.run(spec.variant, spec.config)?;
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    let mut i = 0;
+    while samples.len() < opts.max_samples {
+        let n = instances.len();
+        let inst = &mut instances[i % n];
+        let t = Instant::now();
+        inst.run(spec.variant, spec.config)?;
+        samples.push(t.elapsed().as_secs_f64());
+        i += 1;
+        if samples.len() >= opts.min_samples
+            && (start.elapsed() >= opts.budget || (samples.len() >= 3 * opts.min_samples && stats::rel_spread(&samples) < opts.target_spread && start.elapsed() >= opts.budget / 4))
+        {
+            break;
+        }
+    }
+    let median = stats::median(&samples);
+    let gflops = cost.flops / median / 1e9;
+    let gbps = cost.bytes / median / 1e9;
+    let attainable = peak.min(cost.intensity() * ceilings.dram_gbps);
+    Ok(BenchResult {
+        op: spec.op.to_string(),
+        problem: spec.problem.to_string(),
+        dtype: spec.dtype.to_string(),
+        variant: spec.variant.label.clone(),
+        config: spec.config.to_string(),
+        spread: stats::rel_spread(&samples),
+        samples_s: samples,
+        median_s: median,
+        flops: cost.flops,
+        bytes: cost.bytes,
+        gflops,
+        gbps,
+        roofline_pct: 100.0 * if mem_bound { gbps / ceilings.dram_gbps } else { gflops / attainable },
+        bound: if mem_bound { "memory" } else { "compute" },
+        rotation: instances.len(),
+    })
+}

@@ -1,0 +1,214 @@
+//! Calibration kernels: this machine's peak FMA, bf16-dot and DRAM read rates, and the
+//! thread pool's dispatch overhead, measured now.
+//!
+//! Peak compute: independent register-resident FMA chains (12 of them, enough to cover
+//! latency × pipes), nothing loaded. DRAM: a vectorized sum over a buffer 8× the L3,
+//! split across threads. Compute peaks are the best of several repetitions (the ceiling);
+//! DRAM is the median, because single passes on a shared host swing ±30%.
+
+use std::time::Instant;
+use tessera_core::{CpuFeatures, Isa};
+use tessera_kernels::pool;
+
+/// This machine's measured ceilings.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Ceilings {
+    pub threads: usize,
+    /// f32 FMA, GFLOP/s.
+    pub fma_gflops: f64,
+    /// bf16 pair-dot (`vdpbf16ps`), GFLOP/s; equals `fma_gflops` where absent.
+    pub bf16_gflops: f64,
+    /// DRAM read bandwidth, GB/s.
+    pub dram_gbps: f64,
+}
+
+impl Ceilings {
+    /// The compute peak an op of `dtype` on `variant` can reach.
+    pub fn peak_gflops(&self, bf16_dot: bool) -> f64 {
+        if bf16_dot {
+            self.bf16_gflops
+        } else {
+            self.fma_gflops
+        }
+    }
+}
+
+/// Independent accumulators: 4-cycle FMA latency × 2 pipes needs 8; 12 leaves margin and
+/// stays in registers (24 made LLVM spill).
+const CHAINS: usize = 12;
+
+#[inline(always)]
+fn fma_portable(iters: usize) -> f32 {
+    let mut acc = [[1.0f32; 16]; CHAINS];
+    let (x, y) = (std::hint::black_box(0.999_999f32), std::hint::black_box(1e-7f32));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = v.mul_add(x, y);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn fma_avx512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let x = std::hint::black_box(_mm512_set1_ps(0.999_999));
+    let y = std::hint::black_box(_mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, x, y);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn bf16_dot_avx512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let b = std::hint::black_box(_mm512_set1_epi32(0x3f80_3f80)); // pairs of 1.0
+    let b: __m512bh = unsafe_cast(b);
+    let mut acc = [_mm512_setzero_ps(); CHAINS];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbf16_ps(*a, b, b);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn unsafe_cast(v: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512bh {
+    // SAFETY: both are 64-byte plain SIMD types; every bit pattern is valid.
+    unsafe { std::mem::transmute(v) }
+}
+
+/// FLOPs one call of the compute kernels does per iteration (16 lanes × 2 per FMA,
+/// ×2 again for the pair-dot).
+fn flops_per_iter(bf16: bool) -> f64 {
+    (CHAINS * 16 * 2 * if bf16 { 2 } else { 1 }) as f64
+}
+
+fn run_compute(threads: usize, bf16: bool) -> f64 {
+    let isa = Isa::best();
+    let iters = 2_000_000;
+    let kernel = move || -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            if bf16 {
+                // SAFETY: the caller checked avx512_bf16.
+                return unsafe { bf16_dot_avx512(iters) };
+            }
+            // SAFETY: Avx512 is only chosen when available.
+            return unsafe { fma_avx512(iters) };
+        }
+        fma_portable(iters)
+    };
+    best_rate(5, || {
+        let t = Instant::now();
+        pool::global().run(threads, threads, |_| {
+            std::hint::black_box(kernel());
+        });
+        threads as f64 * iters as f64 * flops_per_iter(bf16) / t.elapsed().as_secs_f64() / 1e9
+    })
+}
+
+fn median_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
+    let v: Vec<f64> = (0..reps).map(|_| f()).collect();
+    crate::stats::median(&v)
+}
+
+fn best_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
+    (0..reps).map(|_| f()).fold(0.0, f64::max)
+}
+
+/// DRAM read GB/s over a 256 MiB buffer (8× a 32 MiB L3).
+fn dram_read(threads: usize) -> f64 {
+    let n = 64 << 20; // f32 elements = 256 MiB
+    let buf: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
+    let chunk = n / threads;
+    // Median, not best: single passes over a shared-host DRAM swing ±30%.
+    median_rate(7, || {
+        let t = Instant::now();
+        pool::global().run(threads, threads, |i| {
+            std::hint::black_box(sum(&buf[i * chunk..(i + 1) * chunk]));
+        });
+        (chunk * threads * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
+    })
+}
+
+fn sum(v: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::best() == Isa::Avx512 {
+        #[target_feature(enable = "avx512f,fma")]
+        fn s(v: &[f32]) -> f32 {
+            sum_portable(v)
+        }
+        // SAFETY: AVX-512 available.
+        return unsafe { s(v) };
+    }
+    sum_portable(v)
+}
+
+#[inline(always)]
+fn sum_portable(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    for c in v.chunks_exact(64) {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Measures every ceiling on `threads` threads (≈1–2 s).
+pub fn measure(threads: usize) -> Ceilings {
+    let threads = threads.clamp(1, pool::global().threads());
+    let fma = run_compute(threads, false);
+    let bf16 = if CpuFeatures::get().avx512_bf16 && Isa::best() == Isa::Avx512 {
+        run_compute(threads, true)
+    } else {
+        fma
+    };
+    Ceilings {
+        threads,
+        fma_gflops: fma,
+        bf16_gflops: bf16,
+        dram_gbps: dram_read(threads),
+    }
+}
+
+/// Dispatch overhead of an empty parallel job (one no-op task per thread), in µs:
+/// (Tessera's pool, rayon's `broadcast`), medians over many calls.
+pub fn dispatch_overhead_us(threads: usize) -> (f64, f64) {
+    let reps = 20_000;
+    let time = |f: &dyn Fn()| {
+        for _ in 0..1000 {
+            f();
+        }
+        let samples: Vec<f64> = (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..reps / 20 {
+                    f();
+                }
+                t.elapsed().as_secs_f64() * 1e6 / (reps / 20) as f64
+            })
+            .collect();
+        crate::stats::median(&samples)
+    };
+    let ours = time(&|| pool::global().run(threads, threads, |i| {
+        std::hint::black_box(i);
+    }));
+    let rayon_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool");
+    let theirs = time(&|| {
+        rayon_pool.broadcast(|c| {
+            std::hint::black_box(c.index());
+        });
+    });
+    (ours, theirs)
+}
