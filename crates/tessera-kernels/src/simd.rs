@@ -10,29 +10,29 @@
 /// Defines `fn NAME(isa: Isa, args...) -> R` running `body` compiled for `isa`.
 #[macro_export]
 macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$g:ident : $bound:path>)? ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
         #[allow(unused_unsafe)]
-        $vis fn $name(isa: tessera_core::Isa, $($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name $(<$g: $bound>)? (isa: tessera_core::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
+            fn body $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? $body
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-            fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+            fn avx512 $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? { body $(::<$g>)? ($($arg),*) }
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma,f16c")]
-            fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+            fn avx2 $(<$g: $bound>)? ($($arg: $ty),*) $(-> $ret)? { body $(::<$g>)? ($($arg),*) }
 
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: Isa::Avx512 is only ever chosen when the CPU has these features.
-                tessera_core::Isa::Avx512 if isa.is_available() => unsafe { avx512($($arg),*) },
+                tessera_core::Isa::Avx512 if isa.is_available() => unsafe { avx512 $(::<$g>)? ($($arg),*) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above for AVX2.
-                tessera_core::Isa::Avx2 if isa.is_available() => unsafe { avx2($($arg),*) },
-                _ => body($($arg),*),
+                tessera_core::Isa::Avx2 if isa.is_available() => unsafe { avx2 $(::<$g>)? ($($arg),*) },
+                _ => body $(::<$g>)? ($($arg),*),
             }
         }
     };
@@ -41,6 +41,24 @@ macro_rules! multiversion {
 /// e^x in f32 with ≤ 2 ulp error over the normal range, written to vectorize: Cody–Waite
 /// reduction x = n·ln2 + r (|r| ≤ ln2/2), a degree-6 Taylor/Horner polynomial for e^r, and
 /// 2ⁿ built in the exponent bits. Overflow gives +∞, underflow 0, NaN stays NaN.
+/// Dot product with 32 independent lanes (vectorizes to two zmm / four ymm accumulators).
+#[inline(always)]
+pub fn dot<T: tessera_core::Element>(a: &[f32], b: &[T]) -> f32 {
+    const L: usize = 32;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; L];
+    let (ac, bc) = (a.chunks_exact(L), b.chunks_exact(L));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..L {
+            acc[l] += x[l] * y[l].to_f32();
+        }
+    }
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y.to_f32()).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;

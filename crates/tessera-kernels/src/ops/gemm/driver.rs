@@ -175,12 +175,12 @@ fn compute_rect<T: PackSource, P: Packed>(
                 grow(abuf, ablk.packed_len::<P>());
                 let ap = as_packed::<P>(abuf, ablk.packed_len::<P>());
                 pack(&ops.a, ablk, false, ap);
-                for jr in 0..nc.div_ceil(nr) {
-                    let cols = nr.min(nc - jr * nr);
-                    let b_panel = bp[jr * ks * nr..].as_ptr();
-                    for ir in 0..mc.div_ceil(mr) {
-                        let rows = mr.min(mc - ir * mr);
-                        let a_panel = ap[ir * ks * mr..].as_ptr();
+                for ir in 0..mc.div_ceil(mr) {
+                    let rows = mr.min(mc - ir * mr);
+                    let a_panel = ap[ir * ks * mr..].as_ptr();
+                    for jr in 0..nc.div_ceil(nr) {
+                        let cols = nr.min(nc - jr * nr);
+                        let b_panel = bp[jr * ks * nr..].as_ptr();
                         let (i0, j0) = (ic + ir * mr, jc + jr * nr);
                         let c = &ops.c;
                         if rows == mr && cols == nr && c.cs == 1 {

@@ -9,6 +9,7 @@
 //! to f32 while packing (exact) and run the f32 kernel.
 
 mod driver;
+mod gemv;
 mod micro;
 mod pack;
 pub mod reference;
@@ -48,7 +49,7 @@ impl GemmInput for half::bf16 {}
 pub fn default_blocking(isa: Isa) -> Blocking {
     let threads = pool::global().threads();
     match isa {
-        Isa::Avx512 => Blocking { mc: 96, kc: 256, nc: 1024, threads },
+        Isa::Avx512 => Blocking { mc: 96, kc: 384, nc: 1024, threads },
         Isa::Avx2 => Blocking { mc: 96, kc: 256, nc: 1024, threads },
         Isa::Neon | Isa::Scalar => Blocking { mc: 64, kc: 256, nc: 512, threads },
     }
@@ -138,6 +139,10 @@ pub fn gemm_with<T: GemmInput>(
         scale_c(&c_mat, batches, p.beta);
         return Ok(());
     }
+    if m <= gemv::MAX_M && (b.layout().stride(b.rank() - 2) == 1 || b.layout().stride(b.rank() - 1) == 1) {
+        run_gemv(isa, blocking.threads, a, b, &s, &c_mat, p);
+        return Ok(());
+    }
     let operands = |i: usize| Operands {
         a: Mat::of(&matrix(a, s.a_batched, i)),
         b: Mat::of(&matrix(b, s.b_batched, i)),
@@ -154,6 +159,23 @@ pub fn gemm_with<T: GemmInput>(
     }
     driver::run(f32_kernel(isa), blocking, s.dims, &operands, scalars);
     Ok(())
+}
+
+/// Small-M path: each row of A against B, no packing.
+fn run_gemv<T: GemmInput>(isa: Isa, threads: usize, a: &TensorView<'_, T>, b: &TensorView<'_, T>, s: &Shapes, c_mat: &dyn Fn(usize) -> MatMut, p: GemmParams) {
+    let (batches, m, n, k) = s.dims;
+    let mut x = vec![0f32; k];
+    for bt in 0..batches {
+        let (am, bm, c) = (matrix(a, s.a_batched, bt), matrix(b, s.b_batched, bt), c_mat(bt));
+        let (al, bl) = (am.layout(), bm.layout());
+        for i in 0..m {
+            gemv::widen_row(am.data(), al.offset() + i * al.stride(0), al.stride(1), &mut x);
+            let row = gemv::GemvRow { x: &x, b: bm.data(), b_off: bl.offset(), rs: bl.stride(0), cs: bl.stride(1), n };
+            // SAFETY: row i of a validated C view.
+            let c_row = SharedMut(unsafe { c.ptr.get().add(i * c.rs) });
+            gemv::row(isa, &row, c_row, c.cs, p.alpha, p.beta, threads);
+        }
+    }
 }
 
 /// The f32 micro-kernel for an ISA (callers checked availability).

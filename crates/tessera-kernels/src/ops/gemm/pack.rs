@@ -59,6 +59,22 @@ pub(super) unsafe trait Packed: Copy + Default + Send + Sync + 'static {
     /// The packed element holding k-values `k·KPACK ..` at logical row `r` of `m`, where
     /// `m` is either A (rows = m) or Bᵀ (rows = n).
     fn gather<T: PackSource>(m: &Mat<T>, r: usize, kstep: usize, transposed: bool) -> Self;
+
+    /// Packs one panel with no edge (all `panel` rows and `ks` k-steps in range) along
+    /// the unit-stride direction; false when this type has no such path.
+    fn pack_full_panel<T: PackSource>(_m: &Mat<T>, _at: PanelAt, _out: &mut [Self]) -> bool {
+        false
+    }
+}
+
+/// Where a full panel starts: logical row, k, sizes, and whether rows are m's columns.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PanelAt {
+    pub r_first: usize,
+    pub k0: usize,
+    pub ks: usize,
+    pub panel: usize,
+    pub transposed: bool,
 }
 
 /// Input element types the packers accept.
@@ -96,6 +112,33 @@ unsafe impl Packed for f32 {
     #[inline(always)]
     fn gather<T: PackSource>(m: &Mat<T>, r: usize, kstep: usize, t: bool) -> Self {
         fetch(m, r, kstep, t).to_f32()
+    }
+
+    fn pack_full_panel<T: PackSource>(m: &Mat<T>, at: PanelAt, out: &mut [f32]) -> bool {
+        let (stride_i, stride_k, base) = if at.transposed {
+            (m.cs, m.rs, at.k0 * m.rs + at.r_first * m.cs)
+        } else {
+            (m.rs, m.cs, at.r_first * m.rs + at.k0 * m.cs)
+        };
+        let out = &mut out[..at.ks * at.panel];
+        // SAFETY (both loops): the caller checked rows r_first..r_first+panel and k-values
+        // k0..k0+ks lie inside the validated matrix, so every offset is in its buffer.
+        if stride_i == 1 {
+            for (s, o) in out.chunks_exact_mut(at.panel).enumerate() {
+                let src = unsafe { m.ptr.add(base + s * stride_k) };
+                for (i, d) in o.iter_mut().enumerate() {
+                    *d = unsafe { *src.add(i) }.to_f32();
+                }
+            }
+        } else {
+            for i in 0..at.panel {
+                let src = unsafe { m.ptr.add(base + i * stride_i) };
+                for s in 0..at.ks {
+                    out[s * at.panel + i] = unsafe { *src.add(s * stride_k) }.to_f32();
+                }
+            }
+        }
+        true
     }
 }
 
@@ -142,8 +185,15 @@ pub(super) fn pack<T: PackSource, P: Packed>(m: &Mat<T>, blk: Block, transposed:
     } else {
         Mat { cols: m.cols.min(k_end), ..*m }
     };
+    let row_extent = if transposed { m.cols } else { m.rows };
+    let k_extent = if transposed { m.rows } else { m.cols };
     for (p, panel) in dst.chunks_exact_mut(blk.panel * ks).enumerate() {
         let r_first = blk.r0 + p * blk.panel;
+        let full = r_first + blk.panel <= (blk.r0 + blk.rows).min(row_extent) && blk.k0 + ks * P::KPACK <= k_end.min(k_extent);
+        let at = PanelAt { r_first, k0: blk.k0, ks, panel: blk.panel, transposed };
+        if full && P::pack_full_panel(m, at, panel) {
+            continue;
+        }
         for (s, out) in panel.chunks_exact_mut(blk.panel).enumerate() {
             for (i, o) in out.iter_mut().enumerate() {
                 let r = r_first + i;
