@@ -20,4 +20,5 @@ macro_rules! verify_ops {
 
 verify_ops! {
     gemm => "gemm",
+    attention => "attention",
 }

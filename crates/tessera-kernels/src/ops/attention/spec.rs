@@ -1,0 +1,209 @@
+//! Attention's registry entry.
+
+use super::{attention_with, reference, AttentionParams};
+use crate::ops::common::{bytes, poison, random};
+use crate::registry::{BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use half::bf16;
+use rand::Rng as _;
+use std::fmt;
+use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
+
+/// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
+pub const TOL_F32: Tolerance = Tolerance { rel: 2e-5, reason: "f32 exp polynomial + f32 sums over kv_len" };
+/// bf16 inputs are widened exactly; the reference uses the same rounded values.
+pub const TOL_BF16: Tolerance = Tolerance { rel: 2e-5, reason: "exact widening, then as f32" };
+
+/// One attention call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionProblem {
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub window: Option<usize>,
+    /// Q stored head-major and viewed token-major (non-contiguous strides).
+    pub strided: bool,
+}
+
+impl fmt::Display for AttentionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{} kv{} h{}/{} d{}", self.q_len, self.kv_len, self.heads, self.kv_heads, self.d)?;
+        if self.causal {
+            f.write_str(" causal")?;
+        }
+        if let Some(w) = self.window {
+            write!(f, " win{w}")?;
+        }
+        if self.strided {
+            f.write_str(" strided")?;
+        }
+        Ok(())
+    }
+}
+
+impl AttentionProblem {
+    fn visible_pairs(&self) -> f64 {
+        (0..self.q_len)
+            .map(|i| {
+                let (a, b) = reference::key_range(i, self.q_len, self.kv_len, self.causal, self.window);
+                (b - a) as f64
+            })
+            .sum()
+    }
+}
+
+/// The registry entry.
+#[derive(Debug)]
+pub struct AttentionOp;
+
+impl OpSpec for AttentionOp {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+    fn summary(&self) -> &'static str {
+        "flash attention (prefill): online softmax, causal/window, GQA"
+    }
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::F32, DType::BF16]
+    }
+    fn tolerance(&self, dtype: DType) -> Tolerance {
+        if dtype == DType::BF16 {
+            TOL_BF16
+        } else {
+            TOL_F32
+        }
+    }
+    fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
+        let base = AttentionProblem { q_len: 1, kv_len: 1, heads: 1, kv_heads: 1, d: 8, causal: false, window: None, strided: false };
+        let mut v = vec![
+            base.clone(),
+            AttentionProblem { q_len: 7, kv_len: 7, heads: 2, kv_heads: 1, d: 16, causal: true, ..base.clone() },
+            AttentionProblem { q_len: 33, kv_len: 127, heads: 3, kv_heads: 3, d: 33, causal: true, strided: true, ..base.clone() },
+            AttentionProblem { q_len: 127, kv_len: 127, heads: 6, kv_heads: 2, d: 64, causal: true, ..base.clone() },
+            AttentionProblem { q_len: 131, kv_len: 131, heads: 4, kv_heads: 1, d: 64, causal: true, window: Some(37), ..base.clone() },
+            AttentionProblem { q_len: 65, kv_len: 200, heads: 2, kv_heads: 2, d: 7, window: Some(64), ..base.clone() },
+            AttentionProblem { q_len: 1, kv_len: 300, heads: 9, kv_heads: 3, d: 64, causal: true, ..base.clone() },
+        ];
+        v.push(AttentionProblem {
+            q_len: rng.random_range(1..100),
+            kv_len: rng.random_range(100..260),
+            heads: 4,
+            kv_heads: 2,
+            d: rng.random_range(1..80),
+            causal: true,
+            strided: true,
+            ..base
+        });
+        v.into_iter().map(|p| Box::new(p) as Box<dyn ProblemCase>).collect()
+    }
+    fn bench_problems(&self) -> Vec<BenchProblem> {
+        let p = |n, causal| AttentionProblem { q_len: n, kv_len: n, heads: 9, kv_heads: 3, d: 64, causal, window: None, strided: false };
+        vec![("prefill-512-causal", Box::new(p(512, true))), ("prefill-2048-causal", Box::new(p(2048, true)))]
+    }
+    fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
+        let d = crate::registry::parse_dims("attention", s, 4, "SEQxHEADSxKV_HEADSxD (causal)")?;
+        Ok(Box::new(AttentionProblem { q_len: d[0], kv_len: d[0], heads: d[1], kv_heads: d[2], d: d[3], causal: true, window: None, strided: false }))
+    }
+}
+
+impl ProblemCase for AttentionProblem {
+    fn cost(&self, dtype: DType) -> Cost {
+        let io = (self.q_len * self.heads + 2 * self.kv_len * self.kv_heads) * self.d;
+        Cost {
+            flops: 4.0 * self.d as f64 * self.heads as f64 * self.visible_pairs(),
+            bytes: (io * dtype.size_bytes() + self.q_len * self.heads * self.d * 4) as f64,
+        }
+    }
+    fn tune_space(&self) -> TuneSpace {
+        let t = crate::pool::global().threads();
+        TuneSpace(vec![TuneParam { name: "threads", default: t, choices: (1..=t).collect() }])
+    }
+    fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
+        match dtype {
+            DType::F32 => Ok(Box::new(AttnInstance::<f32>::new(self.clone(), rng)?)),
+            DType::BF16 => Ok(Box::new(AttnInstance::<bf16>::new(self.clone(), rng)?)),
+            d => Err(Error::DType { op: "attention", dtype: d.to_string() }),
+        }
+    }
+}
+
+struct AttnInstance<T: Element> {
+    p: AttentionProblem,
+    q: AlignedVec<T>,
+    k: AlignedVec<T>,
+    v: AlignedVec<T>,
+    o: AlignedVec<f32>,
+    lq: Layout,
+}
+
+impl<T: Element> AttnInstance<T> {
+    fn new(p: AttentionProblem, rng: &mut Rng) -> Result<Self> {
+        let lq = if p.strided {
+            Layout::contiguous(&[p.heads, p.q_len, p.d])?.transposed(0, 1)?
+        } else {
+            Layout::contiguous(&[p.q_len, p.heads, p.d])?
+        };
+        let kv = p.kv_len * p.kv_heads * p.d;
+        Ok(AttnInstance {
+            q: random(rng, p.q_len * p.heads * p.d)?,
+            k: random(rng, kv)?,
+            v: random(rng, kv)?,
+            o: AlignedVec::zeroed(p.q_len * p.heads * p.d)?,
+            lq,
+            p,
+        })
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.p.d as f32).sqrt()
+    }
+}
+
+impl<T: Element> Instance for AttnInstance<T> {
+    fn reference(&self) -> Vec<f64> {
+        let p = &self.p;
+        let (d, group) = (p.d, p.heads / p.kv_heads);
+        let row = |buf: &[T], j: usize, h: usize| -> Vec<f64> { buf[(j * p.kv_heads + h) * d..][..d].iter().map(|x| x.to_f64()).collect() };
+        let mut out = vec![0.0; p.q_len * p.heads * d];
+        for i in 0..p.q_len {
+            for h in 0..p.heads {
+                let q: Vec<f64> = (0..d).map(|c| self.q[self.lq.index_of(&[i, h, c])].to_f64()).collect();
+                let range = reference::key_range(i, p.q_len, p.kv_len, p.causal, p.window);
+                let o = reference::attend(&q, range, |j| row(&self.k, j, h / group), |j| row(&self.v, j, h / group), self.scale() as f64);
+                out[(i * p.heads + h) * d..][..d].copy_from_slice(&o);
+            }
+        }
+        out
+    }
+    fn poison(&mut self) {
+        poison(&mut self.o);
+    }
+    fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        let p = &self.p;
+        let kd = [p.kv_len, p.kv_heads, p.d];
+        let params = AttentionParams { causal: p.causal, scale: self.scale(), window: p.window };
+        let threads = cfg.get("threads").unwrap_or(crate::pool::global().threads());
+        attention_with(
+            v.isa(),
+            threads,
+            &TensorView::new(&self.q, self.lq)?,
+            &TensorView::contiguous(&self.k, &kd)?,
+            &TensorView::contiguous(&self.v, &kd)?,
+            &mut TensorViewMut::contiguous(&mut self.o, &[p.q_len, p.heads, p.d])?,
+            params,
+        )
+    }
+    fn output(&self) -> Vec<f64> {
+        self.o.iter().map(|&x| x as f64).collect()
+    }
+    fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        let (i, h) = (rng.random_range(0..self.p.q_len), rng.random_range(0..self.p.heads));
+        let idx = self.lq.index_of(&[i, h, 0]);
+        self.q[idx] = T::from_f32(f32::NAN);
+        Some(((i * self.p.heads + h) * self.p.d..(i * self.p.heads + h + 1) * self.p.d).collect())
+    }
+    fn footprint(&self) -> usize {
+        bytes(&self.q) + bytes(&self.k) + bytes(&self.v) + bytes(&self.o)
+    }
+}
