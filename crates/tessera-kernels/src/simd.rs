@@ -68,7 +68,10 @@ pub fn exp(x: f32) -> f32 {
     let n = (xc * LOG2E + 0.5).floor();
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2ⁿ without a float→int conversion (which would not vectorize): adding 1.5·2²³ + 127
+    // leaves n + 127 in the low mantissa bits; shifting by 23 moves it into the exponent.
+    const MAGIC: f32 = 12_582_912.0 + 127.0;
+    let scale = f32::from_bits((n + MAGIC).to_bits() << 23);
     let y = p * scale;
     let y = if x > 88.72 { f32::INFINITY } else { y };
     if x < -87.3 {
@@ -76,6 +79,23 @@ pub fn exp(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// `v[i] = exp(v[i] − shift)` for all i, returning Σv (16 lanes, so both loops vectorize).
+#[inline(always)]
+pub fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+    for x in v.iter_mut() {
+        *x = exp(*x - shift);
+    }
+    let mut lanes = [0f32; 16];
+    let chunks = v.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (l, x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

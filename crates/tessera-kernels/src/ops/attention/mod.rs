@@ -70,7 +70,8 @@ pub fn attention<T: Element>(q: &TensorView<'_, T>, k: &TensorView<'_, T>, v: &T
 
 /// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads).
 fn pack_kv<T: Element>(k: &TensorView<'_, T>, v: &TensorView<'_, T>, dm: Dims, threads: usize) -> Result<(AlignedVec<f32>, AlignedVec<f32>)> {
-    let per_head = dm.kv_len * dm.d;
+    let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
+    let per_head = kv_pad * dm.d;
     let mut kt = AlignedVec::<f32>::zeroed(dm.kv_heads * per_head)?;
     let mut vv = AlignedVec::<f32>::zeroed(dm.kv_heads * per_head)?;
     let (ktp, vvp) = (SharedMut(kt.as_mut_ptr()), SharedMut(vv.as_mut_ptr()));
@@ -85,7 +86,7 @@ fn pack_kv<T: Element>(k: &TensorView<'_, T>, v: &TensorView<'_, T>, dm: Dims, t
         };
         for j in 0..dm.kv_len {
             for p in 0..dm.d {
-                kt[p * dm.kv_len + j] = k.data()[kl.index_of(&[j, h, p])].to_f32();
+                kt[p * kv_pad + j] = k.data()[kl.index_of(&[j, h, p])].to_f32();
                 vv[j * dm.d + p] = v.data()[vl.index_of(&[j, h, p])].to_f32();
             }
         }
@@ -115,7 +116,8 @@ pub fn attention_with<T: Element>(
         return Err(Error::shape("attention", "no keys to attend to"));
     }
     let (kt, vv) = pack_kv(k, v, dm, threads)?;
-    let per_head = dm.kv_len * dm.d;
+    let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
+    let per_head = kv_pad * dm.d;
     let group = dm.heads / dm.kv_heads;
     let q_blocks = dm.q_len.div_ceil(BR);
     let (ql, ol) = (*q.layout(), *o.layout());
@@ -132,7 +134,7 @@ pub fn attention_with<T: Element>(
             }
         }
         let kvh = h / group;
-        let kv = PackedKv { kt: &kt[kvh * per_head..(kvh + 1) * per_head], v: &vv[kvh * per_head..(kvh + 1) * per_head], kv_len: dm.kv_len, d: dm.d };
+        let kv = PackedKv { kt: &kt[kvh * per_head..(kvh + 1) * per_head], v: &vv[kvh * per_head..(kvh + 1) * per_head], kv_len: dm.kv_len, kv_pad, d: dm.d };
         let block = QueryBlock { q: &qbuf, first, rows, q_len: dm.q_len, causal: p.causal, window: p.window };
         let mut out = vec![0f32; rows * dm.d];
         flash::attend_block(isa, &kv, &block, &mut out);
