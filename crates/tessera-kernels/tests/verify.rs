@@ -21,4 +21,5 @@ macro_rules! verify_ops {
 verify_ops! {
     gemm => "gemm",
     attention => "attention",
+    paged_attention => "paged_attention",
 }
