@@ -141,4 +141,22 @@ macro_rules! half_element {
     };
 }
 half_element!(f16, DType::F16);
-half_element!(bf16, DType::BF16);
+
+// bf16 → f32 is exact as a 16-bit shift (NaNs stay NaN); written out because it then
+// vectorizes inside kernels, where `half`'s NaN-quieting branch does not.
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f32() as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+}

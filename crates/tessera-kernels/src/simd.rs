@@ -38,13 +38,10 @@ macro_rules! multiversion {
     };
 }
 
-/// e^x in f32 with ≤ 2 ulp error over the normal range, written to vectorize: Cody–Waite
-/// reduction x = n·ln2 + r (|r| ≤ ln2/2), a degree-6 Taylor/Horner polynomial for e^r, and
-/// 2ⁿ built in the exponent bits. Overflow gives +∞, underflow 0, NaN stays NaN.
-/// Dot product with 32 independent lanes (vectorizes to two zmm / four ymm accumulators).
+/// Dot product with 16 independent lanes (one zmm, or two ymm), reduced as a tree.
 #[inline(always)]
 pub fn dot<T: tessera_core::Element>(a: &[f32], b: &[T]) -> f32 {
-    const L: usize = 32;
+    const L: usize = 16;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; L];
@@ -56,9 +53,27 @@ pub fn dot<T: tessera_core::Element>(a: &[f32], b: &[T]) -> f32 {
         }
     }
     let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y.to_f32()).sum();
-    acc.iter().sum::<f32>() + tail
+    hsum(acc) + tail
 }
 
+/// Sum of 16 lanes as a halving tree (4 shuffle+add steps, not 15 dependent adds); the
+/// halves are whole arrays so LLVM sees vector adds, not a scalar pattern to re-pack.
+#[inline(always)]
+pub fn hsum(v: [f32; 16]) -> f32 {
+    let mut h8 = [0f32; 8];
+    for i in 0..8 {
+        h8[i] = v[i] + v[i + 8];
+    }
+    let mut h4 = [0f32; 4];
+    for i in 0..4 {
+        h4[i] = h8[i] + h8[i + 4];
+    }
+    (h4[0] + h4[2]) + (h4[1] + h4[3])
+}
+
+/// e^x in f32 with ≤ 2 ulp error over the normal range, written to vectorize: Cody–Waite
+/// reduction x = n·ln2 + r (|r| ≤ ln2/2), a degree-6 Taylor/Horner polynomial for e^r, and
+/// 2ⁿ built in the exponent bits. Overflow gives +∞, underflow 0, NaN stays NaN.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;

@@ -103,10 +103,16 @@ multiversion! {
             let b = job.table[t / c.block_size] as usize;
             ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * d
         };
-        for (i, t) in (job.t0..job.t1).enumerate() {
-            let k = &c.k[row(t)..row(t) + d];
-            for h in 0..g {
-                scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k);
+        match d {
+            64 => key_scores::<T, 64>(job, scores, g),
+            128 => key_scores::<T, 128>(job, scores, g),
+            _ => {
+                for (i, t) in (job.t0..job.t1).enumerate() {
+                    let k = &c.k[row(t)..row(t) + d];
+                    for h in 0..g {
+                        scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k);
+                    }
+                }
             }
         }
         for h in 0..g {
@@ -116,16 +122,69 @@ multiversion! {
             let l = crate::simd::exp_shifted_sum(s, m);
             ml[h] = (m, if nan { f32::NAN } else { l });
         }
-        o.fill(0.0);
-        for (i, t) in (job.t0..job.t1).enumerate() {
-            let v = &c.v[row(t)..row(t) + d];
-            for h in 0..g {
-                let p = scores[h * n + i];
-                for (x, &vv) in o[h * d..(h + 1) * d].iter_mut().zip(v) {
-                    *x += p * vv.to_f32();
+        match (d, g) {
+            (64, 1..=4) => weighted_values::<T, 64>(job, scores, o, g),
+            (128, 1..=2) => weighted_values::<T, 128>(job, scores, o, g),
+            _ => {
+                o.fill(0.0);
+                for (i, t) in (job.t0..job.t1).enumerate() {
+                    let v = &c.v[row(t)..row(t) + d];
+                    for h in 0..g {
+                        let p = scores[h * n + i];
+                        for (x, &vv) in o[h * d..(h + 1) * d].iter_mut().zip(v) {
+                            *x += p * vv.to_f32();
+                        }
+                    }
                 }
             }
         }
+    }
+}
+
+/// `scores[h][t] = q_h · k_t` for a compile-time head dim: each key row is loaded once as
+/// D/16 vectors and dotted with every head of the group into 16-lane accumulators.
+#[inline(always)]
+fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f32], g: usize) {
+    let c = job.cache;
+    let n = job.t1 - job.t0;
+    for (i, t) in (job.t0..job.t1).enumerate() {
+        let b = job.table[t / c.block_size] as usize;
+        let off = ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * D;
+        let k: &[T; D] = c.k[off..off + D].try_into().expect("D-wide rows");
+        for h in 0..g {
+            let q: &[f32; D] = job.q[h * D..(h + 1) * D].try_into().expect("D-wide rows");
+            let mut lanes = [0f32; 16];
+            for blk in 0..D / 16 {
+                for l in 0..16 {
+                    lanes[l] += q[blk * 16 + l] * k[blk * 16 + l].to_f32();
+                }
+            }
+            scores[h * n + i] = crate::simd::hsum(lanes);
+        }
+    }
+}
+
+/// `o[h] = Σ_t p[h][t]·v_t` for a compile-time head dim: up to 4 (D = 64) or 2 (D = 128)
+/// heads' outputs stay in 16 zmm registers while the chunk's V rows stream past once.
+#[inline(always)]
+fn weighted_values<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &[f32], o: &mut [f32], g: usize) {
+    const MAX_G: usize = 4;
+    let c = job.cache;
+    let n = job.t1 - job.t0;
+    let mut acc = [[0f32; D]; MAX_G];
+    for (i, t) in (job.t0..job.t1).enumerate() {
+        let b = job.table[t / c.block_size] as usize;
+        let off = ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * D;
+        let v: &[T; D] = c.v[off..off + D].try_into().expect("D-wide rows");
+        for (h, a) in acc.iter_mut().enumerate().take(g) {
+            let p = scores[h * n + i];
+            for x in 0..D {
+                a[x] += p * v[x].to_f32();
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate().take(g) {
+        o[h * D..(h + 1) * D].copy_from_slice(a);
     }
 }
 
