@@ -87,6 +87,11 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + Default + 'stat
     /// Round from f64 (through f32 for the 16-bit types: a double rounding that is
     /// at most half an ulp of the narrow type off, irrelevant for test data).
     fn from_f64(v: f64) -> Self;
+    /// The slice itself when `Self` is f32 (lets kernels skip a widening copy).
+    fn as_f32_slice(s: &[Self]) -> Option<&[f32]> {
+        let _ = s;
+        None
+    }
 }
 
 impl Element for f32 {
@@ -102,6 +107,9 @@ impl Element for f32 {
     }
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    fn as_f32_slice(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
     }
 }
 

@@ -1,14 +1,40 @@
 //! Every op: one module each, holding its public API, float64 reference, CPU
 //! implementations and registry entry.
 
+pub mod argmax;
 pub mod attention;
 pub mod common;
+pub mod embedding;
+pub mod gelu;
 pub mod gemm;
+pub mod layer_norm;
 pub mod paged_attention;
+pub mod rms_norm;
+pub mod rope;
+pub mod rowwise;
+pub mod silu;
+pub mod softmax;
+pub mod swiglu;
 
 use crate::registry::OpSpec;
+use rowwise::RowOpSpec;
 
 /// The registry's contents, in report order.
 pub fn registered() -> Vec<&'static dyn OpSpec> {
-    vec![&gemm::GemmOp, &attention::AttentionOp, &paged_attention::PagedAttentionOp]
+    vec![
+        &gemm::GemmOp,
+        &attention::AttentionOp,
+        &paged_attention::PagedAttentionOp,
+        const { &RowOpSpec::<softmax::Softmax>::new() },
+        const { &RowOpSpec::<layer_norm::LayerNorm>::new() },
+        const { &RowOpSpec::<rms_norm::RmsNorm>::new() },
+        const { &RowOpSpec::<rms_norm::RmsNormResidual>::new() },
+        const { &RowOpSpec::<rope::RopeDesc<false>>::new() },
+        const { &RowOpSpec::<rope::RopeDesc<true>>::new() },
+        const { &RowOpSpec::<silu::Silu>::new() },
+        const { &RowOpSpec::<gelu::Gelu>::new() },
+        const { &RowOpSpec::<swiglu::SwiGlu>::new() },
+        &embedding::EmbeddingOp,
+        const { &RowOpSpec::<argmax::Argmax>::new() },
+    ]
 }

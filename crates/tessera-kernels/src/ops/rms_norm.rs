@@ -1,0 +1,144 @@
+//! RMSNorm `x/√(mean(x²) + eps)·γ`, and its fused form with the residual add that
+//! precedes it in every Llama block (`h = x + residual; y = rmsnorm(h)`), which saves a
+//! full read and write of the hidden state per layer.
+
+use super::layer_norm::lane_sum;
+use super::rowwise::{run_rows, RowKernel, RowOpDesc};
+use crate::multiversion;
+use crate::ops::common::random_in;
+use crate::pool::{self, SharedMut};
+use crate::registry::{Rng, Tolerance};
+use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
+
+/// An f32 sum of n squares.
+pub const TOL: Tolerance = Tolerance { rel: 2e-6, reason: "f32 sum of squares" };
+
+multiversion! {
+    fn rms_norm_row(x: &[f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
+        let ms = lane_sum(x, |v| v * v) / x.len() as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for ((o, &v), &g) in out.iter_mut().zip(x).zip(gamma) {
+            *o = v * r * g;
+        }
+    }
+}
+
+multiversion! {
+    fn add_row(x: &[f32], residual: &[f32], h: &mut [f32]) {
+        for ((o, &a), &b) in h.iter_mut().zip(x).zip(residual) {
+            *o = a + b;
+        }
+    }
+}
+
+/// RMSNorm parameters.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    pub gamma: Vec<f32>,
+    pub eps: f32,
+}
+
+impl RowKernel for RmsNorm {
+    fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
+        rms_norm_row(isa, x[0], &self.gamma, self.eps, out);
+    }
+}
+
+fn check_gamma(op: &'static str, n: usize, gamma: &[f32]) -> Result<()> {
+    if gamma.len() != n {
+        return Err(Error::shape(op, format!("γ has {} elements for rows of {n}", gamma.len())));
+    }
+    Ok(())
+}
+
+/// RMSNorm over the last dim.
+pub fn rms_norm<T: Element>(isa: Isa, x: &TensorView<'_, T>, p: &RmsNorm, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+    let n = x.dims().last().copied().unwrap_or(0);
+    check_gamma("rms_norm", n, &p.gamma)?;
+    run_rows("rms_norm", isa, pool::global().threads(), p, &[*x], out, n)
+}
+
+/// `residual += x; out = rmsnorm(residual)·γ` on contiguous `[rows, n]` f32 buffers (the
+/// engine's hidden state), in one pass over each row.
+pub fn rms_norm_residual(isa: Isa, x: &[f32], residual: &mut [f32], p: &RmsNorm, out: &mut [f32]) -> Result<()> {
+    let n = p.gamma.len();
+    if n == 0 || x.len() != residual.len() || x.len() != out.len() || x.len() % n != 0 {
+        return Err(Error::shape("rms_norm_residual", format!("x {}, residual {}, out {} elements for γ of {n}", x.len(), residual.len(), out.len())));
+    }
+    let rows = x.len() / n;
+    let (rp, op) = (SharedMut(residual.as_mut_ptr()), SharedMut(out.as_mut_ptr()));
+    pool::global().run(rows, pool::global().threads(), |r| {
+        // SAFETY: row r of two distinct buffers of rows·n elements; each task owns row r.
+        let (h, o) = unsafe { (std::slice::from_raw_parts_mut(rp.get().add(r * n), n), std::slice::from_raw_parts_mut(op.get().add(r * n), n)) };
+        fused_row(isa, &x[r * n..(r + 1) * n], h, p, o);
+    });
+    Ok(())
+}
+
+/// `h += x` then `o = rmsnorm(h)` (h is read back from L1).
+fn fused_row(isa: Isa, x: &[f32], h: &mut [f32], p: &RmsNorm, o: &mut [f32]) {
+    o.copy_from_slice(h);
+    add_row(isa, x, o, h);
+    rms_norm_row(isa, h, &p.gamma, p.eps, o);
+}
+
+impl RowOpDesc for RmsNorm {
+    type Kernel = RmsNorm;
+    const NAME: &'static str = "rms_norm";
+    const SUMMARY: &'static str = "RMSNorm with γ";
+    const FLOPS_PER_ELEM: f64 = 4.0;
+    fn tolerance(_: DType) -> Tolerance {
+        TOL
+    }
+    fn kernel(_: usize, n: usize, rng: &mut Rng) -> RmsNorm {
+        RmsNorm { gamma: random_in(rng, n, 0.5, 1.5).expect("small").to_vec(), eps: 1e-6 }
+    }
+    fn reference(k: &RmsNorm, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
+        let ms = x[0].iter().map(|v| v * v).sum::<f64>() / x[0].len() as f64;
+        let r = 1.0 / (ms + k.eps as f64).sqrt();
+        x[0].iter().zip(&k.gamma).map(|(v, &g)| v * r * g as f64).collect()
+    }
+    fn nan_reach(n: usize, _: usize) -> Option<Vec<usize>> {
+        Some((0..n).collect())
+    }
+}
+
+/// The fused residual form as a registry op: inputs (x, residual), output row
+/// `[rmsnorm(x + residual) | x + residual]`.
+#[derive(Debug, Clone)]
+pub struct RmsNormResidual(pub RmsNorm);
+
+impl RowKernel for RmsNormResidual {
+    fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
+        let n = x[0].len();
+        let (o, h) = out.split_at_mut(n);
+        h.copy_from_slice(x[1]);
+        fused_row(isa, x[0], h, &self.0, o);
+    }
+}
+
+impl RowOpDesc for RmsNormResidual {
+    type Kernel = RmsNormResidual;
+    const NAME: &'static str = "rms_norm_residual";
+    const SUMMARY: &'static str = "residual add fused with RMSNorm";
+    const INPUTS: usize = 2;
+    const FLOPS_PER_ELEM: f64 = 5.0;
+    fn tolerance(_: DType) -> Tolerance {
+        TOL
+    }
+    fn out_len(n: usize) -> usize {
+        2 * n
+    }
+    fn kernel(rows: usize, n: usize, rng: &mut Rng) -> RmsNormResidual {
+        RmsNormResidual(RmsNorm::kernel(rows, n, rng))
+    }
+    fn reference(k: &RmsNormResidual, row: usize, x: &[Vec<f64>]) -> Vec<f64> {
+        let h: Vec<f64> = x[0].iter().zip(&x[1]).map(|(a, b)| a + b).collect();
+        let mut out = RmsNorm::reference(&k.0, row, &[h.clone()]);
+        out.extend(h);
+        out
+    }
+    fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>> {
+        Some((0..n).chain([n + col]).collect())
+    }
+}

@@ -1,0 +1,136 @@
+//! Row-wise ops (softmax, norms, activations, RoPE, argmax) share one driver and one
+//! registry entry shape.
+//!
+//! Each op is a [`RowKernel`] (how to compute one output row from its input rows, on a
+//! given ISA) plus a [`RowOpDesc`] (its float64 reference, parameters, tolerances and
+//! problems). [`run_rows`] validates views of any strides, widens bf16 rows to f32 when
+//! needed, and spreads rows over threads; [`RowOpSpec`] turns a descriptor into a
+//! registry entry, so adding an op is its math and nothing else.
+
+mod spec;
+
+pub use spec::{RowOpSpec, RowProblem};
+
+use crate::pool::{self, SharedMut};
+use crate::registry::{Rng, Tolerance};
+use tessera_core::{DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut};
+
+/// One output row from `inputs()` input rows of length n.
+pub trait RowKernel: Sync {
+    /// Writes `out` (length `out_len(n)`) for row `row` (flat index over leading dims).
+    fn row(&self, isa: Isa, row: usize, x: &[&[f32]], out: &mut [f32]);
+}
+
+/// Elements each task handles at least: ~64 KiB of f32, so dispatch (~0.2 µs) is noise.
+const MIN_ELEMS_PER_TASK: usize = 16 * 1024;
+
+/// Flat row count and row length of a rank-2/3 view (rows = product of leading dims).
+fn rows_of(l: &Layout) -> (usize, usize) {
+    let d = l.dims();
+    (d[..d.len() - 1].iter().product(), d[d.len() - 1])
+}
+
+/// Buffer offset of the first element of flat row `r`, and the element stride.
+fn row_start(l: &Layout, r: usize) -> usize {
+    let d = l.dims();
+    let mut rem = r;
+    let mut off = l.offset();
+    for i in (0..d.len() - 1).rev() {
+        off += (rem % d[i]) * l.stride(i);
+        rem /= d[i];
+    }
+    off
+}
+
+/// Runs `k` over every row of `xs` into `out`; all inputs share dims, `out` has the same
+/// leading dims and rows of `out_len`.
+pub fn run_rows<T: Element, K: RowKernel>(op: &'static str, isa: Isa, threads: usize, k: &K, xs: &[TensorView<'_, T>], out: &mut TensorViewMut<'_, f32>, out_len: usize) -> Result<()> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let first = xs.first().map(|x| *x.layout()).unwrap_or(*out.layout());
+    if !(2..=3).contains(&first.rank()) || out.rank() != first.rank() {
+        return Err(Error::Rank { op, expected: "2 or 3 ([.., rows, n]) for inputs and output".into(), got: out.rank() });
+    }
+    if let Some(x) = xs.iter().find(|x| x.dims() != first.dims()) {
+        return Err(Error::shape(op, format!("inputs {:?} and {:?} differ", first.dims(), x.dims())));
+    }
+    let (rows, n) = rows_of(&first);
+    let lead = &first.dims()[..first.rank() - 1];
+    if &out.dims()[..out.rank() - 1] != lead || out.dims()[out.rank() - 1] != out_len {
+        return Err(Error::shape(op, format!("output {:?}, expected {:?} + [{out_len}]", out.dims(), lead)));
+    }
+    if rows == 0 || out_len == 0 {
+        return Ok(());
+    }
+    let ol = *out.layout();
+    let o_cs = ol.stride(ol.rank() - 1);
+    let optr = SharedMut(out.data_mut().as_mut_ptr());
+    let per_task = (MIN_ELEMS_PER_TASK / n.max(1)).max(1);
+    let tasks = rows.div_ceil(per_task);
+    pool::global().run(tasks, threads, |t| {
+        let mut widened: Vec<Vec<f32>> = vec![Vec::new(); xs.len()];
+        let mut obuf = vec![0f32; if o_cs == 1 { 0 } else { out_len }];
+        for r in t * per_task..((t + 1) * per_task).min(rows) {
+            let mut ins: Vec<&[f32]> = Vec::with_capacity(xs.len());
+            for (x, w) in xs.iter().zip(widened.iter_mut()) {
+                let l = x.layout();
+                let (start, cs) = (row_start(l, r), l.stride(l.rank() - 1));
+                if let (1, Some(s)) = (cs, T::as_f32_slice(&x.data()[start..start + n])) {
+                    ins.push(s);
+                } else {
+                    w.clear();
+                    w.extend((0..n).map(|i| x.data()[start + i * cs].to_f32()));
+                    ins.push(&w[..]);
+                }
+            }
+            let start = row_start(&ol, r);
+            if o_cs == 1 {
+                // SAFETY: row r of the validated, non-overlapping output view spans
+                // start..start+out_len; each task writes distinct rows.
+                let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add(start), out_len) };
+                k.row(isa, r, &ins, o);
+            } else {
+                k.row(isa, r, &ins, &mut obuf);
+                for (i, v) in obuf.iter().enumerate() {
+                    // SAFETY: as above, element i of row r at stride o_cs.
+                    unsafe { *optr.get().add(start + i * o_cs) = *v };
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// What the generic registry entry needs to know about a row-wise op.
+pub trait RowOpDesc: Send + Sync + 'static {
+    type Kernel: RowKernel + Send + Sync;
+    const NAME: &'static str;
+    const SUMMARY: &'static str;
+    /// Input row streams (2 for SwiGLU and the residual norm).
+    const INPUTS: usize = 1;
+    /// FLOPs per input element, for the cost model.
+    const FLOPS_PER_ELEM: f64;
+    fn dtypes() -> &'static [DType] {
+        &[DType::F32, DType::BF16]
+    }
+    fn tolerance(dtype: DType) -> Tolerance;
+    fn out_len(n: usize) -> usize {
+        n
+    }
+    /// Range of the random inputs (wide enough to exercise the op's interesting region).
+    fn input_range() -> (f64, f64) {
+        (-1.0, 1.0)
+    }
+    /// A kernel with random parameters (weights, positions) for `rows` rows of `n`.
+    fn kernel(rows: usize, n: usize, rng: &mut Rng) -> Self::Kernel;
+    /// Accepts only some row lengths (RoPE needs even n).
+    fn valid_n(n: usize) -> bool {
+        n > 0
+    }
+    /// The float64 output row.
+    fn reference(k: &Self::Kernel, row: usize, x: &[Vec<f64>]) -> Vec<f64>;
+    /// Output indices (within the row) that must be NaN when input column `col` is NaN;
+    /// None when the op promises nothing (argmax returns an index).
+    fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>>;
+}

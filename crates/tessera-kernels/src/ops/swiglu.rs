@@ -1,0 +1,58 @@
+//! Fused SwiGLU `silu(gate)·up`: the Llama MLP's activation in one pass over both halves
+//! instead of a SiLU pass and a multiply pass.
+
+use super::rowwise::{run_rows, RowKernel, RowOpDesc};
+use super::silu::{silu_f32, silu_f64};
+use crate::multiversion;
+use crate::registry::{Rng, Tolerance};
+use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
+
+/// As SiLU, plus one exact-ish multiply.
+pub const TOL: Tolerance = Tolerance { rel: 1e-6, reason: "SiLU's exp polynomial + division" };
+
+multiversion! {
+    fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = silu_f32(g) * u;
+        }
+    }
+}
+
+/// The kernel: inputs (gate, up).
+#[derive(Debug)]
+pub struct SwiGlu;
+
+impl RowKernel for SwiGlu {
+    fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
+        swiglu_row(isa, x[0], x[1], out);
+    }
+}
+
+/// `out = silu(gate)·up` elementwise; gate and up share dims.
+pub fn swiglu<T: Element>(isa: Isa, gate: &TensorView<'_, T>, up: &TensorView<'_, T>, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+    let n = gate.dims().last().copied().unwrap_or(0);
+    run_rows("swiglu", isa, crate::pool::global().threads(), &SwiGlu, &[*gate, *up], out, n)
+}
+
+impl RowOpDesc for SwiGlu {
+    type Kernel = SwiGlu;
+    const NAME: &'static str = "swiglu";
+    const SUMMARY: &'static str = "fused silu(gate)·up";
+    const INPUTS: usize = 2;
+    const FLOPS_PER_ELEM: f64 = 5.0;
+    fn tolerance(_: DType) -> Tolerance {
+        TOL
+    }
+    fn input_range() -> (f64, f64) {
+        (-10.0, 10.0)
+    }
+    fn kernel(_: usize, _: usize, _: &mut Rng) -> SwiGlu {
+        SwiGlu
+    }
+    fn reference(_: &SwiGlu, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
+        x[0].iter().zip(&x[1]).map(|(&g, &u)| silu_f64(g) * u).collect()
+    }
+    fn nan_reach(_: usize, col: usize) -> Option<Vec<usize>> {
+        Some(vec![col])
+    }
+}
