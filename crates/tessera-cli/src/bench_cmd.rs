@@ -36,7 +36,9 @@ pub struct BenchArgs {
 }
 
 fn parse_kv(s: &str) -> Result<(String, usize), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=VALUE, got '{s}'"))?;
     Ok((k.to_string(), v.parse().map_err(|e| format!("{s}: {e}"))?))
 }
 
@@ -56,19 +58,43 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "ceilings: f32 FMA {:.1} GFLOP/s, bf16 dot {:.1} GFLOP/s, DRAM {:.1} GB/s",
         ceilings.fma_gflops, ceilings.bf16_gflops, ceilings.dram_gbps
     );
-    let opts = BenchOptions { budget: Duration::from_millis(args.budget_ms), ..Default::default() };
+    let opts = BenchOptions {
+        budget: Duration::from_millis(args.budget_ms),
+        ..Default::default()
+    };
     let mut results = Vec::new();
     for op in ops {
         let problems: Vec<(String, Box<dyn ProblemCase>)> = match &args.shape {
-            Some(s) => vec![(s.clone(), op.parse_problem(s).with_context(|| format!("--shape for {}", op.name()))?)],
-            None => op.bench_problems().into_iter().map(|(n, p)| (n.to_string(), p)).collect(),
+            Some(s) => vec![(
+                s.clone(),
+                op.parse_problem(s)
+                    .with_context(|| format!("--shape for {}", op.name()))?,
+            )],
+            None => op
+                .bench_problems()
+                .into_iter()
+                .map(|(n, p)| (n.to_string(), p))
+                .collect(),
         };
-        for &dtype in op.dtypes().iter().filter(|d| args.dtype.is_none_or(|x| x == **d)) {
-            for variant in op.variants(dtype).iter().filter(|v| args.variant.as_ref().is_none_or(|x| *x == v.label)) {
+        for &dtype in op
+            .dtypes()
+            .iter()
+            .filter(|d| args.dtype.is_none_or(|x| x == **d))
+        {
+            for variant in op
+                .variants(dtype)
+                .iter()
+                .filter(|v| args.variant.as_ref().is_none_or(|x| *x == v.label))
+            {
                 for (_, problem) in &problems {
                     let mut config = problem.tune_space().defaults();
                     for (k, v) in &args.set {
-                        let name = problem.tune_space().0.iter().find(|p| p.name == k).map(|p| p.name);
+                        let name = problem
+                            .tune_space()
+                            .0
+                            .iter()
+                            .find(|p| p.name == k)
+                            .map(|p| p.name);
                         match name {
                             Some(n) => config.set(n, *v),
                             None => bail!("{} has no tunable '{k}'", op.name()),
@@ -84,7 +110,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     };
                     let r = bench::run(&spec, &ceilings, &opts)?;
                     if !args.json {
-                        eprint!("{}", report::bench_table(std::slice::from_ref(&r)).lines().nth(2).unwrap_or_default());
+                        eprint!(
+                            "{}",
+                            report::bench_table(std::slice::from_ref(&r))
+                                .lines()
+                                .nth(2)
+                                .unwrap_or_default()
+                        );
                         eprintln!();
                     }
                     results.push(r);

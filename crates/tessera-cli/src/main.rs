@@ -9,7 +9,11 @@ use tessera_kernels::registry::{self, verify};
 use tessera_perf::{calibrate, report};
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera", version, about = "Verified kernels for LLM inference")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Verified kernels for LLM inference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -49,8 +53,18 @@ fn main() -> Result<()> {
         Command::Ops => {
             for op in registry::all() {
                 let dtypes: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();
-                let variants: Vec<String> = op.variants(op.dtypes()[0]).iter().map(|v| v.label.clone()).collect();
-                println!("{:<16} {:<22} [{}] {}", op.name(), dtypes.join(","), variants.join(","), op.summary());
+                let variants: Vec<String> = op
+                    .variants(op.dtypes()[0])
+                    .iter()
+                    .map(|v| v.label.clone())
+                    .collect();
+                println!(
+                    "{:<16} {:<22} [{}] {}",
+                    op.name(),
+                    dtypes.join(","),
+                    variants.join(","),
+                    op.summary()
+                );
             }
             Ok(())
         }
@@ -73,7 +87,11 @@ fn selected_ops(names: &[String]) -> Result<Vec<&'static dyn registry::OpSpec>> 
 }
 
 fn run_verify(ops: &[String], seed: u64) -> Result<()> {
-    eprintln!("cpu: {} ({} pool threads)", CpuFeatures::get().summary(), tessera_kernels::pool::global().threads());
+    eprintln!(
+        "cpu: {} ({} pool threads)",
+        CpuFeatures::get().summary(),
+        tessera_kernels::pool::global().threads()
+    );
     let mut all = Vec::new();
     for op in selected_ops(ops)? {
         let reports = verify::verify_op(op, seed);
@@ -91,7 +109,12 @@ fn run_verify(ops: &[String], seed: u64) -> Result<()> {
     }
     let failed = all.iter().filter(|r| !r.passed()).count();
     let cases: usize = all.iter().map(|r| r.cases.len()).sum();
-    println!("{} variant/dtype combinations, {} cases: {} failed", all.len(), cases, failed);
+    println!(
+        "{} variant/dtype combinations, {} cases: {} failed",
+        all.len(),
+        cases,
+        failed
+    );
     if failed > 0 {
         bail!("{failed} kernel variants failed verification");
     }
@@ -101,7 +124,11 @@ fn run_verify(ops: &[String], seed: u64) -> Result<()> {
 fn run_calibrate(threads: Option<usize>) -> Result<()> {
     let threads = threads.unwrap_or(tessera_kernels::pool::global().threads());
     let c = calibrate::measure(threads);
-    println!("cpu            {} (best ISA {})", CpuFeatures::get().summary(), Isa::best());
+    println!(
+        "cpu            {} (best ISA {})",
+        CpuFeatures::get().summary(),
+        Isa::best()
+    );
     println!("threads        {}", c.threads);
     println!("f32 FMA peak   {:.1} GFLOP/s", c.fma_gflops);
     println!("bf16 dot peak  {:.1} GFLOP/s", c.bf16_gflops);

@@ -28,8 +28,7 @@ impl<T: Element> AlignedVec<T> {
             .checked_mul(std::mem::size_of::<T>())
             .filter(|&b| b <= isize::MAX as usize - ALIGN)
             .ok_or_else(|| Error::Overflow(format!("{len} elements of {}", T::DTYPE)))?;
-        Layout::from_size_align(bytes.max(ALIGN), ALIGN)
-            .map_err(|e| Error::Overflow(e.to_string()))
+        Layout::from_size_align(bytes.max(ALIGN), ALIGN).map_err(|e| Error::Overflow(e.to_string()))
     }
 
     /// A zeroed buffer of `len` elements (every `Element` is valid as all-zero bits).
@@ -37,8 +36,9 @@ impl<T: Element> AlignedVec<T> {
         let layout = Self::layout(len)?;
         // SAFETY: layout has non-zero size (at least ALIGN bytes).
         let raw = unsafe { alloc::alloc_zeroed(layout) } as *mut T;
-        let ptr = NonNull::new(raw)
-            .ok_or_else(|| Error::Overflow(format!("allocation of {} bytes failed", layout.size())))?;
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::Overflow(format!("allocation of {} bytes failed", layout.size()))
+        })?;
         Ok(Self { ptr, len })
     }
 
@@ -116,6 +116,9 @@ mod tests {
 
     #[test]
     fn absurd_size_is_an_error() {
-        assert!(matches!(AlignedVec::<f32>::zeroed(usize::MAX / 2), Err(Error::Overflow(_))));
+        assert!(matches!(
+            AlignedVec::<f32>::zeroed(usize::MAX / 2),
+            Err(Error::Overflow(_))
+        ));
     }
 }

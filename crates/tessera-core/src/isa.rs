@@ -56,7 +56,10 @@ impl Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
             let best = *Isa::available().first().unwrap_or(&Isa::Scalar);
-            match std::env::var("TESSERA_ISA").ok().and_then(|s| s.parse::<Isa>().ok()) {
+            match std::env::var("TESSERA_ISA")
+                .ok()
+                .and_then(|s| s.parse::<Isa>().ok())
+            {
                 Some(cap) if cap.is_available() => cap,
                 _ => best,
             }
@@ -103,11 +106,8 @@ impl CpuFeatures {
     fn detect() -> CpuFeatures {
         use std::arch::is_x86_feature_detected as has;
         let avx2_fma = has!("avx2") && has!("fma") && has!("f16c");
-        let avx512 = avx2_fma
-            && has!("avx512f")
-            && has!("avx512bw")
-            && has!("avx512vl")
-            && has!("avx512dq");
+        let avx512 =
+            avx2_fma && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq");
         CpuFeatures {
             avx2_fma,
             avx512,

@@ -20,7 +20,13 @@ pub struct Layout {
 
 impl std::fmt::Debug for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}/strides{:?}+{}", self.dims(), self.strides(), self.offset)
+        write!(
+            f,
+            "{:?}/strides{:?}+{}",
+            self.dims(),
+            self.strides(),
+            self.offset
+        )
     }
 }
 
@@ -131,7 +137,7 @@ impl Layout {
             if self.strides[i] < extent {
                 return false;
             }
-            extent = self.strides[i] * (self.dims[i] - 1) + extent;
+            extent += self.strides[i] * (self.dims[i] - 1);
         }
         true
     }
@@ -139,7 +145,10 @@ impl Layout {
     /// The layout with dims `a` and `b` swapped (a transpose, no data moved).
     pub fn transposed(&self, a: usize, b: usize) -> Result<Self> {
         if a >= self.rank || b >= self.rank {
-            return Err(Error::invalid("transpose", format!("dims {a},{b} of rank {}", self.rank)));
+            return Err(Error::invalid(
+                "transpose",
+                format!("dims {a},{b} of rank {}", self.rank),
+            ));
         }
         let mut l = *self;
         l.dims.swap(a, b);
@@ -150,7 +159,10 @@ impl Layout {
     /// The sub-layout at index `i` of dim 0 (rank drops by one).
     pub fn index0(&self, i: usize) -> Result<Self> {
         if self.rank == 0 || i >= self.dims[0] {
-            return Err(Error::invalid("index", format!("index {i} into {:?}", self.dims())));
+            return Err(Error::invalid(
+                "index",
+                format!("index {i} into {:?}", self.dims()),
+            ));
         }
         let mut l = Layout {
             rank: self.rank - 1,
@@ -167,7 +179,12 @@ impl Layout {
     #[inline]
     pub fn index_of(&self, idx: &[usize]) -> usize {
         debug_assert_eq!(idx.len(), self.rank);
-        self.offset + idx.iter().zip(self.strides()).map(|(i, s)| i * s).sum::<usize>()
+        self.offset
+            + idx
+                .iter()
+                .zip(self.strides())
+                .map(|(i, s)| i * s)
+                .sum::<usize>()
     }
 }
 

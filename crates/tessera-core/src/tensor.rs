@@ -28,7 +28,11 @@ impl<T: Element> Tensor<T> {
         if layout.numel() != data.len() {
             return Err(Error::shape(
                 "tensor",
-                format!("dims {dims:?} need {} elements, got {}", layout.numel(), data.len()),
+                format!(
+                    "dims {dims:?} need {} elements, got {}",
+                    layout.numel(),
+                    data.len()
+                ),
             ));
         }
         Ok(Self {
@@ -86,7 +90,11 @@ impl<'a, T: Element> TensorView<'a, T> {
         if layout.numel() != data.len() {
             return Err(Error::shape(
                 "view",
-                format!("dims {dims:?} need {} elements, got {}", layout.numel(), data.len()),
+                format!(
+                    "dims {dims:?} need {} elements, got {}",
+                    layout.numel(),
+                    data.len()
+                ),
             ));
         }
         Self::new(data, layout)
@@ -107,9 +115,9 @@ impl<'a, T: Element> TensorView<'a, T> {
     }
     /// The contiguous elements, when the view is contiguous.
     pub fn as_contiguous(&self) -> Option<&'a [T]> {
-        self.layout.is_contiguous().then(|| {
-            &self.data[self.layout.offset()..self.layout.offset() + self.layout.numel()]
-        })
+        self.layout
+            .is_contiguous()
+            .then(|| &self.data[self.layout.offset()..self.layout.offset() + self.layout.numel()])
     }
     /// Swap two dims (no copy).
     pub fn transposed(&self, a: usize, b: usize) -> Result<Self> {
@@ -218,14 +226,20 @@ mod tests {
         assert!(TensorView::new(&buf, l).is_err());
         let l = Layout::strided(&[3, 3], &[4, 1], 0).unwrap();
         assert!(TensorView::new(&buf[..], Layout::strided(&[2, 3], &[4, 1], 1).unwrap()).is_ok());
-        assert!(matches!(TensorView::new(&buf, l), Err(Error::OutOfBounds { .. })));
+        assert!(matches!(
+            TensorView::new(&buf, l),
+            Err(Error::OutOfBounds { .. })
+        ));
     }
 
     #[test]
     fn mutable_views_reject_aliasing() {
         let mut buf = vec![0.0f32; 16];
         let l = Layout::strided(&[4, 4], &[0, 1], 0).unwrap();
-        assert!(matches!(TensorViewMut::new(&mut buf, l), Err(Error::Overlapping { .. })));
+        assert!(matches!(
+            TensorViewMut::new(&mut buf, l),
+            Err(Error::Overlapping { .. })
+        ));
     }
 
     #[test]

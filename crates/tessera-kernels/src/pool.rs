@@ -107,7 +107,10 @@ impl ThreadPool {
     /// Runs `task(i)` for every `i < n_tasks` on at most `max_threads` threads and returns
     /// when all are done. A panic in a task is re-raised here.
     pub fn run(&self, n_tasks: usize, max_threads: usize, task: impl Fn(usize) + Sync) {
-        let helpers = max_threads.min(self.threads()).min(n_tasks).saturating_sub(1);
+        let helpers = max_threads
+            .min(self.threads())
+            .min(n_tasks)
+            .saturating_sub(1);
         if helpers == 0 || IN_POOL_TASK.with(|f| f.get()) {
             (0..n_tasks).for_each(task);
             return;
@@ -195,7 +198,9 @@ fn worker_loop(s: &Shared, index: usize) {
             let j = &*s.job.get();
             (&*j.task, j.n_tasks, j.participants)
         };
-        if index < participants && catch_unwind(AssertUnwindSafe(|| take_tasks(s, task, n_tasks))).is_err() {
+        if index < participants
+            && catch_unwind(AssertUnwindSafe(|| take_tasks(s, task, n_tasks))).is_err()
+        {
             s.panicked.store(true, Relaxed);
         }
         s.acks.fetch_add(1, Release);
@@ -206,7 +211,11 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
         {
-            let _l = self.shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _l = self
+                .shared
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {

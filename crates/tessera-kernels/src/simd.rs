@@ -87,7 +87,12 @@ pub fn exp(x: f32) -> f32 {
     let xc = x.clamp(LO, HI);
     let n = (xc * LOG2E + 0.5).floor().min(127.0);
     let r = xc - n * LN2_HI - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     // 2ⁿ without a float→int conversion (which would not vectorize): adding 1.5·2²³ + 127
     // leaves n + 127 in the low mantissa bits; shifting by 23 moves it into the exponent.
     const MAGIC: f32 = 12_582_912.0 + 127.0;
@@ -132,7 +137,10 @@ mod tests {
         assert!(worst < 3e-7, "worst rel error {worst}");
         // Above 88.03 the reduced argument reaches 0.7 (n capped at 127): still < 1e-6.
         for x in [88.1f32, 88.5, 88.7, 88.72] {
-            assert!((super::exp(x) as f64 / (x as f64).exp() - 1.0).abs() < 1e-6, "{x}");
+            assert!(
+                (super::exp(x) as f64 / (x as f64).exp() - 1.0).abs() < 1e-6,
+                "{x}"
+            );
         }
         assert_eq!(super::exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(super::exp(f32::INFINITY), f32::INFINITY);

@@ -15,7 +15,11 @@ use tessera_kernels::registry::{self, Cost, Instance, ProblemCase, TuneConfig, V
 /// Last-level cache size assumed when sizing rotation sets (32 MiB on the reference
 /// machine; overridable for larger parts).
 pub fn llc_bytes() -> usize {
-    std::env::var("TESSERA_LLC_MB").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(32) << 20
+    std::env::var("TESSERA_LLC_MB")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(32)
+        << 20
 }
 
 /// How long and how often to sample.
@@ -30,7 +34,12 @@ pub struct BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { min_samples: 10, max_samples: 10_000, budget: Duration::from_millis(1500), target_spread: 0.02 }
+        BenchOptions {
+            min_samples: 10,
+            max_samples: 10_000,
+            budget: Duration::from_millis(1500),
+            target_spread: 0.02,
+        }
     }
 }
 
@@ -79,7 +88,8 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let peak = ceilings.peak_gflops(spec.bf16_dot);
     let mem_bound = memory_bound(&cost, peak, ceilings);
     let mut rng = registry::rng(0xbe4c);
-    let mut instances: Vec<Box<dyn Instance>> = vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
+    let mut instances: Vec<Box<dyn Instance>> =
+        vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
     if mem_bound {
         let target = 3 * llc_bytes();
         let each = instances[0].footprint().max(1);
@@ -102,7 +112,10 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         samples.push(t.elapsed().as_secs_f64());
         i += 1;
         if samples.len() >= opts.min_samples
-            && (start.elapsed() >= opts.budget || (samples.len() >= 3 * opts.min_samples && stats::rel_spread(&samples) < opts.target_spread && start.elapsed() >= opts.budget / 4))
+            && (start.elapsed() >= opts.budget
+                || (samples.len() >= 3 * opts.min_samples
+                    && stats::rel_spread(&samples) < opts.target_spread
+                    && start.elapsed() >= opts.budget / 4))
         {
             break;
         }
@@ -124,7 +137,12 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         bytes: cost.bytes,
         gflops,
         gbps,
-        roofline_pct: 100.0 * if mem_bound { gbps / ceilings.dram_gbps } else { gflops / attainable },
+        roofline_pct: 100.0
+            * if mem_bound {
+                gbps / ceilings.dram_gbps
+            } else {
+                gflops / attainable
+            },
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
     })

@@ -37,14 +37,17 @@ impl Ceilings {
 /// stays in registers (24 made LLVM spill).
 const CHAINS: usize = 12;
 
-#[inline(always)]
+/// Portable peak loop (mul then add: `mul_add` would be a libm call without FMA).
 fn fma_portable(iters: usize) -> f32 {
-    let mut acc = [[1.0f32; 16]; CHAINS];
-    let (x, y) = (std::hint::black_box(0.999_999f32), std::hint::black_box(1e-7f32));
+    let mut acc = [[1.0f32; 8]; CHAINS];
+    let (x, y) = (
+        std::hint::black_box(0.999_999f32),
+        std::hint::black_box(1e-7f32),
+    );
     for _ in 0..iters {
         for a in acc.iter_mut() {
             for v in a.iter_mut() {
-                *v = v.mul_add(x, y);
+                *v = *v * x + y;
             }
         }
     }
@@ -64,6 +67,27 @@ fn fma_avx512(iters: usize) -> f32 {
         }
     }
     acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fma_avx2(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let x = std::hint::black_box(_mm256_set1_ps(0.999_999));
+    let y = std::hint::black_box(_mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, x, y);
+        }
+    }
+    let mut out = [0f32; 8];
+    let sum = acc
+        .iter()
+        .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
+    // SAFETY: out holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+    out.iter().sum()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -87,33 +111,35 @@ fn unsafe_cast(v: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512bh {
     unsafe { std::mem::transmute(v) }
 }
 
-/// FLOPs one call of the compute kernels does per iteration (16 lanes × 2 per FMA,
-/// ×2 again for the pair-dot).
-fn flops_per_iter(bf16: bool) -> f64 {
-    (CHAINS * 16 * 2 * if bf16 { 2 } else { 1 }) as f64
+/// One calibration kernel run: (its checksum, FLOPs it did per iteration).
+fn compute_kernel(iters: usize, bf16: bool) -> (f32, f64) {
+    let per_chain = |lanes: usize, ops: usize| (CHAINS * lanes * ops) as f64;
+    #[cfg(target_arch = "x86_64")]
+    match Isa::best() {
+        // SAFETY: callers ask for bf16 only when AVX512_BF16 was detected.
+        Isa::Avx512 if bf16 => return (unsafe { bf16_dot_avx512(iters) }, per_chain(16, 4)),
+        // SAFETY: Isa::best() is Avx512 only when the CPU has it.
+        Isa::Avx512 => return (unsafe { fma_avx512(iters) }, per_chain(16, 2)),
+        // SAFETY: Isa::best() is Avx2 only when the CPU has AVX2 and FMA.
+        Isa::Avx2 => return (unsafe { fma_avx2(iters) }, per_chain(8, 2)),
+        _ => {}
+    }
+    let _ = bf16; // no pair-dot path off x86: the FMA peak stands in
+    (fma_portable(iters), per_chain(8, 2))
 }
 
 fn run_compute(threads: usize, bf16: bool) -> f64 {
-    let isa = Isa::best();
     let iters = 2_000_000;
-    let kernel = move || -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 {
-            if bf16 {
-                // SAFETY: the caller checked avx512_bf16.
-                return unsafe { bf16_dot_avx512(iters) };
-            }
-            // SAFETY: Avx512 is only chosen when available.
-            return unsafe { fma_avx512(iters) };
-        }
-        fma_portable(iters)
-    };
     best_rate(5, || {
         let t = Instant::now();
+        let per_iter = std::sync::atomic::AtomicU64::new(0);
         pool::global().run(threads, threads, |_| {
-            std::hint::black_box(kernel());
+            let (sum, flops) = compute_kernel(iters, bf16);
+            std::hint::black_box(sum);
+            per_iter.store(flops as u64, std::sync::atomic::Ordering::Relaxed);
         });
-        threads as f64 * iters as f64 * flops_per_iter(bf16) / t.elapsed().as_secs_f64() / 1e9
+        let flops = per_iter.load(std::sync::atomic::Ordering::Relaxed) as f64;
+        threads as f64 * iters as f64 * flops / t.elapsed().as_secs_f64() / 1e9
     })
 }
 
@@ -201,10 +227,15 @@ pub fn dispatch_overhead_us(threads: usize) -> (f64, f64) {
             .collect();
         crate::stats::median(&samples)
     };
-    let ours = time(&|| pool::global().run(threads, threads, |i| {
-        std::hint::black_box(i);
-    }));
-    let rayon_pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool");
+    let ours = time(&|| {
+        pool::global().run(threads, threads, |i| {
+            std::hint::black_box(i);
+        })
+    });
+    let rayon_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("rayon pool");
     let theirs = time(&|| {
         rayon_pool.broadcast(|c| {
             std::hint::black_box(c.index());

@@ -12,7 +12,11 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells.iter().zip(&width).map(|(c, w)| format!("{c:<w$}")).collect();
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         parts.join("  ").trim_end().to_string() + "\n"
     };
     let mut out = line(header.iter().map(|s| s.to_string()).collect());
@@ -35,11 +39,26 @@ pub fn verify_table(reports: &[VariantReport]) -> String {
                 r.cases.len().to_string(),
                 format!("{:.2e}", r.worst()),
                 format!("{:.1e}", r.tolerance),
-                if r.passed() { "pass".into() } else { format!("FAIL ({})", r.failures().len()) },
+                if r.passed() {
+                    "pass".into()
+                } else {
+                    format!("FAIL ({})", r.failures().len())
+                },
             ]
         })
         .collect();
-    table(&["op", "variant", "dtype", "shapes", "worst rel err", "tolerance", "result"], &rows)
+    table(
+        &[
+            "op",
+            "variant",
+            "dtype",
+            "shapes",
+            "worst rel err",
+            "tolerance",
+            "result",
+        ],
+        &rows,
+    )
 }
 
 /// The `tessera bench` table.
@@ -61,7 +80,13 @@ pub fn bench_table(results: &[BenchResult]) -> String {
             ]
         })
         .collect();
-    table(&["op", "problem", "dtype", "variant", "median", "IQR", "GFLOP/s", "GB/s", "roofline", "bound"], &rows)
+    table(
+        &[
+            "op", "problem", "dtype", "variant", "median", "IQR", "GFLOP/s", "GB/s", "roofline",
+            "bound",
+        ],
+        &rows,
+    )
 }
 
 fn format_time(s: f64) -> String {

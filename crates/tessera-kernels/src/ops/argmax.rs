@@ -11,7 +11,10 @@ use crate::registry::{Rng, Tolerance};
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// Indices are exact.
-pub const TOL: Tolerance = Tolerance { rel: 0.0, reason: "an index: exact" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 0.0,
+    reason: "an index: exact",
+};
 
 multiversion! {
     fn first_index(x: &[f32], target: f32) -> usize {
@@ -39,11 +42,22 @@ impl RowKernel for Argmax {
 /// Argmax of each row of a `[rows, n]` view.
 pub fn argmax<T: Element>(isa: Isa, x: &TensorView<'_, T>) -> Result<Vec<u32>> {
     if x.rank() != 2 || x.dims()[1] == 0 || x.dims()[1] >= 1 << 24 {
-        return Err(Error::shape("argmax", format!("expected [rows, 1..2²⁴], got {:?}", x.dims())));
+        return Err(Error::shape(
+            "argmax",
+            format!("expected [rows, 1..2²⁴], got {:?}", x.dims()),
+        ));
     }
     let mut idx = vec![0f32; x.dims()[0]];
     let mut out = TensorViewMut::contiguous(&mut idx, &[x.dims()[0], 1])?;
-    run_rows("argmax", isa, crate::pool::global().threads(), &Argmax, &[*x], &mut out, 1)?;
+    run_rows(
+        "argmax",
+        isa,
+        crate::pool::global().threads(),
+        &Argmax,
+        &[*x],
+        &mut out,
+        1,
+    )?;
     Ok(idx.into_iter().map(|v| v as u32).collect())
 }
 
@@ -86,7 +100,10 @@ mod tests {
             assert_eq!(argmax_row(isa, &[1.0, 5.0, f32::NAN, 9.0, f32::NAN]), 2);
             assert_eq!(argmax_row(isa, &[f32::NEG_INFINITY; 3]), 0);
             let long: Vec<f32> = (0..1000).map(|i| ((i * 37) % 1000) as f32).collect();
-            assert_eq!(argmax_row(isa, &long), long.iter().position(|&v| v == 999.0).unwrap());
+            assert_eq!(
+                argmax_row(isa, &long),
+                long.iter().position(|&v| v == 999.0).unwrap()
+            );
         }
     }
 
@@ -94,7 +111,18 @@ mod tests {
     fn bad_shapes() {
         let x = [1.0f32; 6];
         assert!(argmax(Isa::Scalar, &TensorView::contiguous(&x, &[6]).unwrap()).is_err());
-        assert!(argmax(Isa::Scalar, &TensorView::contiguous(&x, &[6, 0]).unwrap_or_else(|_| TensorView::contiguous(&x[..0], &[1, 0]).unwrap())).is_err());
-        assert_eq!(argmax(Isa::best(), &TensorView::contiguous(&x, &[2, 3]).unwrap()).unwrap(), vec![0, 0]);
+        assert!(argmax(
+            Isa::Scalar,
+            &TensorView::contiguous(&x, &[6, 0]).unwrap_or_else(|_| TensorView::contiguous(
+                &x[..0],
+                &[1, 0]
+            )
+            .unwrap())
+        )
+        .is_err());
+        assert_eq!(
+            argmax(Isa::best(), &TensorView::contiguous(&x, &[2, 3]).unwrap()).unwrap(),
+            vec![0, 0]
+        );
     }
 }

@@ -7,14 +7,16 @@ use tessera_core::{AlignedVec, Element, Result};
 /// `n` values uniform in [-1, 1) rounded to `T` (never an all-zero buffer).
 pub fn random<T: Element>(rng: &mut Rng, n: usize) -> Result<AlignedVec<T>> {
     let mut v = AlignedVec::<T>::zeroed(n)?;
-    v.iter_mut().for_each(|x| *x = T::from_f64(rng.random_range(-1.0..1.0)));
+    v.iter_mut()
+        .for_each(|x| *x = T::from_f64(rng.random_range(-1.0..1.0)));
     Ok(v)
 }
 
 /// `n` values uniform in [lo, hi).
 pub fn random_in<T: Element>(rng: &mut Rng, n: usize, lo: f64, hi: f64) -> Result<AlignedVec<T>> {
     let mut v = AlignedVec::<T>::zeroed(n)?;
-    v.iter_mut().for_each(|x| *x = T::from_f64(rng.random_range(lo..hi)));
+    v.iter_mut()
+        .for_each(|x| *x = T::from_f64(rng.random_range(lo..hi)));
     Ok(v)
 }
 

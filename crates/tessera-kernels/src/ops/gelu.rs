@@ -14,7 +14,10 @@ use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 /// The tail is ill-conditioned in any f32 evaluation: rounding y (relative 2⁻²⁴) moves
 /// e^{−2y} by |2y|·2⁻²⁴, up to ~5e-6 at x = −8 (the tests' range), on top of the exp
 /// polynomial's 3e-7. The σ form adds no cancellation.
-pub const TOL: Tolerance = Tolerance { rel: 1e-5, reason: "f32 rounding of y amplified by |2y| in the tail" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 1e-5,
+    reason: "f32 rounding of y amplified by |2y| in the tail",
+};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const COEF: f64 = 0.044_715;
@@ -39,9 +42,21 @@ impl RowKernel for Gelu {
 }
 
 /// GELU (tanh form) elementwise.
-pub fn gelu<T: Element>(isa: Isa, x: &TensorView<'_, T>, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn gelu<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = x.dims().last().copied().unwrap_or(0);
-    run_rows("gelu", isa, crate::pool::global().threads(), &Gelu, &[*x], out, n)
+    run_rows(
+        "gelu",
+        isa,
+        crate::pool::global().threads(),
+        &Gelu,
+        &[*x],
+        out,
+        n,
+    )
 }
 
 impl RowOpDesc for Gelu {
@@ -60,7 +75,9 @@ impl RowOpDesc for Gelu {
     }
     fn reference(_: &Gelu, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
         // The σ form here too: in f64, 1 + tanh(y) itself cancels below y ≈ −18.
-        x[0].iter().map(|&v| v / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + COEF * v * v * v)).exp())).collect()
+        x[0].iter()
+            .map(|&v| v / (1.0 + (-2.0 * SQRT_2_OVER_PI * (v + COEF * v * v * v)).exp()))
+            .collect()
     }
     fn nan_reach(_: usize, col: usize) -> Option<Vec<usize>> {
         Some(vec![col])

@@ -11,7 +11,10 @@ use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut
 
 /// f32 two-pass sums; plus conditioning: x − mean loses log₂(|mean|/std) bits, and the
 /// tests' inputs (mean ≈ 3.5, rows as short as 2) lose up to ~5 — about 5e-6 seen.
-pub const TOL: Tolerance = Tolerance { rel: 2e-5, reason: "f32 sums + x−mean cancellation at |mean| ≫ std" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "f32 sums + x−mean cancellation at |mean| ≫ std",
+};
 
 /// Row sum in 16 lanes.
 #[inline(always)]
@@ -54,12 +57,28 @@ impl RowKernel for LayerNorm {
 }
 
 /// LayerNorm over the last dim; γ and β have that dim's length.
-pub fn layer_norm<T: Element>(isa: Isa, x: &TensorView<'_, T>, p: &LayerNorm, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn layer_norm<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    p: &LayerNorm,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = x.dims().last().copied().unwrap_or(0);
     if p.gamma.len() != n || p.beta.len() != n {
-        return Err(Error::shape("layer_norm", format!("γ {} / β {} for rows of {n}", p.gamma.len(), p.beta.len())));
+        return Err(Error::shape(
+            "layer_norm",
+            format!("γ {} / β {} for rows of {n}", p.gamma.len(), p.beta.len()),
+        ));
     }
-    run_rows("layer_norm", isa, crate::pool::global().threads(), p, &[*x], out, n)
+    run_rows(
+        "layer_norm",
+        isa,
+        crate::pool::global().threads(),
+        p,
+        &[*x],
+        out,
+        n,
+    )
 }
 
 impl RowOpDesc for LayerNorm {
@@ -74,14 +93,21 @@ impl RowOpDesc for LayerNorm {
         (2.0, 5.0) // a large mean: catches one-pass variance
     }
     fn kernel(_: usize, n: usize, rng: &mut Rng) -> LayerNorm {
-        LayerNorm { gamma: random_in(rng, n, 0.5, 1.5).expect("small").to_vec(), beta: random_in(rng, n, -0.5, 0.5).expect("small").to_vec(), eps: 1e-5 }
+        LayerNorm {
+            gamma: random_in(rng, n, 0.5, 1.5).expect("small").to_vec(),
+            beta: random_in(rng, n, -0.5, 0.5).expect("small").to_vec(),
+            eps: 1e-5,
+        }
     }
     fn reference(k: &LayerNorm, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
         let n = x[0].len() as f64;
         let mean = x[0].iter().sum::<f64>() / n;
         let var = x[0].iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
         let rstd = 1.0 / (var + k.eps as f64).sqrt();
-        x[0].iter().enumerate().map(|(i, v)| (v - mean) * rstd * k.gamma[i] as f64 + k.beta[i] as f64).collect()
+        x[0].iter()
+            .enumerate()
+            .map(|(i, v)| (v - mean) * rstd * k.gamma[i] as f64 + k.beta[i] as f64)
+            .collect()
     }
     fn nan_reach(n: usize, _: usize) -> Option<Vec<usize>> {
         Some((0..n).collect())

@@ -11,7 +11,10 @@ use crate::registry::{Rng, Tolerance};
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// An f32 sum of n squares.
-pub const TOL: Tolerance = Tolerance { rel: 2e-6, reason: "f32 sum of squares" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 2e-6,
+    reason: "f32 sum of squares",
+};
 
 multiversion! {
     fn rms_norm_row(x: &[f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
@@ -46,13 +49,21 @@ impl RowKernel for RmsNorm {
 
 fn check_gamma(op: &'static str, n: usize, gamma: &[f32]) -> Result<()> {
     if gamma.len() != n {
-        return Err(Error::shape(op, format!("γ has {} elements for rows of {n}", gamma.len())));
+        return Err(Error::shape(
+            op,
+            format!("γ has {} elements for rows of {n}", gamma.len()),
+        ));
     }
     Ok(())
 }
 
 /// RMSNorm over the last dim.
-pub fn rms_norm<T: Element>(isa: Isa, x: &TensorView<'_, T>, p: &RmsNorm, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn rms_norm<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    p: &RmsNorm,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = x.dims().last().copied().unwrap_or(0);
     check_gamma("rms_norm", n, &p.gamma)?;
     run_rows("rms_norm", isa, pool::global().threads(), p, &[*x], out, n)
@@ -60,16 +71,38 @@ pub fn rms_norm<T: Element>(isa: Isa, x: &TensorView<'_, T>, p: &RmsNorm, out: &
 
 /// `residual += x; out = rmsnorm(residual)·γ` on contiguous `[rows, n]` f32 buffers (the
 /// engine's hidden state), in one pass over each row.
-pub fn rms_norm_residual(isa: Isa, x: &[f32], residual: &mut [f32], p: &RmsNorm, out: &mut [f32]) -> Result<()> {
+pub fn rms_norm_residual(
+    isa: Isa,
+    x: &[f32],
+    residual: &mut [f32],
+    p: &RmsNorm,
+    out: &mut [f32],
+) -> Result<()> {
     let n = p.gamma.len();
-    if n == 0 || x.len() != residual.len() || x.len() != out.len() || x.len() % n != 0 {
-        return Err(Error::shape("rms_norm_residual", format!("x {}, residual {}, out {} elements for γ of {n}", x.len(), residual.len(), out.len())));
+    if n == 0 || x.len() != residual.len() || x.len() != out.len() || !x.len().is_multiple_of(n) {
+        return Err(Error::shape(
+            "rms_norm_residual",
+            format!(
+                "x {}, residual {}, out {} elements for γ of {n}",
+                x.len(),
+                residual.len(),
+                out.len()
+            ),
+        ));
     }
     let rows = x.len() / n;
-    let (rp, op) = (SharedMut(residual.as_mut_ptr()), SharedMut(out.as_mut_ptr()));
+    let (rp, op) = (
+        SharedMut(residual.as_mut_ptr()),
+        SharedMut(out.as_mut_ptr()),
+    );
     pool::global().run(rows, pool::global().threads(), |r| {
         // SAFETY: row r of two distinct buffers of rows·n elements; each task owns row r.
-        let (h, o) = unsafe { (std::slice::from_raw_parts_mut(rp.get().add(r * n), n), std::slice::from_raw_parts_mut(op.get().add(r * n), n)) };
+        let (h, o) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(rp.get().add(r * n), n),
+                std::slice::from_raw_parts_mut(op.get().add(r * n), n),
+            )
+        };
         fused_row(isa, &x[r * n..(r + 1) * n], h, p, o);
     });
     Ok(())
@@ -91,12 +124,18 @@ impl RowOpDesc for RmsNorm {
         TOL
     }
     fn kernel(_: usize, n: usize, rng: &mut Rng) -> RmsNorm {
-        RmsNorm { gamma: random_in(rng, n, 0.5, 1.5).expect("small").to_vec(), eps: 1e-6 }
+        RmsNorm {
+            gamma: random_in(rng, n, 0.5, 1.5).expect("small").to_vec(),
+            eps: 1e-6,
+        }
     }
     fn reference(k: &RmsNorm, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
         let ms = x[0].iter().map(|v| v * v).sum::<f64>() / x[0].len() as f64;
         let r = 1.0 / (ms + k.eps as f64).sqrt();
-        x[0].iter().zip(&k.gamma).map(|(v, &g)| v * r * g as f64).collect()
+        x[0].iter()
+            .zip(&k.gamma)
+            .map(|(v, &g)| v * r * g as f64)
+            .collect()
     }
     fn nan_reach(n: usize, _: usize) -> Option<Vec<usize>> {
         Some((0..n).collect())
@@ -134,7 +173,7 @@ impl RowOpDesc for RmsNormResidual {
     }
     fn reference(k: &RmsNormResidual, row: usize, x: &[Vec<f64>]) -> Vec<f64> {
         let h: Vec<f64> = x[0].iter().zip(&x[1]).map(|(a, b)| a + b).collect();
-        let mut out = RmsNorm::reference(&k.0, row, &[h.clone()]);
+        let mut out = RmsNorm::reference(&k.0, row, std::slice::from_ref(&h));
         out.extend(h);
         out
     }

@@ -12,7 +12,10 @@ use rand::Rng as _;
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// One rotation per pair: two products and a sum, from an f32 table.
-pub const TOL: Tolerance = Tolerance { rel: 1e-6, reason: "f32-rounded cos/sin table, one rotation" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 1e-6,
+    reason: "f32-rounded cos/sin table, one rotation",
+};
 
 /// Which elements form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,9 +40,22 @@ pub struct Rope {
 
 impl Rope {
     /// The table for `positions` (one per token), `heads` heads of dim `d` (even).
-    pub fn new(style: RopeStyle, positions: &[usize], heads: usize, d: usize, theta: f64) -> Result<Self> {
-        if d == 0 || d % 2 != 0 || heads == 0 || theta.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
-            return Err(Error::invalid("rope", format!("head dim {d} must be even and > 0, heads {heads} > 0, θ {theta} > 1")));
+    pub fn new(
+        style: RopeStyle,
+        positions: &[usize],
+        heads: usize,
+        d: usize,
+        theta: f64,
+    ) -> Result<Self> {
+        if d == 0
+            || !d.is_multiple_of(2)
+            || heads == 0
+            || theta.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
+        {
+            return Err(Error::invalid(
+                "rope",
+                format!("head dim {d} must be even and > 0, heads {heads} > 0, θ {theta} > 1"),
+            ));
         }
         let half = d / 2;
         let mut cos = Vec::with_capacity(positions.len() * half);
@@ -51,7 +67,15 @@ impl Rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        Ok(Rope { style, heads, d, theta, positions: positions.to_vec(), cos, sin })
+        Ok(Rope {
+            style,
+            heads,
+            d,
+            theta,
+            positions: positions.to_vec(),
+            cos,
+            sin,
+        })
     }
 
     fn pair(&self, i: usize) -> (usize, usize) {
@@ -86,7 +110,10 @@ impl RowKernel for Rope {
     fn row(&self, isa: Isa, row: usize, x: &[&[f32]], out: &mut [f32]) {
         let half = self.d / 2;
         let t = row / self.heads;
-        let (c, s) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
+        let (c, s) = (
+            &self.cos[t * half..(t + 1) * half],
+            &self.sin[t * half..(t + 1) * half],
+        );
         match self.style {
             RopeStyle::Interleaved => rope_interleaved(isa, x[0], c, s, out),
             RopeStyle::HalfSplit => rope_half_split(isa, x[0], c, s, out),
@@ -95,12 +122,28 @@ impl RowKernel for Rope {
 }
 
 /// Rotates `x` `[tokens, heads, d]` into `out` (same dims) with the table's positions.
-pub fn rope<T: Element>(isa: Isa, x: &TensorView<'_, T>, table: &Rope, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn rope<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    table: &Rope,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let expect = [table.positions.len(), table.heads, table.d];
     if x.dims() != expect {
-        return Err(Error::shape("rope", format!("x {:?}, table built for {expect:?}", x.dims())));
+        return Err(Error::shape(
+            "rope",
+            format!("x {:?}, table built for {expect:?}", x.dims()),
+        ));
     }
-    run_rows("rope", isa, crate::pool::global().threads(), table, &[*x], out, table.d)
+    run_rows(
+        "rope",
+        isa,
+        crate::pool::global().threads(),
+        table,
+        &[*x],
+        out,
+        table.d,
+    )
 }
 
 /// Registry descriptor; `NEOX` picks the half-split convention.
@@ -110,19 +153,30 @@ pub struct RopeDesc<const NEOX: bool>;
 impl<const NEOX: bool> RowOpDesc for RopeDesc<NEOX> {
     type Kernel = Rope;
     const NAME: &'static str = if NEOX { "rope_neox" } else { "rope" };
-    const SUMMARY: &'static str = if NEOX { "RoPE, half-split pairs (HF/NeoX)" } else { "RoPE, interleaved pairs (GGUF Llama)" };
+    const SUMMARY: &'static str = if NEOX {
+        "RoPE, half-split pairs (HF/NeoX)"
+    } else {
+        "RoPE, interleaved pairs (GGUF Llama)"
+    };
     const FLOPS_PER_ELEM: f64 = 3.0;
     fn tolerance(_: DType) -> Tolerance {
         TOL
     }
     fn valid_n(n: usize) -> bool {
-        n > 0 && n % 2 == 0
+        n > 0 && n.is_multiple_of(2)
     }
     fn kernel(rows: usize, n: usize, rng: &mut Rng) -> Rope {
-        let heads = [3, 2, 1].into_iter().find(|h| rows % h == 0).unwrap_or(1);
+        let heads = [3, 2, 1]
+            .into_iter()
+            .find(|h| rows.is_multiple_of(*h))
+            .unwrap_or(1);
         let offset = rng.random_range(0..30_000);
         let positions: Vec<usize> = (0..rows / heads).map(|t| offset + t).collect();
-        let style = if NEOX { RopeStyle::HalfSplit } else { RopeStyle::Interleaved };
+        let style = if NEOX {
+            RopeStyle::HalfSplit
+        } else {
+            RopeStyle::Interleaved
+        };
         Rope::new(style, &positions, heads, n, 10_000.0).expect("valid test parameters")
     }
     fn reference(k: &Rope, row: usize, x: &[Vec<f64>]) -> Vec<f64> {
@@ -137,7 +191,11 @@ impl<const NEOX: bool> RowOpDesc for RopeDesc<NEOX> {
         out
     }
     fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>> {
-        let (i, h) = if NEOX { (col % (n / 2), n / 2) } else { (col / 2 * 2, 1) };
+        let (i, h) = if NEOX {
+            (col % (n / 2), n / 2)
+        } else {
+            (col / 2 * 2, 1)
+        };
         Some(vec![i, i + h])
     }
 }

@@ -7,7 +7,10 @@ use crate::simd::exp;
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// exp polynomial (≤ 3e-7) and one division.
-pub const TOL: Tolerance = Tolerance { rel: 1e-6, reason: "exp polynomial + division" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 1e-6,
+    reason: "exp polynomial + division",
+};
 
 /// `x/(1 + e^{−x})`: for x → −∞, e^{−x} → ∞ and the result → −0, never NaN.
 #[inline(always)]
@@ -38,9 +41,21 @@ impl RowKernel for Silu {
 }
 
 /// SiLU elementwise over a rank-2/3 view.
-pub fn silu<T: Element>(isa: Isa, x: &TensorView<'_, T>, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn silu<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = x.dims().last().copied().unwrap_or(0);
-    run_rows("silu", isa, crate::pool::global().threads(), &Silu, &[*x], out, n)
+    run_rows(
+        "silu",
+        isa,
+        crate::pool::global().threads(),
+        &Silu,
+        &[*x],
+        out,
+        n,
+    )
 }
 
 impl RowOpDesc for Silu {

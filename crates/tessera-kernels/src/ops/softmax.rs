@@ -10,7 +10,10 @@ use crate::simd::exp_shifted_sum;
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// exp polynomial (≤ 3e-7) plus an f32 sum of n terms.
-pub const TOL: Tolerance = Tolerance { rel: 2e-6, reason: "exp polynomial ≤3e-7 + f32 row sum" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 2e-6,
+    reason: "exp polynomial ≤3e-7 + f32 row sum",
+};
 
 multiversion! {
     /// Max of a row in 16 lanes (NaN is skipped here; it propagates through exp).
@@ -48,9 +51,21 @@ impl RowKernel for Softmax {
 }
 
 /// Softmax over the last dim of a rank-2/3 view.
-pub fn softmax<T: Element>(isa: Isa, x: &TensorView<'_, T>, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn softmax<T: Element>(
+    isa: Isa,
+    x: &TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = x.dims().last().copied().unwrap_or(0);
-    run_rows("softmax", isa, crate::pool::global().threads(), &Softmax, &[*x], out, n)
+    run_rows(
+        "softmax",
+        isa,
+        crate::pool::global().threads(),
+        &Softmax,
+        &[*x],
+        out,
+        n,
+    )
 }
 
 impl RowOpDesc for Softmax {

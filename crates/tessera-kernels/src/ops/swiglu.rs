@@ -8,7 +8,10 @@ use crate::registry::{Rng, Tolerance};
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// As SiLU, plus one exact-ish multiply.
-pub const TOL: Tolerance = Tolerance { rel: 1e-6, reason: "SiLU's exp polynomial + division" };
+pub const TOL: Tolerance = Tolerance {
+    rel: 1e-6,
+    reason: "SiLU's exp polynomial + division",
+};
 
 multiversion! {
     fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
@@ -29,9 +32,22 @@ impl RowKernel for SwiGlu {
 }
 
 /// `out = silu(gate)·up` elementwise; gate and up share dims.
-pub fn swiglu<T: Element>(isa: Isa, gate: &TensorView<'_, T>, up: &TensorView<'_, T>, out: &mut TensorViewMut<'_, f32>) -> Result<()> {
+pub fn swiglu<T: Element>(
+    isa: Isa,
+    gate: &TensorView<'_, T>,
+    up: &TensorView<'_, T>,
+    out: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let n = gate.dims().last().copied().unwrap_or(0);
-    run_rows("swiglu", isa, crate::pool::global().threads(), &SwiGlu, &[*gate, *up], out, n)
+    run_rows(
+        "swiglu",
+        isa,
+        crate::pool::global().threads(),
+        &SwiGlu,
+        &[*gate, *up],
+        out,
+        n,
+    )
 }
 
 impl RowOpDesc for SwiGlu {
@@ -50,7 +66,10 @@ impl RowOpDesc for SwiGlu {
         SwiGlu
     }
     fn reference(_: &SwiGlu, _: usize, x: &[Vec<f64>]) -> Vec<f64> {
-        x[0].iter().zip(&x[1]).map(|(&g, &u)| silu_f64(g) * u).collect()
+        x[0].iter()
+            .zip(&x[1])
+            .map(|(&g, &u)| silu_f64(g) * u)
+            .collect()
     }
     fn nan_reach(_: usize, col: usize) -> Option<Vec<usize>> {
         Some(vec![col])

@@ -198,6 +198,9 @@ pub fn parse_dims(op: &'static str, s: &str, n: usize, syntax: &str) -> Result<V
     let dims: Option<Vec<usize>> = s.split(['x', ',']).map(|t| t.trim().parse().ok()).collect();
     match dims {
         Some(d) if d.len() == n && d.iter().all(|&v| v > 0) => Ok(d),
-        _ => Err(tessera_core::Error::invalid(op, format!("shape '{s}': expected {syntax}"))),
+        _ => Err(tessera_core::Error::invalid(
+            op,
+            format!("shape '{s}': expected {syntax}"),
+        )),
     }
 }

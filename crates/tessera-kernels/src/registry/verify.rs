@@ -31,7 +31,13 @@ impl CaseReport {
 /// subnormal results (as FTZ hardware and our vectorized `exp` do), which no model needs.
 pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
     let (mut num, mut den) = (0.0f64, 0.0f64);
-    let flush = |v: f64| if v.abs() < f32::MIN_POSITIVE as f64 { 0.0 } else { v };
+    let flush = |v: f64| {
+        if v.abs() < f32::MIN_POSITIVE as f64 {
+            0.0
+        } else {
+            v
+        }
+    };
     for (&o, r) in out.iter().zip(reference.iter().map(|&r| flush(r))) {
         if r.is_finite() && o.is_finite() {
             num += (o - r) * (o - r);
@@ -60,7 +66,9 @@ pub fn check(
         nan_propagates: None,
         error: None,
     };
-    let cfg = cfg.cloned().unwrap_or_else(|| problem.tune_space().defaults());
+    let cfg = cfg
+        .cloned()
+        .unwrap_or_else(|| problem.tune_space().defaults());
     let seed: u64 = rng.random();
     let mut inst = match problem.instantiate(dtype, &mut super::rng(seed)) {
         Ok(i) => i,
@@ -77,7 +85,11 @@ pub fn check(
     }
     let out = inst.output();
     if out.len() != reference.len() {
-        report.error = Some(format!("{} outputs, reference has {}", out.len(), reference.len()));
+        report.error = Some(format!(
+            "{} outputs, reference has {}",
+            out.len(),
+            reference.len()
+        ));
         return report;
     }
     report.non_finite = out
@@ -94,7 +106,8 @@ pub fn check(
             report.nan_propagates = Some(
                 inst.run(variant, &cfg).is_ok() && {
                     let out = inst.output();
-                    must.iter().all(|&i| out.get(i).is_some_and(|v| !v.is_finite()))
+                    must.iter()
+                        .all(|&i| out.get(i).is_some_and(|v| !v.is_finite()))
                 },
             );
         }
@@ -117,7 +130,10 @@ impl VariantReport {
         self.cases.iter().map(|c| c.rel_err).fold(0.0, f64::max)
     }
     pub fn failures(&self) -> Vec<&CaseReport> {
-        self.cases.iter().filter(|c| !c.passed(self.tolerance)).collect()
+        self.cases
+            .iter()
+            .filter(|c| !c.passed(self.tolerance))
+            .collect()
     }
     pub fn passed(&self) -> bool {
         self.failures().is_empty()

@@ -116,7 +116,9 @@ fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut [[f32; BC];
         let nr = ROWS.min(qb.rows - r0);
         let mut acc = [[0f32; BC]; ROWS];
         for p in 0..d {
-            let krow: &[f32; BC] = kv.kt[p * kv.kv_pad + c0..][..BC].try_into().expect("padded to BC");
+            let krow: &[f32; BC] = kv.kt[p * kv.kv_pad + c0..][..BC]
+                .try_into()
+                .expect("padded to BC");
             for i in 0..ROWS {
                 let qv = if i < nr { qb.q[(r0 + i) * d + p] } else { 0.0 };
                 for c in 0..BC {
@@ -153,7 +155,13 @@ fn accumulate_pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &[[f32; BC]; BR],
 /// The P·V tile for a compile-time head dim: R output rows of D floats held in registers
 /// (R·D/16 = 16 zmm), each V row loaded once for R rows.
 #[inline(always)]
-fn pv_tile<const D: usize, const R: usize>(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &[[f32; BC]; BR], out: &mut [f32]) {
+fn pv_tile<const D: usize, const R: usize>(
+    kv: &PackedKv<'_>,
+    rows: usize,
+    c0: usize,
+    s: &[[f32; BC]; BR],
+    out: &mut [f32],
+) {
     let mut r0 = 0;
     while r0 < rows {
         let nr = R.min(rows - r0);

@@ -36,40 +36,90 @@ struct Dims {
     d: usize,
 }
 
-fn check<T: Element>(q: &TensorView<'_, T>, k: &TensorView<'_, T>, v: &TensorView<'_, T>, o: &TensorViewMut<'_, f32>, p: &AttentionParams) -> Result<Dims> {
+fn check<T: Element>(
+    q: &TensorView<'_, T>,
+    k: &TensorView<'_, T>,
+    v: &TensorView<'_, T>,
+    o: &TensorViewMut<'_, f32>,
+    p: &AttentionParams,
+) -> Result<Dims> {
     const OP: &str = "attention";
-    for (name, r) in [("Q", q.rank()), ("K", k.rank()), ("V", v.rank()), ("O", o.rank())] {
+    for (name, r) in [
+        ("Q", q.rank()),
+        ("K", k.rank()),
+        ("V", v.rank()),
+        ("O", o.rank()),
+    ] {
         if r != 3 {
-            return Err(Error::Rank { op: OP, expected: format!("3 ([tokens, heads, d]) for {name}"), got: r });
+            return Err(Error::Rank {
+                op: OP,
+                expected: format!("3 ([tokens, heads, d]) for {name}"),
+                got: r,
+            });
         }
     }
     let (qd, kd) = (q.dims(), k.dims());
-    let dims = Dims { q_len: qd[0], kv_len: kd[0], heads: qd[1], kv_heads: kd[1], d: qd[2] };
+    let dims = Dims {
+        q_len: qd[0],
+        kv_len: kd[0],
+        heads: qd[1],
+        kv_heads: kd[1],
+        d: qd[2],
+    };
     if kd != v.dims() || kd[2] != dims.d || o.dims() != qd {
-        return Err(Error::shape(OP, format!("Q {qd:?}, K {kd:?}, V {:?}, O {:?}", v.dims(), o.dims())));
+        return Err(Error::shape(
+            OP,
+            format!("Q {qd:?}, K {kd:?}, V {:?}, O {:?}", v.dims(), o.dims()),
+        ));
     }
-    if dims.kv_heads == 0 || dims.heads % dims.kv_heads != 0 {
-        return Err(Error::shape(OP, format!("{} query heads not a multiple of {} KV heads", dims.heads, dims.kv_heads)));
+    if dims.kv_heads == 0 || !dims.heads.is_multiple_of(dims.kv_heads) {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{} query heads not a multiple of {} KV heads",
+                dims.heads, dims.kv_heads
+            ),
+        ));
     }
     if p.causal && dims.kv_len < dims.q_len {
-        return Err(Error::shape(OP, format!("causal attention needs kv_len ({}) ≥ q_len ({})", dims.kv_len, dims.q_len)));
+        return Err(Error::shape(
+            OP,
+            format!(
+                "causal attention needs kv_len ({}) ≥ q_len ({})",
+                dims.kv_len, dims.q_len
+            ),
+        ));
     }
     if p.window == Some(0) {
         return Err(Error::invalid(OP, "window must be ≥ 1"));
     }
     if !p.scale.is_finite() {
-        return Err(Error::invalid(OP, format!("scale {} is not finite", p.scale)));
+        return Err(Error::invalid(
+            OP,
+            format!("scale {} is not finite", p.scale),
+        ));
     }
     Ok(dims)
 }
 
 /// Attention on the best ISA.
-pub fn attention<T: Element>(q: &TensorView<'_, T>, k: &TensorView<'_, T>, v: &TensorView<'_, T>, o: &mut TensorViewMut<'_, f32>, p: AttentionParams) -> Result<()> {
+pub fn attention<T: Element>(
+    q: &TensorView<'_, T>,
+    k: &TensorView<'_, T>,
+    v: &TensorView<'_, T>,
+    o: &mut TensorViewMut<'_, f32>,
+    p: AttentionParams,
+) -> Result<()> {
     attention_with(Isa::best(), pool::global().threads(), q, k, v, o, p)
 }
 
 /// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads).
-fn pack_kv<T: Element>(k: &TensorView<'_, T>, v: &TensorView<'_, T>, dm: Dims, threads: usize) -> Result<(AlignedVec<f32>, AlignedVec<f32>)> {
+fn pack_kv<T: Element>(
+    k: &TensorView<'_, T>,
+    v: &TensorView<'_, T>,
+    dm: Dims,
+    threads: usize,
+) -> Result<(AlignedVec<f32>, AlignedVec<f32>)> {
     let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
     let per_head = kv_pad * dm.d;
     let mut kt = AlignedVec::<f32>::zeroed(dm.kv_heads * per_head)?;
@@ -134,8 +184,21 @@ pub fn attention_with<T: Element>(
             }
         }
         let kvh = h / group;
-        let kv = PackedKv { kt: &kt[kvh * per_head..(kvh + 1) * per_head], v: &vv[kvh * per_head..(kvh + 1) * per_head], kv_len: dm.kv_len, kv_pad, d: dm.d };
-        let block = QueryBlock { q: &qbuf, first, rows, q_len: dm.q_len, causal: p.causal, window: p.window };
+        let kv = PackedKv {
+            kt: &kt[kvh * per_head..(kvh + 1) * per_head],
+            v: &vv[kvh * per_head..(kvh + 1) * per_head],
+            kv_len: dm.kv_len,
+            kv_pad,
+            d: dm.d,
+        };
+        let block = QueryBlock {
+            q: &qbuf,
+            first,
+            rows,
+            q_len: dm.q_len,
+            causal: p.causal,
+            window: p.window,
+        };
         let mut out = vec![0f32; rows * dm.d];
         flash::attend_block(isa, &kv, &block, &mut out);
         for r in 0..rows {

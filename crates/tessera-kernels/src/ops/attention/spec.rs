@@ -2,16 +2,25 @@
 
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
-use crate::registry::{BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use crate::registry::{
+    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
+    TuneSpace, Variant,
+};
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
-pub const TOL_F32: Tolerance = Tolerance { rel: 2e-5, reason: "f32 exp polynomial + f32 sums over kv_len" };
+pub const TOL_F32: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "f32 exp polynomial + f32 sums over kv_len",
+};
 /// bf16 inputs are widened exactly; the reference uses the same rounded values.
-pub const TOL_BF16: Tolerance = Tolerance { rel: 2e-5, reason: "exact widening, then as f32" };
+pub const TOL_BF16: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "exact widening, then as f32",
+};
 
 /// One attention call.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,7 +38,11 @@ pub struct AttentionProblem {
 
 impl fmt::Display for AttentionProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "q{} kv{} h{}/{} d{}", self.q_len, self.kv_len, self.heads, self.kv_heads, self.d)?;
+        write!(
+            f,
+            "q{} kv{} h{}/{} d{}",
+            self.q_len, self.kv_len, self.heads, self.kv_heads, self.d
+        )?;
         if self.causal {
             f.write_str(" causal")?;
         }
@@ -47,7 +60,8 @@ impl AttentionProblem {
     fn visible_pairs(&self) -> f64 {
         (0..self.q_len)
             .map(|i| {
-                let (a, b) = reference::key_range(i, self.q_len, self.kv_len, self.causal, self.window);
+                let (a, b) =
+                    reference::key_range(i, self.q_len, self.kv_len, self.causal, self.window);
                 (b - a) as f64
             })
             .sum()
@@ -76,15 +90,74 @@ impl OpSpec for AttentionOp {
         }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
-        let base = AttentionProblem { q_len: 1, kv_len: 1, heads: 1, kv_heads: 1, d: 8, causal: false, window: None, strided: false };
+        let base = AttentionProblem {
+            q_len: 1,
+            kv_len: 1,
+            heads: 1,
+            kv_heads: 1,
+            d: 8,
+            causal: false,
+            window: None,
+            strided: false,
+        };
         let mut v = vec![
             base.clone(),
-            AttentionProblem { q_len: 7, kv_len: 7, heads: 2, kv_heads: 1, d: 16, causal: true, ..base.clone() },
-            AttentionProblem { q_len: 33, kv_len: 127, heads: 3, kv_heads: 3, d: 33, causal: true, strided: true, ..base.clone() },
-            AttentionProblem { q_len: 127, kv_len: 127, heads: 6, kv_heads: 2, d: 64, causal: true, ..base.clone() },
-            AttentionProblem { q_len: 131, kv_len: 131, heads: 4, kv_heads: 1, d: 64, causal: true, window: Some(37), ..base.clone() },
-            AttentionProblem { q_len: 65, kv_len: 200, heads: 2, kv_heads: 2, d: 7, window: Some(64), ..base.clone() },
-            AttentionProblem { q_len: 1, kv_len: 300, heads: 9, kv_heads: 3, d: 64, causal: true, ..base.clone() },
+            AttentionProblem {
+                q_len: 7,
+                kv_len: 7,
+                heads: 2,
+                kv_heads: 1,
+                d: 16,
+                causal: true,
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 33,
+                kv_len: 127,
+                heads: 3,
+                kv_heads: 3,
+                d: 33,
+                causal: true,
+                strided: true,
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 127,
+                kv_len: 127,
+                heads: 6,
+                kv_heads: 2,
+                d: 64,
+                causal: true,
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 131,
+                kv_len: 131,
+                heads: 4,
+                kv_heads: 1,
+                d: 64,
+                causal: true,
+                window: Some(37),
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 65,
+                kv_len: 200,
+                heads: 2,
+                kv_heads: 2,
+                d: 7,
+                window: Some(64),
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 1,
+                kv_len: 300,
+                heads: 9,
+                kv_heads: 3,
+                d: 64,
+                causal: true,
+                ..base.clone()
+            },
         ];
         v.push(AttentionProblem {
             q_len: rng.random_range(1..100),
@@ -96,15 +169,38 @@ impl OpSpec for AttentionOp {
             strided: true,
             ..base
         });
-        v.into_iter().map(|p| Box::new(p) as Box<dyn ProblemCase>).collect()
+        v.into_iter()
+            .map(|p| Box::new(p) as Box<dyn ProblemCase>)
+            .collect()
     }
     fn bench_problems(&self) -> Vec<BenchProblem> {
-        let p = |n, causal| AttentionProblem { q_len: n, kv_len: n, heads: 9, kv_heads: 3, d: 64, causal, window: None, strided: false };
-        vec![("prefill-512-causal", Box::new(p(512, true))), ("prefill-2048-causal", Box::new(p(2048, true)))]
+        let p = |n, causal| AttentionProblem {
+            q_len: n,
+            kv_len: n,
+            heads: 9,
+            kv_heads: 3,
+            d: 64,
+            causal,
+            window: None,
+            strided: false,
+        };
+        vec![
+            ("prefill-512-causal", Box::new(p(512, true))),
+            ("prefill-2048-causal", Box::new(p(2048, true))),
+        ]
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
         let d = crate::registry::parse_dims("attention", s, 4, "SEQxHEADSxKV_HEADSxD (causal)")?;
-        Ok(Box::new(AttentionProblem { q_len: d[0], kv_len: d[0], heads: d[1], kv_heads: d[2], d: d[3], causal: true, window: None, strided: false }))
+        Ok(Box::new(AttentionProblem {
+            q_len: d[0],
+            kv_len: d[0],
+            heads: d[1],
+            kv_heads: d[2],
+            d: d[3],
+            causal: true,
+            window: None,
+            strided: false,
+        }))
     }
 }
 
@@ -118,13 +214,20 @@ impl ProblemCase for AttentionProblem {
     }
     fn tune_space(&self) -> TuneSpace {
         let t = crate::pool::global().threads();
-        TuneSpace(vec![TuneParam { name: "threads", default: t, choices: (1..=t).collect() }])
+        TuneSpace(vec![TuneParam {
+            name: "threads",
+            default: t,
+            choices: (1..=t).collect(),
+        }])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         match dtype {
             DType::F32 => Ok(Box::new(AttnInstance::<f32>::new(self.clone(), rng)?)),
             DType::BF16 => Ok(Box::new(AttnInstance::<bf16>::new(self.clone(), rng)?)),
-            d => Err(Error::DType { op: "attention", dtype: d.to_string() }),
+            d => Err(Error::DType {
+                op: "attention",
+                dtype: d.to_string(),
+            }),
         }
     }
 }
@@ -164,13 +267,26 @@ impl<T: Element> Instance for AttnInstance<T> {
     fn reference(&self) -> Vec<f64> {
         let p = &self.p;
         let (d, group) = (p.d, p.heads / p.kv_heads);
-        let row = |buf: &[T], j: usize, h: usize| -> Vec<f64> { buf[(j * p.kv_heads + h) * d..][..d].iter().map(|x| x.to_f64()).collect() };
+        let row = |buf: &[T], j: usize, h: usize| -> Vec<f64> {
+            buf[(j * p.kv_heads + h) * d..][..d]
+                .iter()
+                .map(|x| x.to_f64())
+                .collect()
+        };
         let mut out = vec![0.0; p.q_len * p.heads * d];
         for i in 0..p.q_len {
             for h in 0..p.heads {
-                let q: Vec<f64> = (0..d).map(|c| self.q[self.lq.index_of(&[i, h, c])].to_f64()).collect();
+                let q: Vec<f64> = (0..d)
+                    .map(|c| self.q[self.lq.index_of(&[i, h, c])].to_f64())
+                    .collect();
                 let range = reference::key_range(i, p.q_len, p.kv_len, p.causal, p.window);
-                let o = reference::attend(&q, range, |j| row(&self.k, j, h / group), |j| row(&self.v, j, h / group), self.scale() as f64);
+                let o = reference::attend(
+                    &q,
+                    range,
+                    |j| row(&self.k, j, h / group),
+                    |j| row(&self.v, j, h / group),
+                    self.scale() as f64,
+                );
                 out[(i * p.heads + h) * d..][..d].copy_from_slice(&o);
             }
         }
@@ -182,8 +298,14 @@ impl<T: Element> Instance for AttnInstance<T> {
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
         let p = &self.p;
         let kd = [p.kv_len, p.kv_heads, p.d];
-        let params = AttentionParams { causal: p.causal, scale: self.scale(), window: p.window };
-        let threads = cfg.get("threads").unwrap_or(crate::pool::global().threads());
+        let params = AttentionParams {
+            causal: p.causal,
+            scale: self.scale(),
+            window: p.window,
+        };
+        let threads = cfg
+            .get("threads")
+            .unwrap_or(crate::pool::global().threads());
         attention_with(
             v.isa(),
             threads,
@@ -198,7 +320,10 @@ impl<T: Element> Instance for AttnInstance<T> {
         self.o.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        let (i, h) = (rng.random_range(0..self.p.q_len), rng.random_range(0..self.p.heads));
+        let (i, h) = (
+            rng.random_range(0..self.p.q_len),
+            rng.random_range(0..self.p.heads),
+        );
         let idx = self.lq.index_of(&[i, h, 0]);
         self.q[idx] = T::from_f32(f32::NAN);
         Some(((i * self.p.heads + h) * self.p.d..(i * self.p.heads + h + 1) * self.p.d).collect())

@@ -79,7 +79,15 @@ struct Task {
 /// Below this many FLOPs a GEMM stays on one thread (dispatch would cost more than it saves).
 const MIN_FLOPS_PER_THREAD: f64 = 2e6;
 
-fn plan(batches: usize, m: usize, n: usize, k: usize, kern_nr: usize, kern_mr: usize, threads: usize) -> Vec<Task> {
+fn plan(
+    batches: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    kern_nr: usize,
+    kern_mr: usize,
+    threads: usize,
+) -> Vec<Task> {
     let flops = 2.0 * (batches * m * n * k) as f64;
     let want = threads.min((flops / MIN_FLOPS_PER_THREAD) as usize).max(1);
     let per_batch = want.div_ceil(batches).max(1);
@@ -97,7 +105,13 @@ fn plan(batches: usize, m: usize, n: usize, k: usize, kern_nr: usize, kern_mr: u
                 let (m0, m1) = cut(m, m_split, kern_mr, mi);
                 let (n0, n1) = cut(n, n_split, kern_nr, ni);
                 if m0 < m1 && n0 < n1 {
-                    tasks.push(Task { batch, m0, m1, n0, n1 });
+                    tasks.push(Task {
+                        batch,
+                        m0,
+                        m1,
+                        n0,
+                        n1,
+                    });
                 }
             }
         }
@@ -142,7 +156,10 @@ pub(super) fn run<T: PackSource, P: Packed>(
         };
         SCRATCH.with(|s| match s.try_borrow_mut() {
             Ok(mut s) => job(&mut s),
-            Err(_) => job(&mut (AlignedVec::zeroed(0).expect("empty"), AlignedVec::zeroed(0).expect("empty"))),
+            Err(_) => job(&mut (
+                AlignedVec::zeroed(0).expect("empty"),
+                AlignedVec::zeroed(0).expect("empty"),
+            )),
         });
     });
 }
@@ -163,7 +180,13 @@ fn compute_rect<T: PackSource, P: Packed>(
         let nc = blk.nc.min(task.n1 - jc);
         for pc in (0..k).step_by(blk.kc) {
             let kc = blk.kc.min(k - pc);
-            let bblk = Block { r0: jc, rows: nc, k0: pc, k_len: kc, panel: nr };
+            let bblk = Block {
+                r0: jc,
+                rows: nc,
+                k0: pc,
+                k_len: kc,
+                panel: nr,
+            };
             grow(bbuf, bblk.packed_len::<P>());
             let bp = as_packed::<P>(bbuf, bblk.packed_len::<P>());
             pack(&ops.b, bblk, true, bp);
@@ -171,7 +194,13 @@ fn compute_rect<T: PackSource, P: Packed>(
             let beta_eff = if pc == 0 { beta } else { 1.0 };
             for ic in (task.m0..task.m1).step_by(blk.mc) {
                 let mc = blk.mc.min(task.m1 - ic);
-                let ablk = Block { r0: ic, rows: mc, k0: pc, k_len: kc, panel: mr };
+                let ablk = Block {
+                    r0: ic,
+                    rows: mc,
+                    k0: pc,
+                    k_len: kc,
+                    panel: mr,
+                };
                 grow(abuf, ablk.packed_len::<P>());
                 let ap = as_packed::<P>(abuf, ablk.packed_len::<P>());
                 pack(&ops.a, ablk, false, ap);
@@ -195,7 +224,12 @@ fn compute_rect<T: PackSource, P: Packed>(
                             // inside C, which this task alone writes (disjoint rectangles).
                             unsafe { (kern.run)(ks, a_panel, b_panel, out) };
                         } else {
-                            let out = TileOut { c: tmp.as_mut_ptr(), rs_c: nr, alpha: 1.0, beta: 0.0 };
+                            let out = TileOut {
+                                c: tmp.as_mut_ptr(),
+                                rs_c: nr,
+                                alpha: 1.0,
+                                beta: 0.0,
+                            };
                             // SAFETY: panels as above; tmp holds MR·NR floats.
                             unsafe { (kern.run)(ks, a_panel, b_panel, out) };
                             merge_edge(c, &tmp, (i0, j0, rows, cols, nr), alpha, beta_eff);
@@ -208,7 +242,13 @@ fn compute_rect<T: PackSource, P: Packed>(
 }
 
 /// Adds a partial tile (kept in `tmp`, row stride `nr`) into a strided C.
-fn merge_edge(c: &MatMut, tmp: &[f32], (i0, j0, rows, cols, nr): (usize, usize, usize, usize, usize), alpha: f32, beta: f32) {
+fn merge_edge(
+    c: &MatMut,
+    tmp: &[f32],
+    (i0, j0, rows, cols, nr): (usize, usize, usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+) {
     for i in 0..rows {
         for j in 0..cols {
             // SAFETY: i0+i < C.rows and j0+j < C.cols (edge tile clipped to the matrix);

@@ -59,10 +59,24 @@ multiversion! {
 
 /// Computes `C[i, :] = alpha·A[i, :]·B + beta·C[i, :]` for one row; `c` points at C[i, 0]
 /// with column stride `cs_c`, valid for n elements at that stride.
-pub(super) fn row<T: GemmInput>(isa: Isa, r: &GemvRow<'_, T>, c: SharedMut<f32>, cs_c: usize, alpha: f32, beta: f32, threads: usize) {
+pub(super) fn row<T: GemmInput>(
+    isa: Isa,
+    r: &GemvRow<'_, T>,
+    c: SharedMut<f32>,
+    cs_c: usize,
+    alpha: f32,
+    beta: f32,
+    threads: usize,
+) {
     let work = r.n * r.x.len();
     let threads = if work < 32 * 1024 { 1 } else { threads.max(1) };
-    let cols = if r.rs == 1 { DOT_COLS } else { r.n.div_ceil(threads).next_multiple_of(16).min(MAX_AXPY_COLS) };
+    let cols = if r.rs == 1 {
+        DOT_COLS
+    } else {
+        r.n.div_ceil(threads)
+            .next_multiple_of(16)
+            .min(MAX_AXPY_COLS)
+    };
     let tasks = r.n.div_ceil(cols);
     pool::global().run(tasks, threads, |t| {
         let (j0, j1) = (t * cols, ((t + 1) * cols).min(r.n));
@@ -78,7 +92,11 @@ pub(super) fn row<T: GemmInput>(isa: Isa, r: &GemvRow<'_, T>, c: SharedMut<f32>,
             // write disjoint column ranges.
             unsafe {
                 let p = c.get().add((j0 + jj) * cs_c);
-                *p = if beta == 0.0 { alpha * v } else { alpha * v + beta * *p };
+                *p = if beta == 0.0 {
+                    alpha * v
+                } else {
+                    alpha * v + beta * *p
+                };
             }
         }
     });

@@ -19,7 +19,9 @@ fn store_row(acc: &[f32], c: &mut [f32], alpha: f32, beta: f32) {
     if beta == 0.0 {
         c.iter_mut().zip(acc).for_each(|(c, &a)| *c = alpha * a);
     } else {
-        c.iter_mut().zip(acc).for_each(|(c, &a)| *c = alpha * a + beta * *c);
+        c.iter_mut()
+            .zip(acc)
+            .for_each(|(c, &a)| *c = alpha * a + beta * *c);
     }
 }
 
@@ -39,7 +41,12 @@ pub(super) unsafe fn portable<const MR: usize, const NR: usize, const FUSED: boo
 ) {
     let mut acc = [[0f32; NR]; MR];
     // SAFETY: the caller guarantees k·MR and k·NR readable elements.
-    let (a, b) = unsafe { (std::slice::from_raw_parts(a, k * MR), std::slice::from_raw_parts(b, k * NR)) };
+    let (a, b) = unsafe {
+        (
+            std::slice::from_raw_parts(a, k * MR),
+            std::slice::from_raw_parts(b, k * NR),
+        )
+    };
     for (ap, bp) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
         for i in 0..MR {
             for j in 0..NR {
@@ -107,7 +114,11 @@ unsafe fn store_zmm(acc: __m512, c: *mut f32, alpha: __m512, beta: f32) {
         let r = if beta == 0.0 {
             _mm512_mul_ps(alpha, acc)
         } else {
-            _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(c), _mm512_mul_ps(alpha, acc))
+            _mm512_fmadd_ps(
+                _mm512_set1_ps(beta),
+                _mm512_loadu_ps(c),
+                _mm512_mul_ps(alpha, acc),
+            )
         };
         _mm512_storeu_ps(c, r);
     }

@@ -34,7 +34,10 @@ pub struct GemmParams {
 
 impl Default for GemmParams {
     fn default() -> Self {
-        GemmParams { alpha: 1.0, beta: 0.0 }
+        GemmParams {
+            alpha: 1.0,
+            beta: 0.0,
+        }
     }
 }
 
@@ -49,14 +52,34 @@ impl GemmInput for half::bf16 {}
 pub fn default_blocking(isa: Isa) -> Blocking {
     let threads = pool::global().threads();
     match isa {
-        Isa::Avx512 => Blocking { mc: 96, kc: 384, nc: 1024, threads },
-        Isa::Avx2 => Blocking { mc: 96, kc: 256, nc: 1024, threads },
-        Isa::Neon | Isa::Scalar => Blocking { mc: 64, kc: 256, nc: 512, threads },
+        Isa::Avx512 => Blocking {
+            mc: 96,
+            kc: 384,
+            nc: 1024,
+            threads,
+        },
+        Isa::Avx2 => Blocking {
+            mc: 96,
+            kc: 256,
+            nc: 1024,
+            threads,
+        },
+        Isa::Neon | Isa::Scalar => Blocking {
+            mc: 64,
+            kc: 256,
+            nc: 512,
+            threads,
+        },
     }
 }
 
 /// `C = α·A·B + β·C` on the best ISA with default blocking.
-pub fn gemm<T: GemmInput>(a: &TensorView<'_, T>, b: &TensorView<'_, T>, c: &mut TensorViewMut<'_, f32>, p: GemmParams) -> Result<()> {
+pub fn gemm<T: GemmInput>(
+    a: &TensorView<'_, T>,
+    b: &TensorView<'_, T>,
+    c: &mut TensorViewMut<'_, f32>,
+    p: GemmParams,
+) -> Result<()> {
     let isa = Isa::best();
     gemm_with(isa, default_blocking(isa), a, b, c, p)
 }
@@ -68,26 +91,40 @@ struct Shapes {
     b_batched: bool,
 }
 
-fn check_shapes<T>(a: &TensorView<'_, T>, b: &TensorView<'_, T>, c: &TensorViewMut<'_, f32>) -> Result<Shapes>
+fn check_shapes<T>(
+    a: &TensorView<'_, T>,
+    b: &TensorView<'_, T>,
+    c: &TensorViewMut<'_, f32>,
+) -> Result<Shapes>
 where
     T: Element,
 {
     const OP: &str = "gemm";
     for (name, r) in [("A", a.rank()), ("B", b.rank()), ("C", c.rank())] {
         if !(2..=3).contains(&r) {
-            return Err(Error::Rank { op: OP, expected: format!("2 or 3 for {name}"), got: r });
+            return Err(Error::Rank {
+                op: OP,
+                expected: format!("2 or 3 for {name}"),
+                got: r,
+            });
         }
     }
     let mat = |d: &[usize]| (d[d.len() - 2], d[d.len() - 1]);
     let batch = |d: &[usize]| if d.len() == 3 { d[0] } else { 1 };
     let ((m, k), (k2, n), (cm, cn)) = (mat(a.dims()), mat(b.dims()), mat(c.dims()));
     if k != k2 || cm != m || cn != n {
-        return Err(Error::shape(OP, format!("A {:?} · B {:?} → C {:?}", a.dims(), b.dims(), c.dims())));
+        return Err(Error::shape(
+            OP,
+            format!("A {:?} · B {:?} → C {:?}", a.dims(), b.dims(), c.dims()),
+        ));
     }
     let batches = batch(c.dims());
     for (name, d) in [("A", a.dims()), ("B", b.dims())] {
         if batch(d) != batches && batch(d) != 1 {
-            return Err(Error::shape(OP, format!("{name} batch {} vs C batch {batches}", batch(d))));
+            return Err(Error::shape(
+                OP,
+                format!("{name} batch {} vs C batch {batches}", batch(d)),
+            ));
         }
     }
     Ok(Shapes {
@@ -125,7 +162,11 @@ pub fn gemm_with<T: GemmInput>(
     let cl = *c.layout();
     let cptr = SharedMut(c.data_mut().as_mut_ptr());
     let c_mat = |i: usize| {
-        let l = if cl.rank() == 3 { cl.index0(i).expect("batch checked") } else { cl };
+        let l = if cl.rank() == 3 {
+            cl.index0(i).expect("batch checked")
+        } else {
+            cl
+        };
         MatMut {
             // SAFETY: the view was validated; offset is inside its buffer.
             ptr: SharedMut(unsafe { cptr.get().add(l.offset()) }),
@@ -139,7 +180,9 @@ pub fn gemm_with<T: GemmInput>(
         scale_c(&c_mat, batches, p.beta);
         return Ok(());
     }
-    if m <= gemv::MAX_M && (b.layout().stride(b.rank() - 2) == 1 || b.layout().stride(b.rank() - 1) == 1) {
+    if m <= gemv::MAX_M
+        && (b.layout().stride(b.rank() - 2) == 1 || b.layout().stride(b.rank() - 1) == 1)
+    {
         run_gemv(isa, blocking.threads, a, b, &s, &c_mat, p);
         return Ok(());
     }
@@ -149,10 +192,15 @@ pub fn gemm_with<T: GemmInput>(
         c: c_mat(i),
     };
     let scalars = (p.alpha, p.beta);
-    if T::DTYPE == tessera_core::DType::BF16 && isa == Isa::Avx512 && CpuFeatures::get().avx512_bf16 {
+    if T::DTYPE == tessera_core::DType::BF16 && isa == Isa::Avx512 && CpuFeatures::get().avx512_bf16
+    {
         #[cfg(target_arch = "x86_64")]
         {
-            let kern = MicroKernel::<u32> { mr: 6, nr: 64, run: micro::avx512_bf16_6x64 };
+            let kern = MicroKernel::<u32> {
+                mr: 6,
+                nr: 64,
+                run: micro::avx512_bf16_6x64,
+            };
             driver::run(kern, blocking, s.dims, &operands, scalars);
             return Ok(());
         }
@@ -162,15 +210,39 @@ pub fn gemm_with<T: GemmInput>(
 }
 
 /// Small-M path: each row of A against B, no packing.
-fn run_gemv<T: GemmInput>(isa: Isa, threads: usize, a: &TensorView<'_, T>, b: &TensorView<'_, T>, s: &Shapes, c_mat: &dyn Fn(usize) -> MatMut, p: GemmParams) {
+fn run_gemv<T: GemmInput>(
+    isa: Isa,
+    threads: usize,
+    a: &TensorView<'_, T>,
+    b: &TensorView<'_, T>,
+    s: &Shapes,
+    c_mat: &dyn Fn(usize) -> MatMut,
+    p: GemmParams,
+) {
     let (batches, m, n, k) = s.dims;
     let mut x = vec![0f32; k];
     for bt in 0..batches {
-        let (am, bm, c) = (matrix(a, s.a_batched, bt), matrix(b, s.b_batched, bt), c_mat(bt));
+        let (am, bm, c) = (
+            matrix(a, s.a_batched, bt),
+            matrix(b, s.b_batched, bt),
+            c_mat(bt),
+        );
         let (al, bl) = (am.layout(), bm.layout());
         for i in 0..m {
-            gemv::widen_row(am.data(), al.offset() + i * al.stride(0), al.stride(1), &mut x);
-            let row = gemv::GemvRow { x: &x, b: bm.data(), b_off: bl.offset(), rs: bl.stride(0), cs: bl.stride(1), n };
+            gemv::widen_row(
+                am.data(),
+                al.offset() + i * al.stride(0),
+                al.stride(1),
+                &mut x,
+            );
+            let row = gemv::GemvRow {
+                x: &x,
+                b: bm.data(),
+                b_off: bl.offset(),
+                rs: bl.stride(0),
+                cs: bl.stride(1),
+                n,
+            };
             // SAFETY: row i of a validated C view.
             let c_row = SharedMut(unsafe { c.ptr.get().add(i * c.rs) });
             gemv::row(isa, &row, c_row, c.cs, p.alpha, p.beta, threads);
@@ -182,12 +254,28 @@ fn run_gemv<T: GemmInput>(isa: Isa, threads: usize, a: &TensorView<'_, T>, b: &T
 fn f32_kernel(isa: Isa) -> MicroKernel<f32> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => MicroKernel { mr: 6, nr: 64, run: micro::avx512_f32_6x64 },
+        Isa::Avx512 => MicroKernel {
+            mr: 6,
+            nr: 64,
+            run: micro::avx512_f32_6x64,
+        },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => MicroKernel { mr: 6, nr: 16, run: micro::avx2_6x16 },
+        Isa::Avx2 => MicroKernel {
+            mr: 6,
+            nr: 16,
+            run: micro::avx2_6x16,
+        },
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => MicroKernel { mr: 8, nr: 8, run: micro::neon_8x8 },
-        _ => MicroKernel { mr: 4, nr: 8, run: micro::scalar_4x8 },
+        Isa::Neon => MicroKernel {
+            mr: 8,
+            nr: 8,
+            run: micro::neon_8x8,
+        },
+        _ => MicroKernel {
+            mr: 4,
+            nr: 8,
+            run: micro::scalar_4x8,
+        },
     }
 }
 

@@ -121,20 +121,20 @@ unsafe impl Packed for f32 {
             (m.rs, m.cs, at.r_first * m.rs + at.k0 * m.cs)
         };
         let out = &mut out[..at.ks * at.panel];
-        // SAFETY (both loops): the caller checked rows r_first..r_first+panel and k-values
-        // k0..k0+ks lie inside the validated matrix, so every offset is in its buffer.
         if stride_i == 1 {
             for (s, o) in out.chunks_exact_mut(at.panel).enumerate() {
-                let src = unsafe { m.ptr.add(base + s * stride_k) };
                 for (i, d) in o.iter_mut().enumerate() {
-                    *d = unsafe { *src.add(i) }.to_f32();
+                    // SAFETY: the caller checked rows r_first..r_first+panel and k-values
+                    // k0..k0+ks lie inside the validated matrix: the offset is in bounds.
+                    *d = unsafe { *m.ptr.add(base + s * stride_k + i) }.to_f32();
                 }
             }
         } else {
             for i in 0..at.panel {
-                let src = unsafe { m.ptr.add(base + i * stride_i) };
                 for s in 0..at.ks {
-                    out[s * at.panel + i] = unsafe { *src.add(s * stride_k) }.to_f32();
+                    // SAFETY: as above.
+                    out[s * at.panel + i] =
+                        unsafe { *m.ptr.add(base + i * stride_i + s * stride_k) }.to_f32();
                 }
             }
         }
@@ -175,22 +175,40 @@ impl Block {
 
 /// Packs `blk` of `m` into `dst` as `[panel][k_step][panel_row]`. `transposed` says the
 /// logical row index is m's column index (packing B, whose logical rows are columns).
-pub(super) fn pack<T: PackSource, P: Packed>(m: &Mat<T>, blk: Block, transposed: bool, dst: &mut [P]) {
+pub(super) fn pack<T: PackSource, P: Packed>(
+    m: &Mat<T>,
+    blk: Block,
+    transposed: bool,
+    dst: &mut [P],
+) {
     let ks = blk.k_steps::<P>();
     let k_base = blk.k0 / P::KPACK; // k0 is a multiple of KPACK (see Blocking::round)
     let k_end = blk.k0 + blk.k_len;
     // Restrict the view to the block's k range so padding past k_len reads as zero.
     let clipped = if transposed {
-        Mat { rows: m.rows.min(k_end), ..*m }
+        Mat {
+            rows: m.rows.min(k_end),
+            ..*m
+        }
     } else {
-        Mat { cols: m.cols.min(k_end), ..*m }
+        Mat {
+            cols: m.cols.min(k_end),
+            ..*m
+        }
     };
     let row_extent = if transposed { m.cols } else { m.rows };
     let k_extent = if transposed { m.rows } else { m.cols };
     for (p, panel) in dst.chunks_exact_mut(blk.panel * ks).enumerate() {
         let r_first = blk.r0 + p * blk.panel;
-        let full = r_first + blk.panel <= (blk.r0 + blk.rows).min(row_extent) && blk.k0 + ks * P::KPACK <= k_end.min(k_extent);
-        let at = PanelAt { r_first, k0: blk.k0, ks, panel: blk.panel, transposed };
+        let full = r_first + blk.panel <= (blk.r0 + blk.rows).min(row_extent)
+            && blk.k0 + ks * P::KPACK <= k_end.min(k_extent);
+        let at = PanelAt {
+            r_first,
+            k0: blk.k0,
+            ks,
+            panel: blk.panel,
+            transposed,
+        };
         if full && P::pack_full_panel(m, at, panel) {
             continue;
         }

@@ -15,7 +15,11 @@ pub fn gemm_f64(
         for i in 0..m {
             for j in 0..n {
                 let dot: f64 = (0..k).map(|p| a(bt, i, p) * b(bt, p, j)).sum();
-                let prior = if beta == 0.0 { 0.0 } else { beta * c0(bt, i, j) };
+                let prior = if beta == 0.0 {
+                    0.0
+                } else {
+                    beta * c0(bt, i, j)
+                };
                 out.push(alpha * dot + prior);
             }
         }

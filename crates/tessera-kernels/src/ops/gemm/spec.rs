@@ -2,21 +2,35 @@
 
 use super::{gemm_with, Blocking, GemmInput, GemmParams};
 use crate::ops::common::{bytes, poison, random};
-use crate::registry::{parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use crate::registry::{
+    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneParam, TuneSpace, Variant,
+};
 use half::{bf16, f16};
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::{AlignedVec, CpuFeatures, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut};
+use tessera_core::{
+    AlignedVec, CpuFeatures, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut,
+};
 
 /// f32: the only error is f32 accumulation over K terms, which grows like √K·2⁻²⁴ on
 /// random data (≈ 4e-6 at K = 4096 with margin); blocking reorders the sum, no more.
-pub const TOL_F32: Tolerance = Tolerance { rel: 1e-5, reason: "f32 accumulation over K terms (~√K·2⁻²⁴)" };
+pub const TOL_F32: Tolerance = Tolerance {
+    rel: 1e-5,
+    reason: "f32 accumulation over K terms (~√K·2⁻²⁴)",
+};
 /// f16 inputs widen exactly to f32, so the f32 bound holds; the reference uses the same
 /// rounded inputs.
-pub const TOL_F16: Tolerance = Tolerance { rel: 1e-5, reason: "exact widening, then f32 accumulation" };
+pub const TOL_F16: Tolerance = Tolerance {
+    rel: 1e-5,
+    reason: "exact widening, then f32 accumulation",
+};
 /// bf16: products of two bf16 are exact in f32 and `vdpbf16ps` accumulates in f32, so
 /// again only accumulation error (x2 margin for the pairwise sums' extra rounding).
-pub const TOL_BF16: Tolerance = Tolerance { rel: 2e-5, reason: "exact bf16 products, f32 accumulation" };
+pub const TOL_BF16: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "exact bf16 products, f32 accumulation",
+};
 
 /// One GEMM call's shape and flags.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,7 +53,18 @@ pub struct GemmProblem {
 
 impl GemmProblem {
     pub fn square(m: usize, n: usize, k: usize) -> Self {
-        GemmProblem { batch: 1, m, n, k, trans_a: false, trans_b: false, trans_c: false, padded: false, alpha: 1.0, beta: 0.0 }
+        GemmProblem {
+            batch: 1,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            trans_c: false,
+            padded: false,
+            alpha: 1.0,
+            beta: 0.0,
+        }
     }
 }
 
@@ -50,7 +75,13 @@ impl fmt::Display for GemmProblem {
         if self.batch > 1 {
             write!(f, " b{}", self.batch)?;
         }
-        write!(f, " {}{}{}", t(self.trans_a), t(self.trans_b), t(self.trans_c))?;
+        write!(
+            f,
+            " {}{}{}",
+            t(self.trans_a),
+            t(self.trans_b),
+            t(self.trans_c)
+        )?;
         if self.padded {
             f.write_str(" pad")?;
         }
@@ -96,10 +127,25 @@ impl OpSpec for GemmOp {
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         let mut shapes = vec![
-            (1, 1, 1), (7, 33, 127), (127, 7, 33), (33, 127, 7), (1, 576, 64), (64, 1, 300),
-            (13, 67, 1), (1000, 3, 2), (2, 1000, 5), (97, 131, 257), (5, 200, 600),
+            (1, 1, 1),
+            (7, 33, 127),
+            (127, 7, 33),
+            (33, 127, 7),
+            (1, 576, 64),
+            (64, 1, 300),
+            (13, 67, 1),
+            (1000, 3, 2),
+            (2, 1000, 5),
+            (97, 131, 257),
+            (5, 200, 600),
         ];
-        shapes.extend((0..4).map(|_| (rng.random_range(1..150), rng.random_range(1..200), rng.random_range(1..300))));
+        shapes.extend((0..4).map(|_| {
+            (
+                rng.random_range(1..150),
+                rng.random_range(1..200),
+                rng.random_range(1..300),
+            )
+        }));
         let mut out: Vec<Box<dyn ProblemCase>> = Vec::new();
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             out.push(Box::new(GemmProblem {
@@ -118,9 +164,24 @@ impl OpSpec for GemmOp {
     fn bench_problems(&self) -> Vec<BenchProblem> {
         vec![
             ("square-512", Box::new(GemmProblem::square(512, 512, 512))),
-            ("square-2048", Box::new(GemmProblem::square(2048, 2048, 2048))),
-            ("prefill-512x1536x576", Box::new(GemmProblem { trans_b: true, ..GemmProblem::square(512, 1536, 576) })),
-            ("decode-1x576x576", Box::new(GemmProblem { trans_b: true, ..GemmProblem::square(1, 576, 576) })),
+            (
+                "square-2048",
+                Box::new(GemmProblem::square(2048, 2048, 2048)),
+            ),
+            (
+                "prefill-512x1536x576",
+                Box::new(GemmProblem {
+                    trans_b: true,
+                    ..GemmProblem::square(512, 1536, 576)
+                }),
+            ),
+            (
+                "decode-1x576x576",
+                Box::new(GemmProblem {
+                    trans_b: true,
+                    ..GemmProblem::square(1, 576, 576)
+                }),
+            ),
         ]
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
@@ -131,7 +192,12 @@ impl OpSpec for GemmOp {
 
 impl ProblemCase for GemmProblem {
     fn cost(&self, dtype: DType) -> Cost {
-        let (b, m, n, k) = (self.batch as f64, self.m as f64, self.n as f64, self.k as f64);
+        let (b, m, n, k) = (
+            self.batch as f64,
+            self.m as f64,
+            self.n as f64,
+            self.k as f64,
+        );
         let c_traffic = if self.beta == 0.0 { 1.0 } else { 2.0 };
         Cost {
             flops: 2.0 * b * m * n * k,
@@ -141,10 +207,26 @@ impl ProblemCase for GemmProblem {
     fn tune_space(&self) -> TuneSpace {
         let d = super::default_blocking(Isa::best());
         TuneSpace(vec![
-            TuneParam { name: "mc", default: d.mc, choices: vec![48, 72, 96, 144, 192, 288] },
-            TuneParam { name: "kc", default: d.kc, choices: vec![128, 192, 256, 384, 512] },
-            TuneParam { name: "nc", default: d.nc, choices: vec![256, 512, 1024, 2048, 4096] },
-            TuneParam { name: "threads", default: d.threads, choices: (1..=d.threads).collect() },
+            TuneParam {
+                name: "mc",
+                default: d.mc,
+                choices: vec![48, 72, 96, 144, 192, 288],
+            },
+            TuneParam {
+                name: "kc",
+                default: d.kc,
+                choices: vec![128, 192, 256, 384, 512],
+            },
+            TuneParam {
+                name: "nc",
+                default: d.nc,
+                choices: vec![256, 512, 1024, 2048, 4096],
+            },
+            TuneParam {
+                name: "threads",
+                default: d.threads,
+                choices: (1..=d.threads).collect(),
+            },
         ])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
@@ -152,7 +234,12 @@ impl ProblemCase for GemmProblem {
             DType::F32 => Box::new(GemmInstance::<f32>::new(self.clone(), rng)?),
             DType::F16 => Box::new(GemmInstance::<f16>::new(self.clone(), rng)?),
             DType::BF16 => Box::new(GemmInstance::<bf16>::new(self.clone(), rng)?),
-            d => return Err(Error::DType { op: "gemm", dtype: d.to_string() }),
+            d => {
+                return Err(Error::DType {
+                    op: "gemm",
+                    dtype: d.to_string(),
+                })
+            }
         })
     }
 }
@@ -232,7 +319,17 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
         let a = TensorView::new(&self.a, self.la)?;
         let b = TensorView::new(&self.b, self.lb)?;
         let mut c = TensorViewMut::new(&mut self.c, self.lc)?;
-        gemm_with(v.isa(), blocking, &a, &b, &mut c, GemmParams { alpha: self.p.alpha, beta: self.p.beta })
+        gemm_with(
+            v.isa(),
+            blocking,
+            &a,
+            &b,
+            &mut c,
+            GemmParams {
+                alpha: self.p.alpha,
+                beta: self.p.beta,
+            },
+        )
     }
     fn output(&self) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.p.batch * self.p.m * self.p.n);
@@ -246,12 +343,19 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
         out
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        let (bt, i, p) = (rng.random_range(0..self.p.batch), rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
+        let (bt, i, p) = (
+            rng.random_range(0..self.p.batch),
+            rng.random_range(0..self.p.m),
+            rng.random_range(0..self.p.k),
+        );
         self.a[self.la.index_of(&[bt, i, p])] = T::from_f32(f32::NAN);
-        Some((0..self.p.n).map(|j| (bt * self.p.m + i) * self.p.n + j).collect())
+        Some(
+            (0..self.p.n)
+                .map(|j| (bt * self.p.m + i) * self.p.n + j)
+                .collect(),
+        )
     }
     fn footprint(&self) -> usize {
         bytes(&self.a) + bytes(&self.b) + bytes(&self.c)
     }
 }
-

@@ -52,29 +52,81 @@ pub struct PagedParams {
 /// context over 2 threads.
 pub const DEFAULT_CHUNK: usize = 256;
 
-fn check<T: Element>(q: &TensorView<'_, f32>, c: &PagedKvCache<'_, T>, s: &PagedSeqs<'_>, o: &TensorViewMut<'_, f32>) -> Result<()> {
+fn check<T: Element>(
+    q: &TensorView<'_, f32>,
+    c: &PagedKvCache<'_, T>,
+    s: &PagedSeqs<'_>,
+    o: &TensorViewMut<'_, f32>,
+) -> Result<()> {
     const OP: &str = "paged_attention";
     if q.rank() != 3 || o.dims() != q.dims() {
-        return Err(Error::shape(OP, format!("Q {:?} and O {:?} must both be [n_seqs, heads, d]", q.dims(), o.dims())));
+        return Err(Error::shape(
+            OP,
+            format!(
+                "Q {:?} and O {:?} must both be [n_seqs, heads, d]",
+                q.dims(),
+                o.dims()
+            ),
+        ));
     }
     let (n, heads, d) = (q.dims()[0], q.dims()[1], q.dims()[2]);
-    let need = c.num_blocks.checked_mul(c.block_size).and_then(|x| x.checked_mul(c.kv_heads)).and_then(|x| x.checked_mul(c.d));
+    let need = c
+        .num_blocks
+        .checked_mul(c.block_size)
+        .and_then(|x| x.checked_mul(c.kv_heads))
+        .and_then(|x| x.checked_mul(c.d));
     if need.is_none_or(|need| c.k.len() != need || c.v.len() != need) {
-        return Err(Error::shape(OP, format!("cache buffers {}/{} elements for {}×{}×{}×{}", c.k.len(), c.v.len(), c.num_blocks, c.block_size, c.kv_heads, c.d)));
+        return Err(Error::shape(
+            OP,
+            format!(
+                "cache buffers {}/{} elements for {}×{}×{}×{}",
+                c.k.len(),
+                c.v.len(),
+                c.num_blocks,
+                c.block_size,
+                c.kv_heads,
+                c.d
+            ),
+        ));
     }
-    if c.d != d || c.kv_heads == 0 || heads % c.kv_heads != 0 || c.block_size == 0 {
-        return Err(Error::shape(OP, format!("{heads} heads of d {d} vs cache {} KV heads of d {} (block size {})", c.kv_heads, c.d, c.block_size)));
+    if c.d != d || c.kv_heads == 0 || !heads.is_multiple_of(c.kv_heads) || c.block_size == 0 {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{heads} heads of d {d} vs cache {} KV heads of d {} (block size {})",
+                c.kv_heads, c.d, c.block_size
+            ),
+        ));
     }
     if s.context_lens.len() != n || s.block_tables.len() != n * s.max_blocks {
-        return Err(Error::shape(OP, format!("{n} sequences but {} context lengths and {} block-table entries", s.context_lens.len(), s.block_tables.len())));
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{n} sequences but {} context lengths and {} block-table entries",
+                s.context_lens.len(),
+                s.block_tables.len()
+            ),
+        ));
     }
     for (i, &len) in s.context_lens.iter().enumerate() {
         let blocks = len.div_ceil(c.block_size);
         if len == 0 || blocks > s.max_blocks {
-            return Err(Error::invalid(OP, format!("sequence {i}: context {len} does not fit 1..={} tokens", s.max_blocks * c.block_size)));
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "sequence {i}: context {len} does not fit 1..={} tokens",
+                    s.max_blocks * c.block_size
+                ),
+            ));
         }
-        if let Some(&b) = s.block_tables[i * s.max_blocks..][..blocks].iter().find(|&&b| b as usize >= c.num_blocks) {
-            return Err(Error::invalid(OP, format!("sequence {i}: block id {b} ≥ {} blocks", c.num_blocks)));
+        if let Some(&b) = s.block_tables[i * s.max_blocks..][..blocks]
+            .iter()
+            .find(|&&b| b as usize >= c.num_blocks)
+        {
+            return Err(Error::invalid(
+                OP,
+                format!("sequence {i}: block id {b} ≥ {} blocks", c.num_blocks),
+            ));
         }
     }
     Ok(())
@@ -167,7 +219,12 @@ fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f
 /// `o[h] = Σ_t p[h][t]·v_t` for a compile-time head dim: up to 4 (D = 64) or 2 (D = 128)
 /// heads' outputs stay in 16 zmm registers while the chunk's V rows stream past once.
 #[inline(always)]
-fn weighted_values<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &[f32], o: &mut [f32], g: usize) {
+fn weighted_values<T: Element, const D: usize>(
+    job: &ChunkJob<'_, T>,
+    scores: &[f32],
+    o: &mut [f32],
+    g: usize,
+) {
     const MAX_G: usize = 4;
     let c = job.cache;
     let n = job.t1 - job.t0;
@@ -189,7 +246,14 @@ fn weighted_values<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &[
 }
 
 /// `O[s, h] = softmax(scale·q·K)·V` over each sequence's cached tokens.
-pub fn paged_attention<T: Element>(isa: Isa, q: &TensorView<'_, f32>, cache: &PagedKvCache<'_, T>, seqs: &PagedSeqs<'_>, o: &mut TensorViewMut<'_, f32>, p: PagedParams) -> Result<()> {
+pub fn paged_attention<T: Element>(
+    isa: Isa,
+    q: &TensorView<'_, f32>,
+    cache: &PagedKvCache<'_, T>,
+    seqs: &PagedSeqs<'_>,
+    o: &mut TensorViewMut<'_, f32>,
+    p: PagedParams,
+) -> Result<()> {
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
@@ -208,7 +272,10 @@ pub fn paged_attention<T: Element>(isa: Isa, q: &TensorView<'_, f32>, cache: &Pa
     }
     let mut partial_o = vec![0f32; tasks.len() * g * d];
     let mut partial_ml = vec![(0f32, 0f32); tasks.len() * g];
-    let (po, pml) = (SharedMut(partial_o.as_mut_ptr()), SharedMut(partial_ml.as_mut_ptr()));
+    let (po, pml) = (
+        SharedMut(partial_o.as_mut_ptr()),
+        SharedMut(partial_ml.as_mut_ptr()),
+    );
     let ql = *q.layout();
     pool::global().run(tasks.len(), p.threads, |ti| {
         let (s, kvh, ci) = tasks[ti];
@@ -220,10 +287,22 @@ pub fn paged_attention<T: Element>(isa: Isa, q: &TensorView<'_, f32>, cache: &Pa
                 qbuf[h * d + x] = q.data()[ql.index_of(&[s, kvh * g + h, x])] * p.scale;
             }
         }
-        let job = ChunkJob { cache, table: &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks], kvh, q: &qbuf, t0, t1 };
+        let job = ChunkJob {
+            cache,
+            table: &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks],
+            kvh,
+            q: &qbuf,
+            t0,
+            t1,
+        };
         let mut scores = vec![0f32; g * (t1 - t0)];
         // SAFETY: task ti alone owns slots ti·g·d.. and ti·g.. of the partial buffers.
-        let (o, ml) = unsafe { (std::slice::from_raw_parts_mut(po.get().add(ti * g * d), g * d), std::slice::from_raw_parts_mut(pml.get().add(ti * g), g)) };
+        let (o, ml) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(po.get().add(ti * g * d), g * d),
+                std::slice::from_raw_parts_mut(pml.get().add(ti * g), g),
+            )
+        };
         chunk_body(isa, &job, &mut scores, o, ml);
     });
     merge(&tasks, &partial_o, &partial_ml, (d, g), o);
@@ -231,13 +310,22 @@ pub fn paged_attention<T: Element>(isa: Isa, q: &TensorView<'_, f32>, cache: &Pa
 }
 
 /// Combines chunk partials: with M = max mᵢ, O = Σ e^{mᵢ−M}·oᵢ / Σ e^{mᵢ−M}·lᵢ.
-fn merge(tasks: &[(usize, usize, usize)], po: &[f32], pml: &[(f32, f32)], (d, g): (usize, usize), o: &mut TensorViewMut<'_, f32>) {
+fn merge(
+    tasks: &[(usize, usize, usize)],
+    po: &[f32],
+    pml: &[(f32, f32)],
+    (d, g): (usize, usize),
+    o: &mut TensorViewMut<'_, f32>,
+) {
     let ol = *o.layout();
     let out = o.data_mut();
     let mut i = 0;
     while i < tasks.len() {
         let (s, kvh, _) = tasks[i];
-        let end = i + tasks[i..].iter().take_while(|t| t.0 == s && t.1 == kvh).count();
+        let end = i + tasks[i..]
+            .iter()
+            .take_while(|t| t.0 == s && t.1 == kvh)
+            .count();
         for h in 0..g {
             let parts = || (i..end).map(|ti| (pml[ti * g + h], &po[(ti * g + h) * d..][..d]));
             let m = parts().fold(f32::NEG_INFINITY, |a, (p, _)| a.max(p.0));

@@ -3,7 +3,10 @@
 use super::{paged_attention, PagedKvCache, PagedParams, PagedSeqs, DEFAULT_CHUNK};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
-use crate::registry::{BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use crate::registry::{
+    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
+    TuneSpace, Variant,
+};
 use half::bf16;
 use rand::seq::SliceRandom;
 use rand::Rng as _;
@@ -11,9 +14,15 @@ use std::fmt;
 use tessera_core::{AlignedVec, DType, Element, Error, Result, TensorView, TensorViewMut};
 
 /// f32 cache: polynomial exp and f32 sums over the context.
-pub const TOL_F32: Tolerance = Tolerance { rel: 2e-5, reason: "f32 exp polynomial + f32 sums over the context" };
+pub const TOL_F32: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "f32 exp polynomial + f32 sums over the context",
+};
 /// bf16 cache values are widened exactly; the reference reads the same values.
-pub const TOL_BF16: Tolerance = Tolerance { rel: 2e-5, reason: "exact widening, then as f32" };
+pub const TOL_BF16: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "exact widening, then as f32",
+};
 
 /// Sequences of given context lengths over a shared paged cache.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,7 +37,16 @@ pub struct PagedProblem {
 impl fmt::Display for PagedProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let total: usize = self.context_lens.iter().sum();
-        write!(f, "{} seqs ({} tok) h{}/{} d{} blk{}", self.context_lens.len(), total, self.heads, self.kv_heads, self.d, self.block_size)
+        write!(
+            f,
+            "{} seqs ({} tok) h{}/{} d{} blk{}",
+            self.context_lens.len(),
+            total,
+            self.heads,
+            self.kv_heads,
+            self.d,
+            self.block_size
+        )
     }
 }
 
@@ -55,27 +73,71 @@ impl OpSpec for PagedAttentionOp {
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         let mut v = vec![
-            PagedProblem { context_lens: vec![1], heads: 1, kv_heads: 1, d: 8, block_size: 16 },
-            PagedProblem { context_lens: vec![7, 33, 127], heads: 9, kv_heads: 3, d: 64, block_size: 16 },
-            PagedProblem { context_lens: vec![600], heads: 4, kv_heads: 1, d: 33, block_size: 7 },
-            PagedProblem { context_lens: vec![257, 1, 1000], heads: 2, kv_heads: 2, d: 128, block_size: 32 },
+            PagedProblem {
+                context_lens: vec![1],
+                heads: 1,
+                kv_heads: 1,
+                d: 8,
+                block_size: 16,
+            },
+            PagedProblem {
+                context_lens: vec![7, 33, 127],
+                heads: 9,
+                kv_heads: 3,
+                d: 64,
+                block_size: 16,
+            },
+            PagedProblem {
+                context_lens: vec![600],
+                heads: 4,
+                kv_heads: 1,
+                d: 33,
+                block_size: 7,
+            },
+            PagedProblem {
+                context_lens: vec![257, 1, 1000],
+                heads: 2,
+                kv_heads: 2,
+                d: 128,
+                block_size: 32,
+            },
         ];
         v.push(PagedProblem {
-            context_lens: (0..rng.random_range(1..6)).map(|_| rng.random_range(1..700)).collect(),
+            context_lens: (0..rng.random_range(1..6))
+                .map(|_| rng.random_range(1..700))
+                .collect(),
             heads: 6,
             kv_heads: 2,
             d: rng.random_range(1..100),
             block_size: rng.random_range(1..40),
         });
-        v.into_iter().map(|p| Box::new(p) as Box<dyn ProblemCase>).collect()
+        v.into_iter()
+            .map(|p| Box::new(p) as Box<dyn ProblemCase>)
+            .collect()
     }
     fn bench_problems(&self) -> Vec<BenchProblem> {
-        let p = |n, len| PagedProblem { context_lens: vec![len; n], heads: 9, kv_heads: 3, d: 64, block_size: 16 };
-        vec![("decode-1x512", Box::new(p(1, 512))), ("decode-16x2048", Box::new(p(16, 2048)))]
+        let p = |n, len| PagedProblem {
+            context_lens: vec![len; n],
+            heads: 9,
+            kv_heads: 3,
+            d: 64,
+            block_size: 16,
+        };
+        vec![
+            ("decode-1x512", Box::new(p(1, 512))),
+            ("decode-16x2048", Box::new(p(16, 2048))),
+        ]
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
-        let d = crate::registry::parse_dims("paged_attention", s, 5, "SEQSxCONTEXTxHEADSxKV_HEADSxD")?;
-        Ok(Box::new(PagedProblem { context_lens: vec![d[1]; d[0]], heads: d[2], kv_heads: d[3], d: d[4], block_size: 16 }))
+        let d =
+            crate::registry::parse_dims("paged_attention", s, 5, "SEQSxCONTEXTxHEADSxKV_HEADSxD")?;
+        Ok(Box::new(PagedProblem {
+            context_lens: vec![d[1]; d[0]],
+            heads: d[2],
+            kv_heads: d[3],
+            d: d[4],
+            block_size: 16,
+        }))
     }
 }
 
@@ -85,21 +147,33 @@ impl ProblemCase for PagedProblem {
         let n = self.context_lens.len();
         Cost {
             flops: 4.0 * (tokens * self.heads * self.d) as f64,
-            bytes: (2 * tokens * self.kv_heads * self.d * dtype.size_bytes() + 2 * n * self.heads * self.d * 4) as f64,
+            bytes: (2 * tokens * self.kv_heads * self.d * dtype.size_bytes()
+                + 2 * n * self.heads * self.d * 4) as f64,
         }
     }
     fn tune_space(&self) -> TuneSpace {
         let t = crate::pool::global().threads();
         TuneSpace(vec![
-            TuneParam { name: "chunk", default: DEFAULT_CHUNK, choices: vec![64, 128, 256, 512, 1024] },
-            TuneParam { name: "threads", default: t, choices: (1..=t).collect() },
+            TuneParam {
+                name: "chunk",
+                default: DEFAULT_CHUNK,
+                choices: vec![64, 128, 256, 512, 1024],
+            },
+            TuneParam {
+                name: "threads",
+                default: t,
+                choices: (1..=t).collect(),
+            },
         ])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         match dtype {
             DType::F32 => Ok(Box::new(PagedInstance::<f32>::new(self.clone(), rng)?)),
             DType::BF16 => Ok(Box::new(PagedInstance::<bf16>::new(self.clone(), rng)?)),
-            d => Err(Error::DType { op: "paged_attention", dtype: d.to_string() }),
+            d => Err(Error::DType {
+                op: "paged_attention",
+                dtype: d.to_string(),
+            }),
         }
     }
 }
@@ -117,7 +191,12 @@ struct PagedInstance<T: Element> {
 
 impl<T: Element> PagedInstance<T> {
     fn new(p: PagedProblem, rng: &mut Rng) -> Result<Self> {
-        let max_blocks = p.context_lens.iter().map(|l| l.div_ceil(p.block_size)).max().unwrap_or(0);
+        let max_blocks = p
+            .context_lens
+            .iter()
+            .map(|l| l.div_ceil(p.block_size))
+            .max()
+            .unwrap_or(0);
         let num_blocks = max_blocks * p.context_lens.len() + 3; // spare blocks never referenced
         let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
         ids.shuffle(rng); // tables point anywhere in the pool, out of order
@@ -151,8 +230,17 @@ impl<T: Element> Instance for PagedInstance<T> {
                     let off = ((b * p.block_size + t % p.block_size) * p.kv_heads + h / g) * d;
                     buf[off..off + d].iter().map(|x| x.to_f64()).collect()
                 };
-                let q: Vec<f64> = self.q[(s * p.heads + h) * d..][..d].iter().map(|&x| x as f64).collect();
-                out.extend(attend(&q, (0, len), |t| at(&self.k, t), |t| at(&self.v, t), self.scale() as f64));
+                let q: Vec<f64> = self.q[(s * p.heads + h) * d..][..d]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
+                out.extend(attend(
+                    &q,
+                    (0, len),
+                    |t| at(&self.k, t),
+                    |t| at(&self.v, t),
+                    self.scale() as f64,
+                ));
             }
         }
         out
@@ -165,17 +253,40 @@ impl<T: Element> Instance for PagedInstance<T> {
         let params = PagedParams {
             scale: self.scale(),
             chunk: cfg.get("chunk").unwrap_or(DEFAULT_CHUNK),
-            threads: cfg.get("threads").unwrap_or(crate::pool::global().threads()),
+            threads: cfg
+                .get("threads")
+                .unwrap_or(crate::pool::global().threads()),
         };
-        let seqs = PagedSeqs { block_tables: &self.tables, max_blocks: self.max_blocks, context_lens: &self.p.context_lens };
-        let cache = PagedKvCache { k: &self.k, v: &self.v, num_blocks: self.num_blocks, block_size: self.p.block_size, kv_heads: self.p.kv_heads, d: self.p.d };
-        paged_attention(v.isa(), &TensorView::contiguous(&self.q, &dims)?, &cache, &seqs, &mut TensorViewMut::contiguous(&mut self.o, &dims)?, params)
+        let seqs = PagedSeqs {
+            block_tables: &self.tables,
+            max_blocks: self.max_blocks,
+            context_lens: &self.p.context_lens,
+        };
+        let cache = PagedKvCache {
+            k: &self.k,
+            v: &self.v,
+            num_blocks: self.num_blocks,
+            block_size: self.p.block_size,
+            kv_heads: self.p.kv_heads,
+            d: self.p.d,
+        };
+        paged_attention(
+            v.isa(),
+            &TensorView::contiguous(&self.q, &dims)?,
+            &cache,
+            &seqs,
+            &mut TensorViewMut::contiguous(&mut self.o, &dims)?,
+            params,
+        )
     }
     fn output(&self) -> Vec<f64> {
         self.o.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        let (s, h) = (rng.random_range(0..self.p.context_lens.len()), rng.random_range(0..self.p.heads));
+        let (s, h) = (
+            rng.random_range(0..self.p.context_lens.len()),
+            rng.random_range(0..self.p.heads),
+        );
         let at = (s * self.p.heads + h) * self.p.d;
         self.q[at] = f32::NAN;
         Some((at..at + self.p.d).collect())

@@ -44,21 +44,39 @@ fn row_start(l: &Layout, r: usize) -> usize {
 
 /// Runs `k` over every row of `xs` into `out`; all inputs share dims, `out` has the same
 /// leading dims and rows of `out_len`.
-pub fn run_rows<T: Element, K: RowKernel>(op: &'static str, isa: Isa, threads: usize, k: &K, xs: &[TensorView<'_, T>], out: &mut TensorViewMut<'_, f32>, out_len: usize) -> Result<()> {
+pub fn run_rows<T: Element, K: RowKernel>(
+    op: &'static str,
+    isa: Isa,
+    threads: usize,
+    k: &K,
+    xs: &[TensorView<'_, T>],
+    out: &mut TensorViewMut<'_, f32>,
+    out_len: usize,
+) -> Result<()> {
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
     let first = xs.first().map(|x| *x.layout()).unwrap_or(*out.layout());
     if !(2..=3).contains(&first.rank()) || out.rank() != first.rank() {
-        return Err(Error::Rank { op, expected: "2 or 3 ([.., rows, n]) for inputs and output".into(), got: out.rank() });
+        return Err(Error::Rank {
+            op,
+            expected: "2 or 3 ([.., rows, n]) for inputs and output".into(),
+            got: out.rank(),
+        });
     }
     if let Some(x) = xs.iter().find(|x| x.dims() != first.dims()) {
-        return Err(Error::shape(op, format!("inputs {:?} and {:?} differ", first.dims(), x.dims())));
+        return Err(Error::shape(
+            op,
+            format!("inputs {:?} and {:?} differ", first.dims(), x.dims()),
+        ));
     }
     let (rows, n) = rows_of(&first);
     let lead = &first.dims()[..first.rank() - 1];
     if &out.dims()[..out.rank() - 1] != lead || out.dims()[out.rank() - 1] != out_len {
-        return Err(Error::shape(op, format!("output {:?}, expected {:?} + [{out_len}]", out.dims(), lead)));
+        return Err(Error::shape(
+            op,
+            format!("output {:?}, expected {:?} + [{out_len}]", out.dims(), lead),
+        ));
     }
     if rows == 0 || out_len == 0 {
         return Ok(());

@@ -2,7 +2,10 @@
 
 use super::{run_rows, RowOpDesc};
 use crate::ops::common::{bytes, poison, random_in};
-use crate::registry::{parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant};
+use crate::registry::{
+    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneParam, TuneSpace, Variant,
+};
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
@@ -27,13 +30,24 @@ impl<D> Clone for RowProblem<D> {
 
 impl<D> RowProblem<D> {
     pub fn new(rows: usize, n: usize, strided: bool) -> Self {
-        RowProblem { rows, n, strided, _op: PhantomData }
+        RowProblem {
+            rows,
+            n,
+            strided,
+            _op: PhantomData,
+        }
     }
 }
 
 impl<D> fmt::Display for RowProblem<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}{}", self.rows, self.n, if self.strided { " strided" } else { "" })
+        write!(
+            f,
+            "{}x{}{}",
+            self.rows,
+            self.n,
+            if self.strided { " strided" } else { "" }
+        )
     }
 }
 
@@ -67,7 +81,16 @@ impl<D: RowOpDesc> OpSpec for RowOpSpec<D> {
         D::tolerance(dtype)
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
-        let mut shapes = vec![(1, 1, false), (7, 33, true), (33, 7, false), (1, 127, true), (127, 64, false), (3, 4099, true), (300, 2, false), (5, 576, false)];
+        let mut shapes = vec![
+            (1, 1, false),
+            (7, 33, true),
+            (33, 7, false),
+            (1, 127, true),
+            (127, 64, false),
+            (3, 4099, true),
+            (300, 2, false),
+            (5, 576, false),
+        ];
         shapes.push((rng.random_range(1..60), rng.random_range(1..500), true));
         shapes
             .into_iter()
@@ -77,14 +100,23 @@ impl<D: RowOpDesc> OpSpec for RowOpSpec<D> {
     }
     fn bench_problems(&self) -> Vec<BenchProblem> {
         vec![
-            ("model-512x576", Box::new(RowProblem::<D>::new(512, 576, false))),
-            ("large-4096x4096", Box::new(RowProblem::<D>::new(4096, 4096, false))),
+            (
+                "model-512x576",
+                Box::new(RowProblem::<D>::new(512, 576, false)),
+            ),
+            (
+                "large-4096x4096",
+                Box::new(RowProblem::<D>::new(4096, 4096, false)),
+            ),
         ]
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
         let d = parse_dims(D::NAME, s, 2, "ROWSxN")?;
         if !D::valid_n(d[1]) {
-            return Err(Error::invalid(D::NAME, format!("row length {} not supported", d[1])));
+            return Err(Error::invalid(
+                D::NAME,
+                format!("row length {} not supported", d[1]),
+            ));
         }
         Ok(Box::new(RowProblem::<D>::new(d[0], d[1], false)))
     }
@@ -95,18 +127,26 @@ impl<D: RowOpDesc> ProblemCase for RowProblem<D> {
         let elems = (self.rows * self.n) as f64;
         Cost {
             flops: D::FLOPS_PER_ELEM * elems,
-            bytes: elems * (D::INPUTS * dtype.size_bytes()) as f64 + (self.rows * D::out_len(self.n) * 4) as f64,
+            bytes: elems * (D::INPUTS * dtype.size_bytes()) as f64
+                + (self.rows * D::out_len(self.n) * 4) as f64,
         }
     }
     fn tune_space(&self) -> TuneSpace {
         let t = crate::pool::global().threads();
-        TuneSpace(vec![TuneParam { name: "threads", default: t, choices: (1..=t).collect() }])
+        TuneSpace(vec![TuneParam {
+            name: "threads",
+            default: t,
+            choices: (1..=t).collect(),
+        }])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         match dtype {
             DType::F32 => Ok(Box::new(RowInstance::<D, f32>::new(self.clone(), rng)?)),
             DType::BF16 => Ok(Box::new(RowInstance::<D, bf16>::new(self.clone(), rng)?)),
-            d => Err(Error::DType { op: D::NAME, dtype: d.to_string() }),
+            d => Err(Error::DType {
+                op: D::NAME,
+                dtype: d.to_string(),
+            }),
         }
     }
 }
@@ -124,13 +164,28 @@ impl<D: RowOpDesc, T: Element> RowInstance<D, T> {
     fn new(p: RowProblem<D>, rng: &mut Rng) -> Result<Self> {
         let (rows, n, m) = (p.rows, p.n, D::out_len(p.n));
         let (lin, lout) = if p.strided {
-            (Layout::strided(&[rows, n], &[n + 5, 1], 2)?, Layout::contiguous(&[m, rows])?.transposed(0, 1)?)
+            (
+                Layout::strided(&[rows, n], &[n + 5, 1], 2)?,
+                Layout::contiguous(&[m, rows])?.transposed(0, 1)?,
+            )
         } else {
-            (Layout::contiguous(&[rows, n])?, Layout::contiguous(&[rows, m])?)
+            (
+                Layout::contiguous(&[rows, n])?,
+                Layout::contiguous(&[rows, m])?,
+            )
         };
         let (lo, hi) = D::input_range();
-        let inputs = (0..D::INPUTS).map(|_| random_in(rng, lin.span()?, lo, hi)).collect::<Result<_>>()?;
-        Ok(RowInstance { kernel: D::kernel(rows, n, rng), inputs, lin, out: AlignedVec::zeroed(lout.span()?)?, lout, p })
+        let inputs = (0..D::INPUTS)
+            .map(|_| random_in(rng, lin.span()?, lo, hi))
+            .collect::<Result<_>>()?;
+        Ok(RowInstance {
+            kernel: D::kernel(rows, n, rng),
+            inputs,
+            lin,
+            out: AlignedVec::zeroed(lout.span()?)?,
+            lout,
+            p,
+        })
     }
 }
 
@@ -138,7 +193,15 @@ impl<D: RowOpDesc, T: Element> Instance for RowInstance<D, T> {
     fn reference(&self) -> Vec<f64> {
         let mut out = Vec::new();
         for r in 0..self.p.rows {
-            let x: Vec<Vec<f64>> = self.inputs.iter().map(|b| (0..self.p.n).map(|i| b[self.lin.index_of(&[r, i])].to_f64()).collect()).collect();
+            let x: Vec<Vec<f64>> = self
+                .inputs
+                .iter()
+                .map(|b| {
+                    (0..self.p.n)
+                        .map(|i| b[self.lin.index_of(&[r, i])].to_f64())
+                        .collect()
+                })
+                .collect();
             out.extend(D::reference(&self.kernel, r, &x));
         }
         out
@@ -147,17 +210,37 @@ impl<D: RowOpDesc, T: Element> Instance for RowInstance<D, T> {
         poison(&mut self.out);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
-        let views = self.inputs.iter().map(|b| TensorView::new(b, self.lin)).collect::<Result<Vec<_>>>()?;
-        let threads = cfg.get("threads").unwrap_or(crate::pool::global().threads());
+        let views = self
+            .inputs
+            .iter()
+            .map(|b| TensorView::new(b, self.lin))
+            .collect::<Result<Vec<_>>>()?;
+        let threads = cfg
+            .get("threads")
+            .unwrap_or(crate::pool::global().threads());
         let mut out = TensorViewMut::new(&mut self.out, self.lout)?;
-        run_rows(D::NAME, v.isa(), threads, &self.kernel, &views, &mut out, D::out_len(self.p.n))
+        run_rows(
+            D::NAME,
+            v.isa(),
+            threads,
+            &self.kernel,
+            &views,
+            &mut out,
+            D::out_len(self.p.n),
+        )
     }
     fn output(&self) -> Vec<f64> {
         let m = D::out_len(self.p.n);
-        (0..self.p.rows).flat_map(|r| (0..m).map(move |i| (r, i))).map(|(r, i)| self.out[self.lout.index_of(&[r, i])] as f64).collect()
+        (0..self.p.rows)
+            .flat_map(|r| (0..m).map(move |i| (r, i)))
+            .map(|(r, i)| self.out[self.lout.index_of(&[r, i])] as f64)
+            .collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        let (r, c) = (rng.random_range(0..self.p.rows), rng.random_range(0..self.p.n));
+        let (r, c) = (
+            rng.random_range(0..self.p.rows),
+            rng.random_range(0..self.p.n),
+        );
         let reach = D::nan_reach(self.p.n, c)?;
         let at = self.lin.index_of(&[r, c]);
         self.inputs[0][at] = T::from_f32(f32::NAN);
