@@ -130,7 +130,11 @@ fn compute_kernel(iters: usize, bf16: bool) -> (f32, f64) {
 
 fn run_compute(threads: usize, bf16: bool) -> f64 {
     let iters = 2_000_000;
-    best_rate(5, || {
+    // Warm-up: wake the pool's workers and let clocks ramp before anything is timed.
+    pool::global().run(threads, threads, |_| {
+        std::hint::black_box(compute_kernel(4 * iters, bf16));
+    });
+    best_rate(7, || {
         let t = Instant::now();
         let per_iter = std::sync::atomic::AtomicU64::new(0);
         pool::global().run(threads, threads, |_| {

@@ -174,7 +174,7 @@ fn compute_rect<T: PackSource, P: Packed>(
     (abuf, bbuf): &mut (AlignedVec<f32>, AlignedVec<f32>),
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
-    let mut tmp = [0f32; 8 * 64]; // MR·NR ≤ 6·64 for every kernel
+    let mut tmp = [0f32; 8 * 64]; // MR·NR ≤ 512 for every kernel (6·64 at most)
     debug_assert!(mr * nr <= tmp.len());
     for jc in (task.n0..task.n1).step_by(blk.nc) {
         let nc = blk.nc.min(task.n1 - jc);

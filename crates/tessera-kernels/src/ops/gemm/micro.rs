@@ -124,23 +124,34 @@ unsafe fn store_zmm(acc: __m512, c: *mut f32, alpha: __m512, beta: f32) {
     }
 }
 
-/// Generates a 6×64 AVX-512 kernel whose k-step is `$step(acc, a_ptr, b_ptr)`.
+/// Generates an MR×(16·NV) AVX-512 kernel whose k-step broadcasts MR packed A elements
+/// and loads NV vectors of packed B.
 #[cfg(target_arch = "x86_64")]
-macro_rules! avx512_6x64 {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $elem:ty, $bcast:expr, $load:expr, $fma:expr) => {
+macro_rules! avx512_kernel {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $elem:ty, $mr:literal, $nv:literal, $bcast:expr, $load:expr, $fma:expr) => {
         $(#[$doc])*
         /// # Safety
-        /// `a` holds `k·6` and `b` `k·64` packed elements; `t.c` is valid for 6 rows of 64
-        /// floats spaced `t.rs_c` apart; the CPU has the enabled features.
+        /// `a` holds `k·MR` and `b` `k·16·NV` packed elements; `t.c` is valid for MR rows of
+        /// 16·NV floats spaced `t.rs_c` apart; the CPU has the enabled features.
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $name(k: usize, a: *const $elem, b: *const $elem, t: TileOut) {
-            let mut acc = [[_mm512_setzero_ps(); 4]; 6];
+            const MR: usize = $mr;
+            const NV: usize = $nv;
+            // Pull the C tile toward L1 now; it is needed only after the k loop, and a cold
+            // miss there would stall the stores (as BLIS's kernels do).
+            for i in 0..MR {
+                for line in 0..NV {
+                    // SAFETY: prefetch never faults; the address is inside the tile anyway.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(t.c.add(i * t.rs_c + line * 16) as *const i8) };
+                }
+            }
+            let mut acc = [[_mm512_setzero_ps(); NV]; MR];
             for p in 0..k {
-                // SAFETY: p < k, so the 64 packed B and 6 packed A elements of step p exist.
+                // SAFETY: p < k, so the 16·NV packed B and MR packed A elements of step p exist.
                 unsafe {
-                    let bp = b.add(p * 64);
-                    let bv = [$load(bp), $load(bp.add(16)), $load(bp.add(32)), $load(bp.add(48))];
-                    let ap = a.add(p * 6);
+                    let bp = b.add(p * 16 * NV);
+                    let bv: [_; NV] = std::array::from_fn(|v| $load(bp.add(16 * v)));
+                    let ap = a.add(p * MR);
                     for (i, row) in acc.iter_mut().enumerate() {
                         let av = $bcast(ap.add(i));
                         for (v, acc) in row.iter_mut().enumerate() {
@@ -152,7 +163,7 @@ macro_rules! avx512_6x64 {
             let alpha = _mm512_set1_ps(t.alpha);
             for (i, row) in acc.iter().enumerate() {
                 for (v, &r) in row.iter().enumerate() {
-                    // SAFETY: row i < 6, columns v·16..v·16+16 < 64: inside the tile.
+                    // SAFETY: row i < MR, columns v·16..v·16+16 < 16·NV: inside the tile.
                     unsafe { store_zmm(r, t.c.add(i * t.rs_c + v * 16), alpha, t.beta) };
                 }
             }
@@ -161,23 +172,27 @@ macro_rules! avx512_6x64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-avx512_6x64!(
+avx512_kernel!(
     /// f32 6×64 with `vfmadd231ps`.
     avx512_f32_6x64,
     "avx512f",
     f32,
+    6,
+    4,
     |p: *const f32| _mm512_set1_ps(*p),
     |p: *const f32| _mm512_loadu_ps(p),
     |acc, a, b| _mm512_fmadd_ps(a, b, acc)
 );
 
 #[cfg(target_arch = "x86_64")]
-avx512_6x64!(
+avx512_kernel!(
     /// bf16 6×64 with `vdpbf16ps`: each packed u32 is a pair of bf16 k-values, each
     /// instruction does 32 multiply-adds (two per lane) into f32 accumulators.
     avx512_bf16_6x64,
     "avx512f,avx512bf16",
     u32,
+    6,
+    4,
     |p: *const u32| std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*p as i32)),
     |p: *const u32| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i)),
     |acc, a, b| _mm512_dpbf16_ps(acc, a, b)

@@ -130,11 +130,18 @@ unsafe impl Packed for f32 {
                 }
             }
         } else {
-            for i in 0..at.panel {
-                for s in 0..at.ks {
-                    // SAFETY: as above.
-                    out[s * at.panel + i] =
-                        unsafe { *m.ptr.add(base + i * stride_i + s * stride_k) }.to_f32();
+            match at.panel {
+                4 => pack_rows::<T, 4>(m, base, (stride_i, stride_k), at.ks, out),
+                6 => pack_rows::<T, 6>(m, base, (stride_i, stride_k), at.ks, out),
+                8 => pack_rows::<T, 8>(m, base, (stride_i, stride_k), at.ks, out),
+                _ => {
+                    for i in 0..at.panel {
+                        for s in 0..at.ks {
+                            // SAFETY: as above.
+                            out[s * at.panel + i] =
+                                unsafe { *m.ptr.add(base + i * stride_i + s * stride_k) }.to_f32();
+                        }
+                    }
                 }
             }
         }
@@ -150,6 +157,27 @@ unsafe impl Packed for u32 {
         let lo = fetch(m, r, 2 * kstep, t).bf16_bits() as u32;
         let hi = fetch(m, r, 2 * kstep + 1, t).bf16_bits() as u32;
         lo | (hi << 16)
+    }
+}
+
+/// Packs a full panel whose rows are strided (A row-major): R row streams read in step,
+/// each k-step's R values written contiguously (no scattered stores, no bounds checks).
+#[inline(always)]
+fn pack_rows<T: PackSource, const R: usize>(
+    m: &Mat<T>,
+    base: usize,
+    (stride_i, stride_k): (usize, usize),
+    ks: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller checked all R rows and ks k-values of this panel are inside the
+    // validated matrix, so every row pointer and offset below stays in its buffer.
+    let rows: [*const T; R] = std::array::from_fn(|i| unsafe { m.ptr.add(base + i * stride_i) });
+    for (s, o) in out[..ks * R].chunks_exact_mut(R).enumerate() {
+        for i in 0..R {
+            // SAFETY: as above.
+            o[i] = unsafe { *rows[i].add(s * stride_k) }.to_f32();
+        }
     }
 }
 
