@@ -158,6 +158,26 @@ unsafe impl Packed for u32 {
         let hi = fetch(m, r, 2 * kstep + 1, t).bf16_bits() as u32;
         lo | (hi << 16)
     }
+
+    fn pack_full_panel<T: PackSource>(m: &Mat<T>, at: PanelAt, out: &mut [u32]) -> bool {
+        let (stride_i, stride_k, base) = if at.transposed {
+            (m.cs, m.rs, at.k0 * m.rs + at.r_first * m.cs)
+        } else {
+            (m.rs, m.cs, at.r_first * m.rs + at.k0 * m.cs)
+        };
+        let pair = |p: *const T| -> u32 {
+            // SAFETY: the caller checked that both k-values of every pair in this panel are
+            // inside the validated matrix (full panel: k0 + 2·ks ≤ K).
+            unsafe { (*p).bf16_bits() as u32 | (((*p.add(stride_k)).bf16_bits() as u32) << 16) }
+        };
+        for (s, o) in out[..at.ks * at.panel].chunks_exact_mut(at.panel).enumerate() {
+            for (i, d) in o.iter_mut().enumerate() {
+                // SAFETY: as above; the offset addresses row i, k-value 2s of the panel.
+                *d = pair(unsafe { m.ptr.add(base + i * stride_i + 2 * s * stride_k) });
+            }
+        }
+        true
+    }
 }
 
 /// Packs a full panel whose rows are strided (A row-major): R row streams read in step,
