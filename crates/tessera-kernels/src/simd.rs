@@ -56,6 +56,24 @@ pub fn dot<T: tessera_core::Element>(a: &[f32], b: &[T]) -> f32 {
     hsum(acc) + tail
 }
 
+/// Max of a slice in 16 lanes (elementwise `vmaxps`; a plain fold would be a scalar
+/// `maxnum` chain). NaN is skipped, as by `f32::max`.
+#[inline(always)]
+pub fn max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v);
+        }
+    }
+    lanes.iter().fold(tail, |a, &b| a.max(b))
+}
+
 /// Sum of 16 lanes as a halving tree (4 shuffle+add steps, not 15 dependent adds); the
 /// halves are whole arrays so LLVM sees vector adds, not a scalar pattern to re-pack.
 #[inline(always)]

@@ -16,17 +16,9 @@ pub const TOL: Tolerance = Tolerance {
 };
 
 multiversion! {
-    /// Max of a row in 16 lanes (NaN is skipped here; it propagates through exp).
+    /// Max of a row (NaN is skipped here; it propagates through exp).
     pub(crate) fn row_max(x: &[f32]) -> f32 {
-        let mut lanes = [f32::NEG_INFINITY; 16];
-        let chunks = x.chunks_exact(16);
-        let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        for c in chunks {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                *l = l.max(v);
-            }
-        }
-        lanes.iter().fold(tail, |a, &b| a.max(b))
+        crate::simd::max(x)
     }
 }
 

@@ -1,39 +1,42 @@
 //! The CPU flash-attention body: one (query head, query block) at a time.
 //!
-//! Tiles are outer products so every inner loop is a broadcast-FMA along a contiguous row
-//! (keys for S = Q·Kᵀ, head dim for O += P·V): no horizontal reductions. 4 query rows
-//! share each loaded K/V row (16 zmm accumulators at BC = 64). The score tile never
-//! exceeds BR×BC, so memory is O(seq·d), not O(seq²).
+//! Per KV block of BC keys: S = Q·Kᵀ (a BR×BC tile), mask, online-softmax update of the
+//! running max/sum and rescale of O, then O += P·V. The score tile never exceeds BR×BC,
+//! so memory is O(seq·d), not O(seq²).
+//!
+//! Both products are outer-product tiles: each loaded K/V row feeds several query rows
+//! through broadcast FMAs, with no horizontal reductions. [`Tiles`] supplies them: explicit
+//! AVX-512 FMA tiles for d = 64/128 (LLVM does not contract the portable mul+add into FMA
+//! and splits the tiles badly), the portable tiles elsewhere. Kᵀ is packed block-major,
+//! `[kv_block][d][BC]`, so one block's tile is 16 KiB contiguous: row-major Kᵀ put its
+//! rows `kv_len` floats apart, all in the same few L1 sets.
 
 use crate::multiversion;
 use crate::simd::{exp, exp_shifted_sum};
 
-/// Query rows per block: 4 micro-rows × 16, so a block's score tile (64×64×4 B = 16 KiB)
-/// and output rows stay in L1 with the K/V rows being streamed.
+/// Query rows per block: the 64×64 score tile (16 KiB) and 64 output rows stay in L1/L2
+/// while a block's K and V (32 KiB at d = 64) stream past.
 pub const BR: usize = 64;
 /// Keys per block: 4 zmm of scores per query row.
 pub const BC: usize = 64;
+/// Query rows sharing each loaded K/V row in a tile (4 × 4 zmm = 16 accumulators).
 const ROWS: usize = 4;
 
-/// Pre-packed keys and values of one KV head: `kt[p·kv_pad + j]` (Kᵀ) and `v[j·d + p]`,
-/// both zero-padded to `kv_pad` = kv_len rounded up to BC keys.
+/// Pre-packed keys and values of one KV head, zero-padded to a whole number of BC blocks:
+/// `kt[(j / BC)·d·BC + p·BC + j % BC]` (Kᵀ, block-major) and `v[j·d + p]`.
 #[derive(Debug)]
 pub struct PackedKv<'a> {
     pub kt: &'a [f32],
     pub v: &'a [f32],
     pub kv_len: usize,
-    pub kv_pad: usize,
     pub d: usize,
 }
 
-/// Probabilities past the block's real keys must be 0 (their padded V rows are 0, but
-/// 0·NaN would not be): clear them.
-#[inline(always)]
-fn row_zero_tail(s: &mut [[f32; BC]; BR], rows: usize, bc: usize) {
-    if bc < BC {
-        for row in s[..rows].iter_mut() {
-            row[bc..].fill(0.0);
-        }
+impl PackedKv<'_> {
+    /// Index into `kt` of key `j`, dim `p`.
+    #[inline(always)]
+    pub fn kt_index(d: usize, j: usize, p: usize) -> usize {
+        (j / BC) * d * BC + p * BC + j % BC
     }
 }
 
@@ -50,137 +53,246 @@ pub struct QueryBlock<'a> {
     pub window: Option<usize>,
 }
 
+type ScoreTile = [[f32; BC]; BR];
+
+/// The two tile products of a block.
+trait Tiles {
+    /// `s[r][c] = q_r · k_{c0+c}` for r < rows.
+    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile);
+    /// `out[r] += Σ_c s[r][c]·v_{c0+c}` for r < rows.
+    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]);
+}
+
+/// Writes `rows·d` outputs for one query block against one KV head.
+pub fn attend_block(
+    isa: tessera_core::Isa,
+    kv: &PackedKv<'_>,
+    qb: &QueryBlock<'_>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == tessera_core::Isa::Avx512 && isa.is_available() && matches!(kv.d, 64 | 128) {
+        // SAFETY: AVX-512 (F, and the FMA it implies on every AVX-512 CPU) was detected.
+        unsafe { avx512::attend(kv, qb, out) };
+        return;
+    }
+    attend_portable(isa, kv, qb, out);
+}
+
 multiversion! {
-    /// Writes `rows·d` outputs for one query block against one KV head.
-    pub fn attend_block(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
-        let d = kv.d;
-        let mut m = [f32::NEG_INFINITY; BR];
-        let mut l = [0f32; BR];
-        let mut s = [[0f32; BC]; BR];
-        out[..qb.rows * d].fill(0.0);
-        let range = |i: usize| super::reference::key_range(i, qb.q_len, kv.kv_len, qb.causal, qb.window);
-        let lo = range(qb.first).0;
-        let hi = range(qb.first + qb.rows - 1).1;
-        let mut c0 = lo - lo % BC;
-        while c0 < hi {
-            let bc = BC.min(kv.kv_len - c0);
-            scores(kv, qb, c0, &mut s);
-            for r in 0..qb.rows {
-                let (a, b) = range(qb.first + r);
-                let row = &mut s[r];
+    fn attend_portable(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+        attend_body::<Portable>(kv, qb, out)
+    }
+}
+
+#[inline(always)]
+fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+    let d = kv.d;
+    let mut m = [f32::NEG_INFINITY; BR];
+    let mut l = [0f32; BR];
+    let mut s: ScoreTile = [[0f32; BC]; BR];
+    out[..qb.rows * d].fill(0.0);
+    let range =
+        |i: usize| super::reference::key_range(i, qb.q_len, kv.kv_len, qb.causal, qb.window);
+    let lo = range(qb.first).0;
+    let hi = range(qb.first + qb.rows - 1).1;
+    let mut c0 = lo - lo % BC;
+    while c0 < hi {
+        let bc = BC.min(kv.kv_len - c0);
+        T::scores(kv, qb, c0, &mut s);
+        for r in 0..qb.rows {
+            let (a, b) = range(qb.first + r);
+            let row = &mut s[r];
+            if c0 < a || c0 + bc > b {
                 for (c, v) in row[..bc].iter_mut().enumerate() {
-                    let j = c0 + c;
-                    if j < a || j >= b {
+                    if c0 + c < a || c0 + c >= b {
                         *v = f32::NEG_INFINITY;
                     }
                 }
-                let block_max = row[..bc].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
-                let nan = row[..bc].iter().any(|v| v.is_nan());
-                let m_new = m[r].max(block_max);
-                if m_new == f32::NEG_INFINITY && !nan {
-                    row[..bc].fill(0.0); // nothing visible yet in this row
-                    continue;
+            }
+            let block_max = crate::simd::max(&row[..bc]);
+            let m_new = m[r].max(block_max);
+            // max() skips NaN, but a NaN score still reaches the sum through exp. Only a
+            // row with no finite score needs the explicit scan.
+            if m_new == f32::NEG_INFINITY {
+                if row[..bc].iter().any(|v| v.is_nan()) {
+                    l[r] = f32::NAN;
                 }
-                let corr = exp(m[r] - m_new);
-                let mut sum = exp_shifted_sum(&mut row[..bc], m_new);
-                if nan {
-                    sum = f32::NAN;
-                }
-                l[r] = l[r] * corr + sum;
-                m[r] = m_new;
+                row.fill(0.0); // nothing visible yet in this row
+                continue;
+            }
+            let corr = exp(m[r] - m_new);
+            let sum = exp_shifted_sum(&mut row[..bc], m_new);
+            row[bc..].fill(0.0); // padded keys: zero weight (their V rows are zero too)
+            l[r] = l[r] * corr + sum;
+            m[r] = m_new;
+            if corr != 1.0 {
                 for o in out[r * d..(r + 1) * d].iter_mut() {
                     *o *= corr;
                 }
             }
-            row_zero_tail(&mut s, qb.rows, bc);
-            accumulate_pv(kv, qb.rows, c0, &s, out);
-            c0 += BC;
         }
-        for r in 0..qb.rows {
-            let inv = 1.0 / l[r];
-            for o in out[r * d..(r + 1) * d].iter_mut() {
-                *o *= inv;
-            }
+        T::pv(kv, qb.rows, c0, &s, out);
+        c0 += BC;
+    }
+    for r in 0..qb.rows {
+        let inv = 1.0 / l[r];
+        for o in out[r * d..(r + 1) * d].iter_mut() {
+            *o *= inv;
         }
     }
 }
 
-/// `s[r][c] = q_r · k_{c0+c}` for every row, ROWS rows at a time sharing each Kᵀ row.
-/// Kᵀ rows are padded to whole BC blocks, so every slice has the constant length BC and
-/// the 4×64 accumulator tile lives in 16 zmm registers.
-#[inline(always)]
-fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut [[f32; BC]; BR]) {
-    let d = kv.d;
-    let mut r0 = 0;
-    while r0 < qb.rows {
-        let nr = ROWS.min(qb.rows - r0);
-        let mut acc = [[0f32; BC]; ROWS];
-        for p in 0..d {
-            let krow: &[f32; BC] = kv.kt[p * kv.kv_pad + c0..][..BC]
-                .try_into()
-                .expect("padded to BC");
-            for i in 0..ROWS {
-                let qv = if i < nr { qb.q[(r0 + i) * d + p] } else { 0.0 };
-                for c in 0..BC {
-                    acc[i][c] += qv * krow[c];
-                }
-            }
-        }
-        s[r0..r0 + nr].copy_from_slice(&acc[..nr]);
-        r0 += nr;
-    }
-}
+/// Tiles in plain Rust (vectorized by LLVM for the ISA they are compiled into).
+struct Portable;
 
-/// `out[r] += Σ_c s[r][c]·v_{c0+c}` (s now holds probabilities; padded V rows are zero).
-#[inline(always)]
-fn accumulate_pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &[[f32; BC]; BR], out: &mut [f32]) {
-    match kv.d {
-        64 => pv_tile::<64, 4>(kv, rows, c0, s, out),
-        128 => pv_tile::<128, 2>(kv, rows, c0, s, out),
-        d => {
-            for r in 0..rows {
-                let o = &mut out[r * d..(r + 1) * d];
-                for c in 0..BC {
-                    let pr = s[r][c];
-                    let vrow = &kv.v[(c0 + c) * d..(c0 + c + 1) * d];
-                    for (x, &v) in o.iter_mut().zip(vrow) {
-                        *x += pr * v;
+impl Tiles for Portable {
+    #[inline(always)]
+    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+        let d = kv.d;
+        let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
+        let mut r0 = 0;
+        while r0 < qb.rows {
+            let nr = ROWS.min(qb.rows - r0);
+            let mut acc = [[0f32; BC]; ROWS];
+            for p in 0..d {
+                let krow: &[f32; BC] = block[p * BC..][..BC].try_into().expect("BC-wide rows");
+                for i in 0..ROWS {
+                    let qv = if i < nr { qb.q[(r0 + i) * d + p] } else { 0.0 };
+                    for c in 0..BC {
+                        acc[i][c] += qv * krow[c];
                     }
                 }
             }
+            s[r0..r0 + nr].copy_from_slice(&acc[..nr]);
+            r0 += nr;
+        }
+    }
+
+    #[inline(always)]
+    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
+        let d = kv.d;
+        for r in 0..rows {
+            let o = &mut out[r * d..(r + 1) * d];
+            for c in 0..BC {
+                let pr = s[r][c];
+                let vrow = &kv.v[(c0 + c) * d..(c0 + c + 1) * d];
+                for (x, &v) in o.iter_mut().zip(vrow) {
+                    *x += pr * v;
+                }
+            }
         }
     }
 }
 
-/// The P·V tile for a compile-time head dim: R output rows of D floats held in registers
-/// (R·D/16 = 16 zmm), each V row loaded once for R rows.
-#[inline(always)]
-fn pv_tile<const D: usize, const R: usize>(
-    kv: &PackedKv<'_>,
-    rows: usize,
-    c0: usize,
-    s: &[[f32; BC]; BR],
-    out: &mut [f32],
-) {
-    let mut r0 = 0;
-    while r0 < rows {
-        let nr = R.min(rows - r0);
-        let mut acc = [[0f32; D]; R];
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! Explicit AVX-512 FMA tiles for head dims 64 and 128.
+
+    use super::{attend_body, PackedKv, QueryBlock, ScoreTile, Tiles, BC, ROWS};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU supports AVX-512F and FMA; `kv.d` is 64 or 128.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn attend(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+        attend_body::<Avx512>(kv, qb, out)
+    }
+
+    struct Avx512;
+
+    impl Tiles for Avx512 {
+        #[inline(always)]
+        fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+            let block = &kv.kt[(c0 / BC) * kv.d * BC..][..kv.d * BC];
+            let mut r0 = 0;
+            while r0 < qb.rows {
+                let nr = ROWS.min(qb.rows - r0);
+                // SAFETY: only reached from `attend` (AVX-512F + FMA present); the block
+                // holds d·BC floats and q holds rows·d, both checked by the slicing above.
+                unsafe {
+                    score_rows(
+                        block,
+                        &qb.q[r0 * kv.d..(r0 + nr) * kv.d],
+                        kv.d,
+                        &mut s[r0..r0 + nr],
+                    )
+                };
+                r0 += nr;
+            }
+        }
+
+        #[inline(always)]
+        fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
+            let v = &kv.v[c0 * kv.d..(c0 + BC) * kv.d];
+            let mut r0 = 0;
+            while r0 < rows {
+                let nr = ROWS.min(rows - r0);
+                let o = &mut out[r0 * kv.d..(r0 + nr) * kv.d];
+                // SAFETY: as in `scores`; `v` holds BC rows of d, `o` nr rows of d.
+                unsafe {
+                    match kv.d {
+                        64 => pv_rows::<4>(v, &s[r0..r0 + nr], o),
+                        _ => pv_rows::<8>(v, &s[r0..r0 + nr], o),
+                    }
+                }
+                r0 += nr;
+            }
+        }
+    }
+
+    /// Up to 4 query rows × 64 keys: 16 zmm accumulators; per dim p, 4 Kᵀ loads feed 16 FMAs.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn score_rows(block: &[f32], q: &[f32], d: usize, s: &mut [[f32; BC]]) {
+        let nr = s.len();
+        let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+        for p in 0..d {
+            // SAFETY: block holds d rows of BC = 64 floats.
+            let k: [__m512; 4] = std::array::from_fn(|v| unsafe {
+                _mm512_loadu_ps(block.as_ptr().add(p * BC + 16 * v))
+            });
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qv = _mm512_set1_ps(if i < nr { q[i * d + p] } else { 0.0 });
+                for v in 0..4 {
+                    a[v] = _mm512_fmadd_ps(qv, k[v], a[v]);
+                }
+            }
+        }
+        for (i, row) in s.iter_mut().enumerate() {
+            for v in 0..4 {
+                // SAFETY: row has 64 floats.
+                unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(16 * v), acc[i][v]) };
+            }
+        }
+    }
+
+    /// Up to 4 output rows of d = 16·NV: accumulators in registers across the BC keys.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn pv_rows<const NV: usize>(v: &[f32], s: &[[f32; BC]], o: &mut [f32]) {
+        let (nr, d) = (s.len(), 16 * NV);
+        let mut acc = [[_mm512_setzero_ps(); NV]; ROWS];
         for (i, a) in acc.iter_mut().enumerate().take(nr) {
-            a.copy_from_slice(&out[(r0 + i) * D..(r0 + i + 1) * D]);
+            for x in 0..NV {
+                // SAFETY: o holds nr rows of d floats.
+                a[x] = unsafe { _mm512_loadu_ps(o.as_ptr().add(i * d + 16 * x)) };
+            }
         }
         for c in 0..BC {
-            let vrow: &[f32; D] = kv.v[(c0 + c) * D..][..D].try_into().expect("D-wide rows");
-            for i in 0..R {
-                let pr = if i < nr { s[r0 + i][c] } else { 0.0 };
-                for x in 0..D {
-                    acc[i][x] += pr * vrow[x];
+            // SAFETY: v holds BC rows of d floats.
+            let vr: [__m512; NV] =
+                std::array::from_fn(|x| unsafe { _mm512_loadu_ps(v.as_ptr().add(c * d + 16 * x)) });
+            for (i, a) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(if i < nr { s[i][c] } else { 0.0 });
+                for x in 0..NV {
+                    a[x] = _mm512_fmadd_ps(p, vr[x], a[x]);
                 }
             }
         }
         for (i, a) in acc.iter().enumerate().take(nr) {
-            out[(r0 + i) * D..(r0 + i + 1) * D].copy_from_slice(a);
+            for x in 0..NV {
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(i * d + 16 * x), a[x]) };
+            }
         }
-        r0 += nr;
     }
 }

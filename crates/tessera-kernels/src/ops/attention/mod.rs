@@ -134,10 +134,12 @@ fn pack_kv<T: Element>(
                 std::slice::from_raw_parts_mut(vvp.get().add(h * per_head), per_head),
             )
         };
+        let (k_cs, v_cs) = (kl.stride(2), vl.stride(2));
         for j in 0..dm.kv_len {
+            let (kb, vb) = (kl.index_of(&[j, h, 0]), vl.index_of(&[j, h, 0]));
             for p in 0..dm.d {
-                kt[p * kv_pad + j] = k.data()[kl.index_of(&[j, h, p])].to_f32();
-                vv[j * dm.d + p] = v.data()[vl.index_of(&[j, h, p])].to_f32();
+                kt[PackedKv::kt_index(dm.d, j, p)] = k.data()[kb + p * k_cs].to_f32();
+                vv[j * dm.d + p] = v.data()[vb + p * v_cs].to_f32();
             }
         }
     });
@@ -178,9 +180,11 @@ pub fn attention_with<T: Element>(
         let first = qb * BR;
         let rows = BR.min(dm.q_len - first);
         let mut qbuf = vec![0f32; rows * dm.d];
+        let (q_data, q_cs) = (q.data(), ql.stride(2));
         for r in 0..rows {
-            for c in 0..dm.d {
-                qbuf[r * dm.d + c] = q.data()[ql.index_of(&[first + r, h, c])].to_f32() * p.scale;
+            let base = ql.index_of(&[first + r, h, 0]);
+            for (c, x) in qbuf[r * dm.d..(r + 1) * dm.d].iter_mut().enumerate() {
+                *x = q_data[base + c * q_cs].to_f32() * p.scale;
             }
         }
         let kvh = h / group;
@@ -188,7 +192,6 @@ pub fn attention_with<T: Element>(
             kt: &kt[kvh * per_head..(kvh + 1) * per_head],
             v: &vv[kvh * per_head..(kvh + 1) * per_head],
             kv_len: dm.kv_len,
-            kv_pad,
             d: dm.d,
         };
         let block = QueryBlock {
@@ -201,11 +204,13 @@ pub fn attention_with<T: Element>(
         };
         let mut out = vec![0f32; rows * dm.d];
         flash::attend_block(isa, &kv, &block, &mut out);
+        let o_cs = ol.stride(2);
         for r in 0..rows {
-            for c in 0..dm.d {
+            let base = ol.index_of(&[first + r, h, 0]);
+            for (c, &x) in out[r * dm.d..(r + 1) * dm.d].iter().enumerate() {
                 // SAFETY: (first+r, h, c) is inside the validated, non-overlapping O view;
                 // each task owns a distinct (head, row block) and so distinct elements.
-                unsafe { *optr.get().add(ol.index_of(&[first + r, h, c])) = out[r * dm.d + c] };
+                unsafe { *optr.get().add(base + c * o_cs) = x };
             }
         }
     });

@@ -158,6 +158,24 @@ impl OpSpec for AttentionOp {
                 causal: true,
                 ..base.clone()
             },
+            AttentionProblem {
+                q_len: 70,
+                kv_len: 150,
+                heads: 4,
+                kv_heads: 2,
+                d: 128,
+                causal: true,
+                strided: true,
+                ..base.clone()
+            },
+            AttentionProblem {
+                q_len: 129,
+                kv_len: 129,
+                heads: 2,
+                kv_heads: 1,
+                d: 128,
+                ..base.clone()
+            },
         ];
         v.push(AttentionProblem {
             q_len: rng.random_range(1..100),

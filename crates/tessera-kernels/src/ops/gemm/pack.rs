@@ -170,7 +170,10 @@ unsafe impl Packed for u32 {
             // inside the validated matrix (full panel: k0 + 2·ks ≤ K).
             unsafe { (*p).bf16_bits() as u32 | (((*p.add(stride_k)).bf16_bits() as u32) << 16) }
         };
-        for (s, o) in out[..at.ks * at.panel].chunks_exact_mut(at.panel).enumerate() {
+        for (s, o) in out[..at.ks * at.panel]
+            .chunks_exact_mut(at.panel)
+            .enumerate()
+        {
             for (i, d) in o.iter_mut().enumerate() {
                 // SAFETY: as above; the offset addresses row i, k-value 2s of the panel.
                 *d = pair(unsafe { m.ptr.add(base + i * stride_i + 2 * s * stride_k) });
