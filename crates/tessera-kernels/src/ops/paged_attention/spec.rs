@@ -1,6 +1,6 @@
 //! Paged decode attention's registry entry.
 
-use super::{paged_attention, PagedKvCache, PagedParams, PagedSeqs, DEFAULT_CHUNK};
+use super::{paged_attention, PagedKvCache, PagedParams, PagedSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
 use crate::registry::{
@@ -156,7 +156,7 @@ impl ProblemCase for PagedProblem {
         TuneSpace(vec![
             TuneParam {
                 name: "chunk",
-                default: DEFAULT_CHUNK,
+                default: 0,
                 choices: vec![64, 128, 256, 512, 1024],
             },
             TuneParam {
@@ -252,7 +252,7 @@ impl<T: Element> Instance for PagedInstance<T> {
         let dims = [self.p.context_lens.len(), self.p.heads, self.p.d];
         let params = PagedParams {
             scale: self.scale(),
-            chunk: cfg.get("chunk").unwrap_or(DEFAULT_CHUNK),
+            chunk: cfg.get("chunk").unwrap_or(0),
             threads: cfg
                 .get("threads")
                 .unwrap_or(crate::pool::global().threads()),
