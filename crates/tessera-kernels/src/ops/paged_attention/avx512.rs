@@ -97,9 +97,10 @@ macro_rules! decode_kernel {
                 prefetch(c.k.as_ptr(), t + PREFETCH_AHEAD);
                 let rec = c.k[record(t)..record(t) + rec_len].as_ptr();
                 for kvh in 0..kvh_n {
-                    // SAFETY: rec addresses kv_heads·d elements of a validated cache record.
-                    let k: [__m512; NV] =
-                        std::array::from_fn(|v| unsafe { load(rec.add(kvh * d + 16 * v)) });
+                    let k: [__m512; NV] = std::array::from_fn(|v| {
+                        // SAFETY: rec addresses kv_heads·d elements of a validated record.
+                        unsafe { load(rec.add(kvh * d + 16 * v)) }
+                    });
                     for h in kvh * g..(kvh + 1) * g {
                         // SAFETY: job.q holds heads·d floats; partial holds heads·256.
                         unsafe {
@@ -139,9 +140,10 @@ macro_rules! decode_kernel {
                 prefetch(c.v.as_ptr(), t + PREFETCH_AHEAD);
                 let rec = c.v[record(t)..record(t) + rec_len].as_ptr();
                 for kvh in 0..kvh_n {
-                    // SAFETY: as for K.
-                    let vr: [__m512; NV] =
-                        std::array::from_fn(|v| unsafe { load(rec.add(kvh * d + 16 * v)) });
+                    let vr: [__m512; NV] = std::array::from_fn(|v| {
+                        // SAFETY: as for K.
+                        unsafe { load(rec.add(kvh * d + 16 * v)) }
+                    });
                     for h in kvh * g..(kvh + 1) * g {
                         let p = _mm512_set1_ps(scores[h * n + i]);
                         for v in 0..NV {
@@ -194,9 +196,9 @@ fn hadd16(v: &[__m512; 16]) -> __m512 {
     )
 }
 
-// SAFETY (both loads): callers pass pointers to 16 readable elements of a cache row.
-decode_kernel!(kernel_f32, f32, |p: *const f32| unsafe {
-    _mm512_loadu_ps(p)
+decode_kernel!(kernel_f32, f32, |p: *const f32| {
+    // SAFETY: callers pass pointers to 16 readable elements of a cache record.
+    unsafe { _mm512_loadu_ps(p) }
 });
 decode_kernel!(kernel_bf16, bf16, |p: *const bf16| {
     // bf16 → f32 is a 16-bit left shift of the zero-extended bits.
