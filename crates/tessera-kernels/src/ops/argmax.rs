@@ -5,7 +5,6 @@
 //! NaN's index is returned), as numpy does, so a broken logit row is visible, not hidden.
 
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
-use super::softmax::row_max;
 use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
@@ -17,15 +16,44 @@ pub const TOL: Tolerance = Tolerance {
 };
 
 multiversion! {
+    /// (max skipping NaN, whether the row holds a NaN): Σ(x·0) is NaN exactly when
+    /// some element is NaN or ±∞, so the rare rows with ±∞ get an exact scalar check.
+    fn max_and_nan(x: &[f32]) -> (f32, bool) {
+        let mut lanes = [0f32; 16];
+        let chunks = x.chunks_exact(16);
+        let mut tail_nan = false;
+        for &v in chunks.remainder() {
+            tail_nan |= v.is_nan();
+        }
+        for c in chunks {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                *l += v * 0.0; // 0, or NaN for NaN and ±∞
+            }
+        }
+        let maybe = tail_nan || lanes.iter().any(|l| l.is_nan());
+        (crate::simd::max(x), maybe && x.iter().any(|v| v.is_nan()))
+    }
+}
+
+multiversion! {
+    /// First index whose value is `target` (or NaN when `target` is NaN), scanning 64-wide
+    /// blocks with a branch-free compare and only the hit block element by element.
     fn first_index(x: &[f32], target: f32) -> usize {
-        x.iter().position(|&v| v == target || (target.is_nan() && v.is_nan())).unwrap_or(0)
+        let hit = |v: f32| v == target || (target.is_nan() && v.is_nan());
+        let mut base = 0;
+        for c in x.chunks(64) {
+            if c.iter().fold(false, |a, &v| a | hit(v)) {
+                return base + c.iter().position(|&v| hit(v)).unwrap_or(0);
+            }
+            base += c.len();
+        }
+        0
     }
 }
 
 /// The index of the largest element (first NaN if any; 0 for an empty row).
 pub fn argmax_row(isa: Isa, x: &[f32]) -> usize {
-    let m = row_max(isa, x);
-    let has_nan = x.iter().any(|v| v.is_nan());
+    let (m, has_nan) = max_and_nan(isa, x);
     first_index(isa, x, if has_nan { f32::NAN } else { m })
 }
 
@@ -99,6 +127,13 @@ mod tests {
             assert_eq!(argmax_row(isa, &[1.0, 3.0, 3.0, 2.0]), 1);
             assert_eq!(argmax_row(isa, &[1.0, 5.0, f32::NAN, 9.0, f32::NAN]), 2);
             assert_eq!(argmax_row(isa, &[f32::NEG_INFINITY; 3]), 0);
+            // ±∞ take the NaN-suspect path without being NaN; NaN past the 16-lane body.
+            let mut inf = vec![0.5f32; 70];
+            inf[40] = f32::INFINITY;
+            inf[3] = f32::NEG_INFINITY;
+            assert_eq!(argmax_row(isa, &inf), 40);
+            inf[66] = f32::NAN;
+            assert_eq!(argmax_row(isa, &inf), 66);
             let long: Vec<f32> = (0..1000).map(|i| ((i * 37) % 1000) as f32).collect();
             assert_eq!(
                 argmax_row(isa, &long),

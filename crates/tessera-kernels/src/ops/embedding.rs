@@ -71,8 +71,15 @@ pub fn embedding<T: Element>(
         ids.len().div_ceil(per_task),
         pool::global().threads(),
         |t| {
-            for i in t * per_task..((t + 1) * per_task).min(ids.len()) {
-                let src = &table.data()[tl.offset() + ids[i] as usize * tl.stride(0)..][..dim];
+            let row =
+                |i: usize| &table.data()[tl.offset() + ids[i] as usize * tl.stride(0)..][..dim];
+            let end = ((t + 1) * per_task).min(ids.len());
+            for i in t * per_task..end {
+                // Rows are scattered over the table: fetch the next one while copying this.
+                if i + 1 < end {
+                    crate::simd::prefetch(row(i + 1));
+                }
+                let src = row(i);
                 // SAFETY: row i of the validated output view (contiguous row, checked above);
                 // each task writes distinct rows.
                 let dst = unsafe {

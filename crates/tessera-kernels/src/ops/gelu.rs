@@ -6,9 +6,8 @@
 //! the true value is ~1e-7·x), and this form needs only the vectorized exp.
 
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
-use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
-use crate::simd::exp;
+use crate::simd::{x_sigmoid_on, SigmoidArg};
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// The tail is ill-conditioned in any f32 evaluation: rounding y (relative 2⁻²⁴) moves
@@ -22,14 +21,11 @@ pub const TOL: Tolerance = Tolerance {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const COEF: f64 = 0.044_715;
 
-multiversion! {
-    fn gelu_row(x: &[f32], out: &mut [f32]) {
-        for (o, &v) in out.iter_mut().zip(x) {
-            let y = SQRT_2_OVER_PI as f32 * (v + COEF as f32 * v * v * v);
-            *o = v / (1.0 + exp(-2.0 * y));
-        }
-    }
-}
+/// `x·σ(2y)` with 2y = 2c·x + 2c·0.044715·x³.
+const GELU: SigmoidArg = SigmoidArg {
+    a: (2.0 * SQRT_2_OVER_PI) as f32,
+    b: (2.0 * SQRT_2_OVER_PI * COEF) as f32,
+};
 
 /// The kernel.
 #[derive(Debug)]
@@ -37,7 +33,7 @@ pub struct Gelu;
 
 impl RowKernel for Gelu {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        gelu_row(isa, x[0], out);
+        x_sigmoid_on(isa, x[0], GELU, out);
     }
 }
 

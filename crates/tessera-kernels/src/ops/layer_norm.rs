@@ -7,6 +7,7 @@ use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use crate::multiversion;
 use crate::ops::common::random_in;
 use crate::registry::{Rng, Tolerance};
+use crate::simd::lane_sum;
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// f32 two-pass sums; plus conditioning: x − mean loses log₂(|mean|/std) bits, and the
@@ -15,20 +16,6 @@ pub const TOL: Tolerance = Tolerance {
     rel: 2e-5,
     reason: "f32 sums + x−mean cancellation at |mean| ≫ std",
 };
-
-/// Row sum in 16 lanes.
-#[inline(always)]
-pub(crate) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut lanes = [0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let tail: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
-    for c in chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += f(v);
-        }
-    }
-    crate::simd::hsum(lanes) + tail
-}
 
 multiversion! {
     fn layer_norm_row(x: &[f32], gamma: &[f32], beta: &[f32], eps: f32, out: &mut [f32]) {

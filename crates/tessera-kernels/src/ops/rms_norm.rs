@@ -2,12 +2,12 @@
 //! precedes it in every Llama block (`h = x + residual; y = rmsnorm(h)`), which saves a
 //! full read and write of the hidden state per layer.
 
-use super::layer_norm::lane_sum;
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use crate::multiversion;
 use crate::ops::common::random_in;
 use crate::pool::{self, SharedMut};
 use crate::registry::{Rng, Tolerance};
+use crate::simd::lane_sum;
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// An f32 sum of n squares.

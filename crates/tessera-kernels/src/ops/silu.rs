@@ -1,9 +1,8 @@
 //! SiLU `x·σ(x)` = `x/(1 + e^{−x})`, and the formula shared with SwiGLU.
 
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
-use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
-use crate::simd::exp;
+use crate::simd::{x_sigmoid_on, SigmoidArg};
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// exp polynomial (≤ 3e-7) and one division.
@@ -12,23 +11,12 @@ pub const TOL: Tolerance = Tolerance {
     reason: "exp polynomial + division",
 };
 
-/// `x/(1 + e^{−x})`: for x → −∞, e^{−x} → ∞ and the result → −0, never NaN.
-#[inline(always)]
-pub fn silu_f32(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
-}
-
 pub(crate) fn silu_f64(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-multiversion! {
-    fn silu_row(x: &[f32], out: &mut [f32]) {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = silu_f32(v);
-        }
-    }
-}
+/// SiLU as `x·σ(a·x + b·x³)`.
+pub(crate) const SILU: SigmoidArg = SigmoidArg { a: 1.0, b: 0.0 };
 
 /// The kernel.
 #[derive(Debug)]
@@ -36,7 +24,7 @@ pub struct Silu;
 
 impl RowKernel for Silu {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        silu_row(isa, x[0], out);
+        x_sigmoid_on(isa, x[0], SILU, out);
     }
 }
 

@@ -6,7 +6,7 @@
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
-use crate::simd::exp_shifted_sum;
+use crate::simd::{exp_shifted_sum_on, max_on};
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// exp polynomial (≤ 3e-7) plus an f32 sum of n terms.
@@ -16,18 +16,9 @@ pub const TOL: Tolerance = Tolerance {
 };
 
 multiversion! {
-    /// Max of a row (NaN is skipped here; it propagates through exp).
-    pub(crate) fn row_max(x: &[f32]) -> f32 {
-        crate::simd::max(x)
-    }
-}
-
-multiversion! {
-    fn softmax_row(x: &[f32], max: f32, out: &mut [f32]) {
-        out.copy_from_slice(x);
-        let inv = 1.0 / exp_shifted_sum(out, max);
+    fn scale(out: &mut [f32], by: f32) {
         for o in out.iter_mut() {
-            *o *= inv;
+            *o *= by;
         }
     }
 }
@@ -38,7 +29,8 @@ pub struct Softmax;
 
 impl RowKernel for Softmax {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        softmax_row(isa, x[0], row_max(isa, x[0]), out);
+        let sum = exp_shifted_sum_on(isa, x[0], max_on(isa, x[0]), out);
+        scale(isa, out, 1.0 / sum);
     }
 }
 

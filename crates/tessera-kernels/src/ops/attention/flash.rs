@@ -61,6 +61,16 @@ trait Tiles {
     fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile);
     /// `out[r] += Σ_c s[r][c]·v_{c0+c}` for r < rows.
     fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]);
+    /// `v[i] = e^(v[i] − shift)`, returning Σv.
+    #[inline(always)]
+    fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+        exp_shifted_sum(v, shift)
+    }
+    /// Max of `v`, skipping NaN.
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        crate::simd::max(v)
+    }
 }
 
 /// Writes `rows·d` outputs for one query block against one KV head.
@@ -110,7 +120,7 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
                     }
                 }
             }
-            let block_max = crate::simd::max(&row[..bc]);
+            let block_max = T::max(&row[..bc]);
             let m_new = m[r].max(block_max);
             // max() skips NaN, but a NaN score still reaches the sum through exp. Only a
             // row with no finite score needs the explicit scan.
@@ -122,7 +132,7 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
                 continue;
             }
             let corr = exp(m[r] - m_new);
-            let sum = exp_shifted_sum(&mut row[..bc], m_new);
+            let sum = T::exp_shifted_sum(&mut row[..bc], m_new);
             row[bc..].fill(0.0); // padded keys: zero weight (their V rows are zero too)
             l[r] = l[r] * corr + sum;
             m[r] = m_new;
@@ -190,6 +200,8 @@ mod avx512 {
     //! Explicit AVX-512 FMA tiles for head dims 64 and 128.
 
     use super::{attend_body, PackedKv, QueryBlock, ScoreTile, Tiles, BC, ROWS};
+    /// Query rows per score tile: 6 × 4 zmm = 24 accumulators + 4 Kᵀ vectors.
+    const SROWS: usize = 6;
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -207,7 +219,7 @@ mod avx512 {
             let block = &kv.kt[(c0 / BC) * kv.d * BC..][..kv.d * BC];
             let mut r0 = 0;
             while r0 < qb.rows {
-                let nr = ROWS.min(qb.rows - r0);
+                let nr = SROWS.min(qb.rows - r0);
                 // SAFETY: only reached from `attend` (AVX-512F + FMA present); the block
                 // holds d·BC floats and q holds rows·d, both checked by the slicing above.
                 unsafe {
@@ -239,13 +251,25 @@ mod avx512 {
                 r0 += nr;
             }
         }
+
+        #[inline(always)]
+        fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+            // SAFETY: only reached from `attend` (AVX-512F present).
+            unsafe { crate::simd::avx512::exp_shifted_sum(v, shift) }
+        }
+
+        #[inline(always)]
+        fn max(v: &[f32]) -> f32 {
+            // SAFETY: as above.
+            unsafe { crate::simd::avx512::max(v) }
+        }
     }
 
     /// Up to 4 query rows × 64 keys: 16 zmm accumulators; per dim p, 4 Kᵀ loads feed 16 FMAs.
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn score_rows(block: &[f32], q: &[f32], d: usize, s: &mut [[f32; BC]]) {
         let nr = s.len();
-        let mut acc = [[_mm512_setzero_ps(); 4]; ROWS];
+        let mut acc = [[_mm512_setzero_ps(); 4]; SROWS];
         for p in 0..d {
             // SAFETY: block holds d rows of BC = 64 floats.
             let k: [__m512; 4] = std::array::from_fn(|v| unsafe {
