@@ -130,6 +130,9 @@ impl Layout {
     /// True when no two distinct indices map to the same element: sorting dims by
     /// stride, each stride must clear the whole extent of the smaller ones.
     pub fn is_non_overlapping(&self) -> bool {
+        if self.numel() == 0 {
+            return true; // no elements (a zero dim can leave the other strides at 0)
+        }
         let mut idx: Vec<usize> = (0..self.rank).filter(|&i| self.dims[i] > 1).collect();
         idx.sort_by_key(|&i| self.strides[i]);
         let mut extent = 1usize;
