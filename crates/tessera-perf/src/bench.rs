@@ -60,6 +60,9 @@ pub struct BenchResult {
     pub gbps: f64,
     /// Achieved rate over the roofline's attainable rate at this intensity.
     pub roofline_pct: f64,
+    /// The DRAM bandwidth the roofline used: for memory-bound runs, measured just before
+    /// and after this benchmark (mean of the two); else the run's calibration.
+    pub dram_gbps: f64,
     pub bound: &'static str,
     /// Instances rotated (1 when compute-bound).
     pub rotation: usize,
@@ -101,6 +104,13 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     for inst in instances.iter_mut() {
         inst.run(spec.variant, spec.config)?;
     }
+    // Bandwidth drifts on a shared host: bracket memory-bound timings with probes.
+    let probe = || crate::calibrate::dram_read_now(ceilings.threads, 3);
+    let dram_before = if mem_bound {
+        probe()
+    } else {
+        ceilings.dram_gbps
+    };
     let mut samples = Vec::new();
     let start = Instant::now();
     let mut i = 0;
@@ -120,10 +130,15 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
             break;
         }
     }
+    let dram = if mem_bound {
+        0.5 * (dram_before + probe())
+    } else {
+        ceilings.dram_gbps
+    };
     let median = stats::median(&samples);
     let gflops = cost.flops / median / 1e9;
     let gbps = cost.bytes / median / 1e9;
-    let attainable = peak.min(cost.intensity() * ceilings.dram_gbps);
+    let attainable = peak.min(cost.intensity() * dram);
     Ok(BenchResult {
         op: spec.op.to_string(),
         problem: spec.problem.to_string(),
@@ -139,10 +154,11 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         gbps,
         roofline_pct: 100.0
             * if mem_bound {
-                gbps / ceilings.dram_gbps
+                gbps / dram
             } else {
                 gflops / attainable
             },
+        dram_gbps: dram,
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
     })

@@ -156,19 +156,31 @@ fn best_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..reps).map(|_| f()).fold(0.0, f64::max)
 }
 
-/// DRAM read GB/s over a 256 MiB buffer (8× a 32 MiB L3).
-fn dram_read(threads: usize) -> f64 {
-    let n = 64 << 20; // f32 elements = 256 MiB
-    let buf: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
-    let chunk = n / threads;
-    // Median, not best: single passes over a shared-host DRAM swing ±30%.
-    median_rate(7, || {
+/// The 256 MiB (8× a 32 MiB L3) probe buffer, built once per process.
+fn probe_buffer() -> &'static [f32] {
+    static BUF: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    BUF.get_or_init(|| (0..64usize << 20).map(|i| (i % 251) as f32).collect())
+}
+
+/// DRAM read GB/s now: the median of `reps` passes over the probe buffer. On a shared
+/// host single passes swing by ±30% and the available bandwidth drifts between 35 and
+/// 70 GB/s over minutes, so benchmarks call this right next to each memory-bound
+/// measurement ([`crate::bench::run`]) rather than trusting one figure per run.
+pub fn dram_read_now(threads: usize, reps: usize) -> f64 {
+    let buf = probe_buffer();
+    let threads = threads.clamp(1, pool::global().threads());
+    let chunk = buf.len() / threads;
+    median_rate(reps.max(1), || {
         let t = Instant::now();
         pool::global().run(threads, threads, |i| {
             std::hint::black_box(sum(&buf[i * chunk..(i + 1) * chunk]));
         });
         (chunk * threads * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
     })
+}
+
+fn dram_read(threads: usize) -> f64 {
+    dram_read_now(threads, 7)
 }
 
 fn sum(v: &[f32]) -> f32 {

@@ -77,13 +77,27 @@ pub fn bench_table(results: &[BenchResult]) -> String {
                 format!("{:.1}", r.gbps),
                 format!("{:.0}%", r.roofline_pct),
                 r.bound.to_string(),
+                if r.bound == "memory" {
+                    format!("{:.1}", r.dram_gbps)
+                } else {
+                    "-".into()
+                },
             ]
         })
         .collect();
     table(
         &[
-            "op", "problem", "dtype", "variant", "median", "IQR", "GFLOP/s", "GB/s", "roofline",
+            "op",
+            "problem",
+            "dtype",
+            "variant",
+            "median",
+            "IQR",
+            "GFLOP/s",
+            "GB/s",
+            "roofline",
             "bound",
+            "DRAM GB/s",
         ],
         &rows,
     )

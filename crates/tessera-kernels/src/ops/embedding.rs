@@ -1,6 +1,5 @@
 //! Embedding lookup: rows of a `[vocab, dim]` table gathered by token id, widened to f32.
 
-use crate::multiversion;
 use crate::ops::common::{bytes, poison, random};
 use crate::pool::{self, SharedMut};
 use crate::registry::{
@@ -19,14 +18,6 @@ pub const TOL: Tolerance = Tolerance {
     rel: 0.0,
     reason: "a copy or exact widening",
 };
-
-multiversion! {
-    fn widen_row<T: Element>(src: &[T], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
-        }
-    }
-}
 
 /// `out[i, :] = table[ids[i], :]`. Ids out of range are an error naming the first one.
 pub fn embedding<T: Element>(
@@ -88,7 +79,7 @@ pub fn embedding<T: Element>(
                         dim,
                     )
                 };
-                widen_row(isa, src, dst);
+                crate::simd::widen(isa, src, dst);
             }
         },
     );

@@ -214,6 +214,15 @@ pub fn exp_shifted_sum_on(isa: Isa, src: &[f32], shift: f32, dst: &mut [f32]) ->
 }
 
 multiversion! {
+    /// `dst[i] = src[i]` widened to f32 (bf16/f16 → f32 is exact), vectorized per ISA.
+    pub fn widen<T: tessera_core::Element>(src: &[T], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+}
+
+multiversion! {
     fn max_portable(x: &[f32]) -> f32 {
         max(x)
     }

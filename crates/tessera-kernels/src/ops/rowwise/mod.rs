@@ -96,6 +96,10 @@ pub fn run_rows<T: Element, K: RowKernel>(
                 let (start, cs) = (row_start(l, r), l.stride(l.rank() - 1));
                 if let (1, Some(s)) = (cs, T::as_f32_slice(&x.data()[start..start + n])) {
                     ins.push(s);
+                } else if cs == 1 {
+                    w.resize(n, 0.0);
+                    crate::simd::widen(isa, &x.data()[start..start + n], w);
+                    ins.push(&w[..]);
                 } else {
                     w.clear();
                     w.extend((0..n).map(|i| x.data()[start + i * cs].to_f32()));
