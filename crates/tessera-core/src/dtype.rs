@@ -19,17 +19,42 @@ pub enum DType {
     U8,
     F8E4M3,
     F8E5M2,
+    /// ggml block formats: 32 weights per block with f16 scale (and min).
+    Q4_0,
+    Q4_1,
+    Q8_0,
 }
 
 impl DType {
-    /// Bytes per element (every current tag is a whole number of bytes).
+    /// Bytes per element; for a block-quantized tag, bytes per block of
+    /// [`DType::block_size`] elements.
     pub const fn size_bytes(self) -> usize {
         match self {
             DType::F64 => 8,
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q8_0 => 34,
         }
+    }
+
+    /// Elements per storage unit: 1 for scalar types, the block length for block formats.
+    pub const fn block_size(self) -> usize {
+        match self {
+            DType::Q4_0 | DType::Q4_1 | DType::Q8_0 => 32,
+            _ => 1,
+        }
+    }
+
+    /// Bytes holding `n` elements, or None when `n` is not a whole number of blocks (or
+    /// the size overflows).
+    pub const fn storage_bytes(self, n: usize) -> Option<usize> {
+        if !n.is_multiple_of(self.block_size()) {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.size_bytes())
     }
 
     /// Lower-case name as used on the command line (`f32`, `bf16`, ...).
@@ -43,11 +68,14 @@ impl DType {
             DType::U8 => "u8",
             DType::F8E4M3 => "f8e4m3",
             DType::F8E5M2 => "f8e5m2",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q8_0 => "q8_0",
         }
     }
 
     /// All tags, for parsing and listing.
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 11] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -56,6 +84,9 @@ impl DType {
         DType::U8,
         DType::F8E4M3,
         DType::F8E5M2,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
     ];
 }
 

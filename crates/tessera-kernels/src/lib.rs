@@ -2,5 +2,6 @@
 
 pub mod ops;
 pub mod pool;
+pub mod quant;
 pub mod registry;
 pub mod simd;
