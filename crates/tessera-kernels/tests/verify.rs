@@ -33,4 +33,5 @@ verify_ops! {
     swiglu => "swiglu",
     embedding => "embedding",
     argmax => "argmax",
+    qmatmul => "qmatmul",
 }

@@ -9,6 +9,7 @@ pub mod gelu;
 pub mod gemm;
 pub mod layer_norm;
 pub mod paged_attention;
+pub mod qmatmul;
 pub mod rms_norm;
 pub mod rope;
 pub mod rowwise;
@@ -35,6 +36,7 @@ pub fn registered() -> Vec<&'static dyn OpSpec> {
         const { &RowOpSpec::<gelu::Gelu>::new() },
         const { &RowOpSpec::<swiglu::SwiGlu>::new() },
         &embedding::EmbeddingOp,
+        &qmatmul::QMatmulOp,
         const { &RowOpSpec::<argmax::Argmax>::new() },
     ]
 }

@@ -53,7 +53,7 @@ impl Fp8 {
         let mb = self.mantissa_bits();
         let e = ((code & 0x7F) >> mb) as i32;
         let m = (code & ((1 << mb) - 1)) as i32;
-        let e_max = (0x7F >> mb) as i32;
+        let e_max = 0x7F >> mb;
         match self {
             Fp8::E4M3 if e == e_max && m == (1 << mb) - 1 => return f32::NAN,
             Fp8::E5M2 if e == e_max => {

@@ -18,7 +18,7 @@ use tessera_core::{Error, Result};
 /// is even, so well-formed files always pass).
 pub fn blocks_from_bytes<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(Error::invalid(
             "quant",
             format!(
@@ -45,7 +45,7 @@ pub fn blocks_from_bytes<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
 }
 
 fn check_cols(cols: usize) -> Result<()> {
-    if cols == 0 || cols % QK != 0 {
+    if cols == 0 || !cols.is_multiple_of(QK) {
         return Err(Error::shape(
             "quant",
             format!("{cols} columns: must be a positive multiple of {QK}"),

@@ -76,8 +76,8 @@ fn blocks_view_bytes_in_place_and_reject_bad_lengths() {
         "ragged length"
     );
     // The same 40 bytes at an odd address (the f16 fields would be misaligned).
-    let mut shifted = vec![0u8; 41];
-    let start = usize::from(shifted.as_ptr() as usize % 2 == 0);
+    let mut shifted = [0u8; 41];
+    let start = usize::from((shifted.as_ptr() as usize).is_multiple_of(2));
     shifted[start..start + 40].copy_from_slice(&bytes);
     assert!(
         blocks_from_bytes::<BlockQ4_1>(&shifted[start..start + 40]).is_err(),

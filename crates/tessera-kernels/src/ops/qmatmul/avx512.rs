@@ -1,0 +1,114 @@
+//! AVX-512 small-M kernel: each block's 32 weights are expanded to two zmm of f32 with
+//! the format's own arithmetic (so values are bit-identical to `dequantize`), then FMA'd
+//! into two accumulators per activation row.
+
+use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use std::any::TypeId;
+use std::arch::x86_64::*;
+
+/// Two zmm of one block's weights (elements 0..16 and 16..32).
+trait Expand {
+    /// # Safety
+    /// AVX-512F must be available.
+    unsafe fn expand(&self) -> [__m512; 2];
+}
+
+/// f16 → f32 with the F16C instruction (`half` re-checks CPU features on every call).
+#[inline(always)]
+unsafe fn f16c(v: half::f16) -> f32 {
+    // SAFETY: F16C is enabled on the kernel this inlines into (every AVX-512 CPU has it).
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v.to_bits() as i32))) }
+}
+
+/// The 16 packed nibble bytes as (low nibbles, high nibbles), each 16 × i32.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; QK / 2]) -> (__m512i, __m512i) {
+    // SAFETY: qs is 16 readable bytes; AVX-512F per the caller.
+    unsafe {
+        let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.as_ptr() as *const __m128i));
+        let mask = _mm512_set1_epi32(0xF);
+        (_mm512_and_si512(bytes, mask), _mm512_srli_epi32::<4>(bytes))
+    }
+}
+
+impl Expand for BlockQ4_0 {
+    #[inline(always)]
+    unsafe fn expand(&self) -> [__m512; 2] {
+        // SAFETY: AVX-512F per the caller.
+        unsafe {
+            let (lo, hi) = nibbles(&self.qs);
+            let (eight, d) = (_mm512_set1_epi32(8), _mm512_set1_ps(f16c(self.d)));
+            let f = |q| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, eight)), d);
+            [f(lo), f(hi)]
+        }
+    }
+}
+
+impl Expand for BlockQ4_1 {
+    #[inline(always)]
+    unsafe fn expand(&self) -> [__m512; 2] {
+        // SAFETY: AVX-512F per the caller.
+        unsafe {
+            let (lo, hi) = nibbles(&self.qs);
+            let (d, m) = (_mm512_set1_ps(f16c(self.d)), _mm512_set1_ps(f16c(self.m)));
+            // q·d is exact (4-bit × 11-bit significands), so the fused add rounds once,
+            // exactly as the scalar `q·d + m`.
+            let f = |q| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+            [f(lo), f(hi)]
+        }
+    }
+}
+
+impl Expand for BlockQ8_0 {
+    #[inline(always)]
+    unsafe fn expand(&self) -> [__m512; 2] {
+        // SAFETY: qs is 32 readable bytes; AVX-512F per the caller.
+        unsafe {
+            let p = self.qs.as_ptr() as *const __m128i;
+            let d = _mm512_set1_ps(f16c(self.d));
+            let f = |v| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
+            [f(_mm_loadu_si128(p)), f(_mm_loadu_si128(p.add(1)))]
+        }
+    }
+}
+
+/// Runs the explicit kernel for the formats it knows; false otherwise.
+///
+/// # Safety
+/// AVX-512F must be available. `x` holds 1..=M_CHUNK rows of `w.len()·32` floats and
+/// `out` as many elements.
+pub(super) unsafe fn row_dots<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [f32]) -> bool {
+    macro_rules! cast_run {
+        ($($t:ty),*) => {$(
+            if TypeId::of::<B>() == TypeId::of::<$t>() {
+                // SAFETY: B is $t (same TypeId), so the slice cast is an identity.
+                let w = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const $t, w.len()) };
+                // SAFETY: forwarded contract.
+                unsafe { dots::<$t>(w, x, out) };
+                return true;
+            }
+        )*};
+    }
+    cast_run!(BlockQ4_0, BlockQ4_1, BlockQ8_0);
+    false
+}
+
+#[target_feature(enable = "avx512f,fma,f16c")]
+unsafe fn dots<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; super::M_CHUNK];
+    for (b, blk) in w.iter().enumerate() {
+        // SAFETY: AVX-512F enabled on this function.
+        let wv = unsafe { blk.expand() };
+        for (a, xr) in acc.iter_mut().zip(x) {
+            let xb = &xr[b * QK..(b + 1) * QK];
+            // SAFETY: xb holds 32 floats (bounds-checked slice above).
+            unsafe {
+                a[0] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xb.as_ptr()), a[0]);
+                a[1] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xb.as_ptr().add(16)), a[1]);
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+    }
+}

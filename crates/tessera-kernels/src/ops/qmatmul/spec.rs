@@ -1,0 +1,225 @@
+//! Registry entry for `qmatmul`: problems, float64 reference, cost model.
+
+use super::qmatmul;
+use crate::ops::common::{bytes, poison};
+use crate::pool;
+use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix, QK};
+use crate::registry::{
+    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneParam, TuneSpace, Variant,
+};
+use rand::Rng as _;
+use std::fmt;
+use tessera_core::{DType, Error, Result, TensorView, TensorViewMut};
+
+/// Weights dequantize to exactly the format's f32 values (the reference uses the same
+/// ones), so only f32 accumulation over K remains, as for the f32 GEMM.
+pub const TOL: Tolerance = Tolerance {
+    rel: 1e-5,
+    reason: "exact in-register dequantization + f32 accumulation over K",
+};
+
+/// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QMatmulProblem {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// x viewed with a padded row stride (exercises the strided path).
+    pub strided: bool,
+}
+
+impl fmt::Display for QMatmulProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.m, self.n, self.k)?;
+        if self.strided {
+            f.write_str(" strided")?;
+        }
+        Ok(())
+    }
+}
+
+/// The registry entry.
+#[derive(Debug)]
+pub struct QMatmulOp;
+
+impl OpSpec for QMatmulOp {
+    fn name(&self) -> &'static str {
+        "qmatmul"
+    }
+    fn summary(&self) -> &'static str {
+        "x·Wᵀ with W in a ggml block format, dequantized in registers"
+    }
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::Q4_0, DType::Q4_1, DType::Q8_0]
+    }
+    fn tolerance(&self, _: DType) -> Tolerance {
+        TOL
+    }
+    fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
+        let mut v: Vec<(usize, usize, usize, bool)> = vec![
+            (1, 1, 32, false),
+            (1, 7, 64, false),
+            (3, 33, 96, true),
+            (5, 127, 32, false),
+            (16, 9, 160, false),
+            (17, 13, 64, true), // first prefill-path size
+            (40, 300, 96, false),
+        ];
+        v.push((
+            rng.random_range(1..24),
+            rng.random_range(1..200),
+            32 * rng.random_range(1..9),
+            false,
+        ));
+        v.into_iter()
+            .map(|(m, n, k, strided)| {
+                Box::new(QMatmulProblem { m, n, k, strided }) as Box<dyn ProblemCase>
+            })
+            .collect()
+    }
+    fn bench_problems(&self) -> Vec<BenchProblem> {
+        // SmolLM2-135M's decode projections (q/o 576², k/v 576→192, MLP 576↔1536, LM head)
+        // and a 512-token prefill of the MLP up-projection.
+        let p = |m, n, k| {
+            Box::new(QMatmulProblem {
+                m,
+                n,
+                k,
+                strided: false,
+            }) as Box<dyn ProblemCase>
+        };
+        vec![
+            ("decode q/o", p(1, 576, 576)),
+            ("decode k/v", p(1, 192, 576)),
+            ("decode up", p(1, 1536, 576)),
+            ("decode down", p(1, 576, 1536)),
+            ("decode lm head", p(1, 49152, 576)),
+            ("batch8 up", p(8, 1536, 576)),
+            ("prefill up", p(512, 1536, 576)),
+        ]
+    }
+    fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
+        let d = parse_dims("qmatmul", s, 3, "MxNxK (K a multiple of 32)")?;
+        if d[2] % QK != 0 {
+            return Err(Error::invalid(
+                "qmatmul",
+                format!("K = {} is not a multiple of {QK}", d[2]),
+            ));
+        }
+        Ok(Box::new(QMatmulProblem {
+            m: d[0],
+            n: d[1],
+            k: d[2],
+            strided: false,
+        }))
+    }
+}
+
+impl ProblemCase for QMatmulProblem {
+    fn cost(&self, dtype: DType) -> Cost {
+        let w = dtype.storage_bytes(self.n * self.k).unwrap_or(usize::MAX) as f64;
+        Cost {
+            flops: 2.0 * (self.m * self.n * self.k) as f64,
+            bytes: w + 4.0 * (self.m * self.k + self.m * self.n) as f64,
+        }
+    }
+    fn tune_space(&self) -> TuneSpace {
+        let t = pool::global().threads();
+        TuneSpace(vec![TuneParam {
+            name: "threads",
+            default: t,
+            choices: (1..=t).collect(),
+        }])
+    }
+    fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
+        match dtype {
+            DType::Q4_0 => Ok(Box::new(QInstance::<BlockQ4_0>::new(self.clone(), rng)?)),
+            DType::Q4_1 => Ok(Box::new(QInstance::<BlockQ4_1>::new(self.clone(), rng)?)),
+            DType::Q8_0 => Ok(Box::new(QInstance::<BlockQ8_0>::new(self.clone(), rng)?)),
+            d => Err(Error::DType {
+                op: "qmatmul",
+                dtype: d.to_string(),
+            }),
+        }
+    }
+}
+
+struct QInstance<B> {
+    p: QMatmulProblem,
+    w: QuantMatrix<B>,
+    /// The weights' defined values (for the reference).
+    w_deq: Vec<f32>,
+    x: Vec<f32>,
+    ldx: usize,
+    y: Vec<f32>,
+}
+
+impl<B: BlockFormat> QInstance<B> {
+    fn new(p: QMatmulProblem, rng: &mut Rng) -> Result<Self> {
+        if !p.k.is_multiple_of(QK) {
+            return Err(Error::invalid(
+                "qmatmul",
+                format!("K = {} is not a multiple of {QK}", p.k),
+            ));
+        }
+        let wf: Vec<f32> = (0..p.n * p.k)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let w = QuantMatrix::<B>::quantize(p.n, p.k, &wf)?;
+        let ldx = p.k + if p.strided { 5 } else { 0 };
+        let x = (0..p.m * ldx)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        Ok(QInstance {
+            w_deq: w.dequantize(),
+            w,
+            x,
+            ldx,
+            y: vec![0.0; p.m * p.n],
+            p,
+        })
+    }
+}
+
+impl<B: BlockFormat> Instance for QInstance<B> {
+    fn reference(&self) -> Vec<f64> {
+        let (m, n, k) = (self.p.m, self.p.n, self.p.k);
+        (0..m * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                (0..k)
+                    .map(|p| self.x[i * self.ldx + p] as f64 * self.w_deq[j * k + p] as f64)
+                    .sum()
+            })
+            .collect()
+    }
+    fn poison(&mut self) {
+        poison(&mut self.y);
+    }
+    fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        let threads = cfg.get("threads").unwrap_or(pool::global().threads());
+        let (m, n) = (self.p.m, self.p.n);
+        let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
+        let x = TensorView::new(&self.x, l)?;
+        qmatmul(
+            v.isa(),
+            threads,
+            &self.w,
+            &x,
+            &mut TensorViewMut::contiguous(&mut self.y, &[m, n])?,
+        )
+    }
+    fn output(&self) -> Vec<f64> {
+        self.y.iter().map(|&v| v as f64).collect()
+    }
+    fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        // A NaN activation reaches every output of its row (NaN·0 is NaN too).
+        let (i, p) = (rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
+        self.x[i * self.ldx + p] = f32::NAN;
+        Some((0..self.p.n).map(|j| i * self.p.n + j).collect())
+    }
+    fn footprint(&self) -> usize {
+        self.w.size_bytes() + bytes(&self.x) + bytes(&self.y)
+    }
+}
