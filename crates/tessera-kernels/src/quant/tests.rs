@@ -108,7 +108,8 @@ fn bound<B: BlockFormat>(x: &[f32; QK]) -> f64 {
 
 fn round_trips<B: BlockFormat>() {
     let mut r = rng(0x9a17);
-    let gens: [(&str, Box<dyn Fn(&mut crate::registry::Rng) -> f32>); 3] = [
+    type Gen = Box<dyn Fn(&mut crate::registry::Rng) -> f32>;
+    let gens: [(&str, Gen); 3] = [
         ("uniform", Box::new(|r| r.random_range(-1.0..1.0))),
         // Box–Muller normal.
         (
