@@ -1,6 +1,7 @@
-//! `tessera`: verify, benchmark and calibrate Tessera's kernels.
+//! `tessera`: verify, benchmark and calibrate Tessera's kernels; report quantization error.
 
 mod bench_cmd;
+mod quant_cmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -42,6 +43,9 @@ enum Command {
     },
     /// List registered ops, their dtypes and variants.
     Ops,
+    /// Quantization error of every weight format on one matrix (weights and a matmul
+    /// through them, against float64).
+    QuantError(quant_cmd::QuantErrorArgs),
 }
 
 fn main() -> Result<()> {
@@ -50,6 +54,7 @@ fn main() -> Result<()> {
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),
+        Command::QuantError(args) => quant_cmd::run(args),
         Command::Ops => {
             for op in registry::all() {
                 let dtypes: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();

@@ -5,6 +5,7 @@
 //! memory-mapped tensor can be viewed in place with [`blocks_from_bytes`] and the matmul
 //! kernels (`ops::qmatmul`) read the blocks directly, dequantizing in registers.
 
+pub mod error;
 pub mod fp8;
 pub mod ggml;
 

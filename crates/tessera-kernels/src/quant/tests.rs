@@ -4,7 +4,6 @@
 use super::*;
 use crate::registry::rng;
 use half::f16;
-use rand::Rng as _;
 
 /// A block's exact GGUF bytes.
 fn bytes_of<B: BlockFormat>(b: &B) -> Vec<u8> {
@@ -107,40 +106,17 @@ fn bound<B: BlockFormat>(x: &[f32; QK]) -> f64 {
 }
 
 fn round_trips<B: BlockFormat>() {
+    use super::error::{sample, Dist};
     let mut r = rng(0x9a17);
-    type Gen = Box<dyn Fn(&mut crate::registry::Rng) -> f32>;
-    let gens: [(&str, Gen); 3] = [
-        ("uniform", Box::new(|r| r.random_range(-1.0..1.0))),
-        // Box–Muller normal.
-        (
-            "normal",
-            Box::new(|r| {
-                let (u, v): (f32, f32) = (r.random_range(1e-7..1.0), r.random_range(0.0..1.0));
-                (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-            }),
-        ),
-        // Mostly small with rare large outliers, as real weight rows are.
-        (
-            "outliers",
-            Box::new(|r| {
-                let v: f32 = r.random_range(-0.05..0.05);
-                if r.random_range(0..40) == 0 {
-                    v * 400.0
-                } else {
-                    v
-                }
-            }),
-        ),
-    ];
-    for (name, g) in &gens {
+    for name in [Dist::Uniform, Dist::Normal, Dist::Outliers] {
         for _ in 0..400 {
-            let x: [f32; QK] = std::array::from_fn(|_| g(&mut r));
+            let x: [f32; QK] = sample(name, QK, &mut r).try_into().expect("QK values");
             let mut y = [0f32; QK];
             B::quantize(&x).dequantize(&mut y);
             let b = bound::<B>(&x);
             for (a, q) in x.iter().zip(&y) {
                 let e = (*a as f64 - *q as f64).abs();
-                assert!(e <= b, "{} {name}: |{a} − {q}| = {e} > {b}", B::DTYPE);
+                assert!(e <= b, "{} {name:?}: |{a} − {q}| = {e} > {b}", B::DTYPE);
             }
         }
     }
