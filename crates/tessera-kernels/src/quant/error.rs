@@ -93,7 +93,12 @@ fn ggml<B: BlockFormat>(rows: usize, cols: usize, w: &[f32]) -> Result<Vec<f32>>
 
 /// Errors of every format for `w [rows, cols]` and activations `x [m, cols]`.
 pub fn report(rows: usize, cols: usize, w: &[f32], x: &[f32]) -> Result<Vec<FormatError>> {
-    if rows == 0 || cols == 0 || w.len() != rows * cols || x.is_empty() || x.len() % cols != 0 {
+    if rows == 0
+        || cols == 0
+        || w.len() != rows * cols
+        || x.is_empty()
+        || !x.len().is_multiple_of(cols)
+    {
         return Err(Error::shape(
             "quant-error",
             format!(
