@@ -25,6 +25,17 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn dequantize(&self, out: &mut [f32; QK]);
     /// Whether the f16 scale (and minimum) are finite.
     fn scale_is_finite(&self) -> bool;
+    /// The block as unsigned bytes u in element order with (d, m): value = (u − o)·d + m,
+    /// o being 8 (Q4_0), 0 (Q4_1) or 128 (Q8_0, u = q + 128). For integer kernels.
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32);
+}
+
+/// The 32 nibbles of a 4-bit block in element order.
+fn nibbles(qs: &[u8; QK / 2], u: &mut [u8; QK]) {
+    for (j, &q) in qs.iter().enumerate() {
+        u[j] = q & 0xF;
+        u[j + QK / 2] = q >> 4;
+    }
 }
 
 /// `(q − 8)·d`, q ∈ 0..16: 4.5 bits per weight.
@@ -76,6 +87,10 @@ impl BlockFormat for BlockQ4_0 {
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+        nibbles(&self.qs, u);
+        (self.d.to_f32(), 0.0)
+    }
     fn quantize(x: &[f32; QK]) -> Self {
         // The signed value of largest magnitude maps to −8 (the first one on ties).
         let (mut amax, mut max) = (0f32, 0f32);
@@ -111,6 +126,10 @@ impl BlockFormat for BlockQ4_1 {
     const DTYPE: DType = DType::Q4_1;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.m.is_finite()
+    }
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+        nibbles(&self.qs, u);
+        (self.d.to_f32(), self.m.to_f32())
     }
     fn quantize(x: &[f32; QK]) -> Self {
         let (mut min, mut max) = (f32::MAX, -f32::MAX);
@@ -149,6 +168,12 @@ impl BlockFormat for BlockQ8_0 {
     const DTYPE: DType = DType::Q8_0;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
+    }
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+        for (o, &q) in u.iter_mut().zip(&self.qs) {
+            *o = (q as u8) ^ 0x80; // q + 128
+        }
+        (self.d.to_f32(), 0.0)
     }
     fn quantize(x: &[f32; QK]) -> Self {
         let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));

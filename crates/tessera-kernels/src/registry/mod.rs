@@ -136,6 +136,11 @@ impl fmt::Display for TuneConfig {
 pub trait Instance: Send {
     /// The output computed in float64 from the very same (already rounded) inputs.
     fn reference(&self) -> Vec<f64>;
+    /// The reference for one variant: [`Instance::reference`], unless the variant rounds
+    /// its inputs further (8-bit activations); then from those rounded values.
+    fn reference_for(&self, _variant: &Variant) -> Vec<f64> {
+        self.reference()
+    }
     /// Overwrite every output element with NaN so an unwritten element is caught.
     fn poison(&mut self);
     /// Run one variant with one tuning config.
@@ -175,6 +180,11 @@ pub trait OpSpec: Send + Sync {
         Isa::available().into_iter().map(Variant::cpu).collect()
     }
     fn tolerance(&self, dtype: DType) -> Tolerance;
+    /// The tolerance of one variant: the dtype's, unless the variant rounds its inputs
+    /// further (8-bit activations) and documents its own.
+    fn variant_tolerance(&self, dtype: DType, _variant: &Variant) -> Tolerance {
+        self.tolerance(dtype)
+    }
     /// Random problems for verification, ragged shapes included.
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>>;
     /// Named problems for benchmarks.

@@ -77,7 +77,7 @@ pub fn check(
             return report;
         }
     };
-    let reference = inst.reference();
+    let reference = inst.reference_for(variant);
     inst.poison();
     if let Err(e) = inst.run(variant, &cfg) {
         report.error = Some(e.to_string());
@@ -155,7 +155,7 @@ pub fn verify_op(op: &dyn OpSpec, seed: u64) -> Vec<VariantReport> {
                 op: op.name(),
                 variant: variant.label.clone(),
                 dtype,
-                tolerance: op.tolerance(dtype).rel,
+                tolerance: op.variant_tolerance(dtype, &variant).rel,
                 cases,
             });
         }

@@ -13,15 +13,19 @@
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
+mod packed;
 mod spec;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
-pub use spec::{QMatmulOp, QMatmulProblem, TOL};
+pub use packed::{PackedWeights, QuantActs};
+pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 
 use super::gemm::{default_blocking, gemm_with, GemmParams};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK};
-use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
+use tessera_core::{CpuFeatures, Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
 pub const SMALL_M: usize = 16;
@@ -40,10 +44,72 @@ pub fn qmatmul<B: BlockFormat>(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    const OP: &str = "qmatmul";
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
+    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if m > SMALL_M {
+        return prefill(isa, threads, w, x, y);
+    }
+    let k = w.cols();
+    let (xs, ld) = contiguous_rows(x);
+    for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
+        let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
+        row_dots(isa, w.row(r), &xr[..mc], out);
+    });
+    Ok(())
+}
+
+/// `y = x·Wᵀ` through the integer path: each activation row quantized to 8 bits per
+/// 32-block, weights pre-packed ([`PackedWeights`]), integer dot products — `vpdpbusd`
+/// when `isa` is AVX-512 and the CPU has AVX512_VNNI, the portable integer kernel
+/// (compiled for `isa`) otherwise. Error: see [`TOL_INT8`].
+pub fn qmatmul_int8(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let k = w.cols();
+    let (xs, ld) = contiguous_rows(x);
+    let acts: Vec<QuantActs> = (0..m)
+        .map(|i| QuantActs::new(&xs[i * ld..][..k], w.offset()))
+        .collect();
+    let vnni = isa == Isa::Avx512 && CpuFeatures::get().avx512_vnni;
+    for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
+        let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
+        #[cfg(target_arch = "x86_64")]
+        if vnni {
+            // SAFETY: CpuFeatures sets avx512_vnni only with AVX-512F/BW/DQ; r < rows;
+            // the activations were built for these weights' columns and offset.
+            unsafe { vnni::dots(w, r, &a[..mc], out) };
+            return;
+        }
+        let _ = vnni;
+        packed::int8_dots_portable(isa, w, r, &a[..mc], out);
+    });
+    Ok(())
+}
+
+/// Validates `x [M, K] · W[N, K]ᵀ → y [M, N]`; returns (M, N).
+fn check_shapes(
+    x: &TensorView<'_, f32>,
+    y: &TensorViewMut<'_, f32>,
+    n: usize,
+    k: usize,
+) -> Result<(usize, usize)> {
+    const OP: &str = "qmatmul";
     if x.rank() != 2 || y.rank() != 2 {
         return Err(Error::Rank {
             op: OP,
@@ -51,51 +117,58 @@ pub fn qmatmul<B: BlockFormat>(
             got: if x.rank() != 2 { x.rank() } else { y.rank() },
         });
     }
-    let (m, k, n) = (x.dims()[0], x.dims()[1], w.rows());
-    if k != w.cols() || y.dims() != [m, n] {
+    let m = x.dims()[0];
+    if x.dims()[1] != k || y.dims() != [m, n] {
         return Err(Error::shape(
             OP,
             format!(
-                "x {:?} · W[{n}, {}]ᵀ → y {:?} (want [{m}, {n}])",
+                "x {:?} · W[{n}, {k}]ᵀ → y {:?} (want [{m}, {n}])",
                 x.dims(),
-                w.cols(),
                 y.dims()
             ),
         ));
     }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if m > SMALL_M {
-        return prefill(isa, threads, w, x, y);
-    }
-    // Rows of x contiguous (copy when strided: M ≤ 16 rows, cheap next to the weights).
-    let xl = *x.layout();
-    let owned: Vec<f32>;
-    let (xs, ld) = if xl.stride(1) == 1 {
-        (&x.data()[xl.offset()..], xl.stride(0))
+    Ok((m, n))
+}
+
+/// x's rows as one slice and a row stride (copied when its columns are strided).
+fn contiguous_rows<'a>(x: &TensorView<'a, f32>) -> (std::borrow::Cow<'a, [f32]>, usize) {
+    let (l, k) = (*x.layout(), x.dims()[1]);
+    if l.stride(1) == 1 {
+        (
+            std::borrow::Cow::Borrowed(&x.data()[l.offset()..]),
+            l.stride(0),
+        )
     } else {
-        owned = (0..m * k)
+        let rows = x.dims()[0];
+        let v = (0..rows * k)
             .map(|i| x.get(&[i / k, i % k]).unwrap_or(f32::NAN))
             .collect();
-        (&owned[..], k)
-    };
+        (std::borrow::Cow::Owned(v), k)
+    }
+}
+
+/// Runs `dots(r, m0, mc, out)` for every weight row r and chunk of ≤ M_CHUNK activation
+/// rows starting at m0, storing `out[..mc]` into column r of y. Each thread takes one
+/// contiguous run of weight rows: long sequential streams keep the hardware prefetchers
+/// ahead (interleaved 16-row tasks left them restarting).
+fn for_weight_rows(
+    threads: usize,
+    n: usize,
+    m: usize,
+    y: &mut TensorViewMut<'_, f32>,
+    dots: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
+) {
     let yl = *y.layout();
     let yptr = SharedMut(y.data_mut().as_mut_ptr());
-    // One contiguous run of weight rows per thread: long sequential streams keep the
-    // hardware prefetchers ahead (interleaved 16-row tasks left them restarting).
     let per_task = n.div_ceil(threads.max(1)).max(ROWS_PER_TASK);
     pool::global().run(n.div_ceil(per_task), threads.max(1), |t| {
-        let rows = t * per_task..((t + 1) * per_task).min(n);
-        for r in rows {
-            let wr = w.row(r);
+        for r in t * per_task..((t + 1) * per_task).min(n) {
             let mut m0 = 0;
             while m0 < m {
                 let mc = M_CHUNK.min(m - m0);
-                let xr: [&[f32]; M_CHUNK] =
-                    std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
                 let mut out = [0f32; M_CHUNK];
-                row_dots(isa, wr, &xr[..mc], &mut out[..mc]);
+                dots(r, m0, mc, &mut out[..mc]);
                 for (i, v) in out[..mc].iter().enumerate() {
                     // SAFETY: (m0+i, r) is inside the validated, non-overlapping y view;
                     // each weight row r belongs to exactly one task.
@@ -105,7 +178,6 @@ pub fn qmatmul<B: BlockFormat>(
             }
         }
     });
-    Ok(())
 }
 
 /// `out[i] = Σ_b block_b · x_i[b·32..]` for one weight row and up to M_CHUNK rows of x.

@@ -5,12 +5,12 @@ use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix, QK};
 use crate::registry::{
-    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
-    TuneParam, TuneSpace, Variant,
+    parse_dims, Backend, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
+    TuneConfig, TuneParam, TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::{DType, Error, Result, TensorView, TensorViewMut};
+use tessera_core::{CpuFeatures, DType, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// Weights dequantize to exactly the format's f32 values (the reference uses the same
 /// ones), so only f32 accumulation over K remains, as for the f32 GEMM.
@@ -18,6 +18,26 @@ pub const TOL: Tolerance = Tolerance {
     rel: 1e-5,
     reason: "exact in-register dequantization + f32 accumulation over K",
 };
+
+/// The int8 path first rounds each activation to 8 bits per 32-block (|error| ≤ ½·amax/127,
+/// ~4e-3 RMS relative: a property of the method, reported by `tessera quant-error`-style
+/// comparisons, not of the kernel), so it is verified against float64 from those same
+/// 8-bit activations. What remains: exact integer sums per 4-element lane, then up to three
+/// f32 roundings per lane (scale FMA, × d_x, accumulate) where the f32 path has two per
+/// element. On single-output test problems (1×1×32) cancellation magnifies that: 2.7e-5
+/// was the worst of 100 seeds, hence 5e-5.
+pub const TOL_INT8: Tolerance = Tolerance {
+    rel: 5e-5,
+    reason: "exact int lane sums + 3 f32 roundings per lane, vs the same int8 activations",
+};
+
+/// Labels of the integer-activation variants.
+const VNNI: &str = "avx512-vnni";
+const INT8_SCALAR: &str = "int8-scalar";
+
+fn is_int8(v: &Variant) -> bool {
+    v.label == VNNI || v.label == INT8_SCALAR
+}
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
 #[derive(Clone, Debug, PartialEq)]
@@ -53,8 +73,31 @@ impl OpSpec for QMatmulOp {
     fn dtypes(&self) -> &'static [DType] {
         &[DType::Q4_0, DType::Q4_1, DType::Q8_0]
     }
+    fn variants(&self, _: DType) -> Vec<Variant> {
+        // f32-activation kernels per ISA, then the integer path: VNNI where present and
+        // the portable integer kernel (its baseline) everywhere.
+        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+        if CpuFeatures::get().avx512_vnni {
+            v.push(Variant {
+                backend: Backend::Cpu(Isa::Avx512),
+                label: VNNI.into(),
+            });
+        }
+        v.push(Variant {
+            backend: Backend::Cpu(Isa::Scalar),
+            label: INT8_SCALAR.into(),
+        });
+        v
+    }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
+    }
+    fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
+        if is_int8(v) {
+            TOL_INT8
+        } else {
+            TOL
+        }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         let mut v: Vec<(usize, usize, usize, bool)> = vec![
@@ -148,6 +191,8 @@ impl ProblemCase for QMatmulProblem {
 struct QInstance<B> {
     p: QMatmulProblem,
     w: QuantMatrix<B>,
+    /// The same weights repacked for the int8 path (at "load time", outside the timing).
+    packed: super::PackedWeights,
     /// The weights' defined values (for the reference).
     w_deq: Vec<f32>,
     x: Vec<f32>,
@@ -171,8 +216,10 @@ impl<B: BlockFormat> QInstance<B> {
         let x = (0..p.m * ldx)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
+        let packed = super::PackedWeights::new(&w);
         Ok(QInstance {
             w_deq: w.dequantize(),
+            packed,
             w,
             x,
             ldx,
@@ -182,17 +229,46 @@ impl<B: BlockFormat> QInstance<B> {
     }
 }
 
-impl<B: BlockFormat> Instance for QInstance<B> {
-    fn reference(&self) -> Vec<f64> {
-        let (m, n, k) = (self.p.m, self.p.n, self.p.k);
-        (0..m * n)
-            .map(|ij| {
-                let (i, j) = (ij / n, ij % n);
-                (0..k)
-                    .map(|p| self.x[i * self.ldx + p] as f64 * self.w_deq[j * k + p] as f64)
-                    .sum()
+impl<B: BlockFormat> QInstance<B> {
+    /// `x·Wᵀ` in float64 from the weights' defined values and the given activation rows.
+    fn reference_with(&self, x: &[Vec<f64>]) -> Vec<f64> {
+        let (n, k) = (self.p.n, self.p.k);
+        x.iter()
+            .flat_map(|xr| {
+                (0..n).map(move |j| {
+                    let w = &self.w_deq[j * k..(j + 1) * k];
+                    w.iter().zip(xr).map(|(&a, &b)| a as f64 * b).sum::<f64>()
+                })
             })
             .collect()
+    }
+}
+
+impl<B: BlockFormat> Instance for QInstance<B> {
+    fn reference(&self) -> Vec<f64> {
+        let x: Vec<Vec<f64>> = (0..self.p.m)
+            .map(|i| {
+                self.x[i * self.ldx..][..self.p.k]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect()
+            })
+            .collect();
+        self.reference_with(&x)
+    }
+    fn reference_for(&self, v: &Variant) -> Vec<f64> {
+        match is_int8(v) {
+            true => {
+                let rounded: Vec<Vec<f64>> = (0..self.p.m)
+                    .map(|i| {
+                        let row = &self.x[i * self.ldx..][..self.p.k];
+                        super::QuantActs::new(row, self.packed.offset()).dequantized(self.p.k)
+                    })
+                    .collect();
+                self.reference_with(&rounded)
+            }
+            false => self.reference(),
+        }
     }
     fn poison(&mut self) {
         poison(&mut self.y);
@@ -202,13 +278,12 @@ impl<B: BlockFormat> Instance for QInstance<B> {
         let (m, n) = (self.p.m, self.p.n);
         let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
         let x = TensorView::new(&self.x, l)?;
-        qmatmul(
-            v.isa(),
-            threads,
-            &self.w,
-            &x,
-            &mut TensorViewMut::contiguous(&mut self.y, &[m, n])?,
-        )
+        let mut y = TensorViewMut::contiguous(&mut self.y, &[m, n])?;
+        if is_int8(v) {
+            super::qmatmul_int8(v.isa(), threads, &self.packed, &x, &mut y)
+        } else {
+            qmatmul(v.isa(), threads, &self.w, &x, &mut y)
+        }
     }
     fn output(&self) -> Vec<f64> {
         self.y.iter().map(|&v| v as f64).collect()
