@@ -19,9 +19,11 @@ pub enum DType {
     U8,
     F8E4M3,
     F8E5M2,
-    /// ggml block formats: 32 weights per block with f16 scale (and min).
+    /// ggml block formats: 32 weights per block with an f16 scale (and minimum).
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
 }
 
@@ -36,6 +38,8 @@ impl DType {
             DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
             DType::Q8_0 => 34,
         }
     }
@@ -43,7 +47,7 @@ impl DType {
     /// Elements per storage unit: 1 for scalar types, the block length for block formats.
     pub const fn block_size(self) -> usize {
         match self {
-            DType::Q4_0 | DType::Q4_1 | DType::Q8_0 => 32,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
             _ => 1,
         }
     }
@@ -70,12 +74,14 @@ impl DType {
             DType::F8E5M2 => "f8e5m2",
             DType::Q4_0 => "q4_0",
             DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
             DType::Q8_0 => "q8_0",
         }
     }
 
     /// All tags, for parsing and listing.
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 13] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -86,6 +92,8 @@ impl DType {
         DType::F8E5M2,
         DType::Q4_0,
         DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
         DType::Q8_0,
     ];
 }

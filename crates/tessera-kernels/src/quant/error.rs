@@ -5,7 +5,7 @@
 //! dequantized weights, so it isolates the format's error from any kernel's rounding.
 
 use super::fp8::Fp8;
-use super::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix};
+use super::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix};
 use tessera_core::{Error, Result};
 
 /// One format's line of the report.
@@ -114,6 +114,8 @@ pub fn report(rows: usize, cols: usize, w: &[f32], x: &[f32]) -> Result<Vec<Form
     let candidates: Vec<(&'static str, f64, Vec<f32>)> = vec![
         ("q4_0", bits(Q4_0), ggml::<BlockQ4_0>(rows, cols, w)?),
         ("q4_1", bits(Q4_1), ggml::<BlockQ4_1>(rows, cols, w)?),
+        ("q5_0", bits(Q5_0), ggml::<BlockQ5_0>(rows, cols, w)?),
+        ("q5_1", bits(Q5_1), ggml::<BlockQ5_1>(rows, cols, w)?),
         ("q8_0", bits(Q8_0), ggml::<BlockQ8_0>(rows, cols, w)?),
         (
             "fp8 e4m3 /channel",

@@ -1,11 +1,13 @@
-//! ggml block formats Q4_0, Q4_1 and Q8_0, bit-exact with GGUF files as llama.cpp writes
+//! ggml block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, bit-exact with GGUF files as llama.cpp writes
 //! them: 32 weights per block, an f16 scale `d` (and for Q4_1 an f16 minimum `m`).
 //!
 //! Quantization follows llama.cpp's reference quantizer step for step (scale from the
 //! block's extreme value in f32, reciprocal from the *unrounded* scale, truncating
 //! conversions), so a block quantized here equals the one llama.cpp would write.
 //! Dequantization is the format's definition: Q4_0 `(q − 8)·d`, Q4_1 `q·d + m`,
-//! Q8_0 `q·d`; 4-bit weight j < 16 is the low nibble of byte j, weight j + 16 the high.
+//! Q5_0 `(q − 16)·d`, Q5_1 `q·d + m`, Q8_0 `q·d`; 4-bit weight j < 16 is the low nibble of
+//! byte j, weight j + 16 the high; the 5-bit formats keep the fifth bits of all 32 weights
+//! in a little-endian u32 `qh` (bit j for weight j).
 //!
 //! Non-finite input (which llama.cpp does not define) gives a block whose scale is NaN,
 //! so every weight of it dequantizes to NaN: bad weights are visible, never silent.
@@ -19,14 +21,20 @@ pub const QK: usize = 32;
 /// A ggml block format: plain-old-data, every bit pattern valid.
 pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DType;
+    /// o in value = (u − o)·d + m for the bytes [`BlockFormat::unsigned`] gives.
+    const OFFSET: i32;
+    /// Whether the format has a minimum m (else m = 0).
+    const HAS_MIN: bool = false;
+    /// Whether u fits in 4 bits (packable two weights per byte).
+    const NIBBLES: bool = false;
     /// Quantizes one block as llama.cpp's reference quantizer does.
     fn quantize(x: &[f32; QK]) -> Self;
     /// The 32 values the block defines.
     fn dequantize(&self, out: &mut [f32; QK]);
     /// Whether the f16 scale (and minimum) are finite.
     fn scale_is_finite(&self) -> bool;
-    /// The block as unsigned bytes u in element order with (d, m): value = (u − o)·d + m,
-    /// o being 8 (Q4_0), 0 (Q4_1) or 128 (Q8_0, u = q + 128). For integer kernels.
+    /// The block as unsigned bytes u in element order with (d, m): value = (u − OFFSET)·d
+    /// + m (Q8_0 stores u = q + 128). For integer kernels.
     fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32);
 }
 
@@ -63,10 +71,31 @@ pub struct BlockQ8_0 {
     pub qs: [i8; QK],
 }
 
+/// `(q − 16)·d`, q ∈ 0..32: 5.5 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5_0 {
+    pub d: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// `q·d + m`, q ∈ 0..32: 6 bits per weight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
 // The GGUF byte sizes, which the casts in `super::blocks_from_bytes` rely on.
 const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == DType::Q4_0.size_bytes());
 const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == DType::Q4_1.size_bytes());
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == DType::Q8_0.size_bytes());
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == DType::Q5_0.size_bytes());
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == DType::Q5_1.size_bytes());
 
 /// NaN when any input is NaN or ±∞, else `d`.
 fn poisoned(x: &[f32; QK], d: f32) -> f32 {
@@ -84,6 +113,8 @@ fn trunc_i8(v: f32) -> i32 {
 
 impl BlockFormat for BlockQ4_0 {
     const DTYPE: DType = DType::Q4_0;
+    const OFFSET: i32 = 8;
+    const NIBBLES: bool = true;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
@@ -124,6 +155,9 @@ impl BlockFormat for BlockQ4_0 {
 
 impl BlockFormat for BlockQ4_1 {
     const DTYPE: DType = DType::Q4_1;
+    const OFFSET: i32 = 0;
+    const HAS_MIN: bool = true;
+    const NIBBLES: bool = true;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.m.is_finite()
     }
@@ -166,6 +200,7 @@ impl BlockFormat for BlockQ4_1 {
 
 impl BlockFormat for BlockQ8_0 {
     const DTYPE: DType = DType::Q8_0;
+    const OFFSET: i32 = 128;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
@@ -191,5 +226,107 @@ impl BlockFormat for BlockQ8_0 {
         for (o, &q) in out.iter_mut().zip(&self.qs) {
             *o = q as f32 * d;
         }
+    }
+}
+
+/// Packs 32 five-bit values: low nibbles as in the 4-bit formats, fifth bits in `qh`.
+fn pack5(q: &[i32; QK]) -> ([u8; 4], [u8; QK / 2]) {
+    let mut qh = 0u32;
+    let mut qs = [0u8; QK / 2];
+    for j in 0..QK / 2 {
+        qs[j] = ((q[j] & 0xF) | ((q[j + QK / 2] & 0xF) << 4)) as u8;
+        qh |= (((q[j] >> 4) & 1) as u32) << j;
+        qh |= (((q[j + QK / 2] >> 4) & 1) as u32) << (j + QK / 2);
+    }
+    (qh.to_le_bytes(), qs)
+}
+
+/// The 32 five-bit values of a block, in element order.
+fn unpack5(qh: &[u8; 4], qs: &[u8; QK / 2], u: &mut [u8; QK]) {
+    let qh = u32::from_le_bytes(*qh);
+    nibbles(qs, u);
+    for (j, v) in u.iter_mut().enumerate() {
+        *v |= (((qh >> j) & 1) as u8) << 4;
+    }
+}
+
+impl BlockFormat for BlockQ5_0 {
+    const DTYPE: DType = DType::Q5_0;
+    const OFFSET: i32 = 16;
+    fn quantize(x: &[f32; QK]) -> Self {
+        // As Q4_0 with 32 levels: the extreme value maps to −16.
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = std::array::from_fn(|j| trunc_i8(x[j] * id + 16.5).min(31));
+        let (qh, qs) = pack5(&q);
+        BlockQ5_0 {
+            d: f16::from_f32(poisoned(x, d)),
+            qh,
+            qs,
+        }
+    }
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        let mut u = [0u8; QK];
+        let (d, _) = self.unsigned(&mut u);
+        for (o, &q) in out.iter_mut().zip(&u) {
+            *o = (q as i32 - 16) as f32 * d;
+        }
+    }
+    fn scale_is_finite(&self) -> bool {
+        self.d.is_finite()
+    }
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+        unpack5(&self.qh, &self.qs, u);
+        (self.d.to_f32(), 0.0)
+    }
+}
+
+impl BlockFormat for BlockQ5_1 {
+    const DTYPE: DType = DType::Q5_1;
+    const OFFSET: i32 = 0;
+    const HAS_MIN: bool = true;
+    fn quantize(x: &[f32; QK]) -> Self {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // llama.cpp does not clamp here ((x − min)·id + 0.5 < 32 by construction); the
+        // clamp only keeps non-finite input in range.
+        let q = std::array::from_fn(|j| trunc_i8((x[j] - min) * id + 0.5).min(31));
+        let (qh, qs) = pack5(&q);
+        BlockQ5_1 {
+            d: f16::from_f32(poisoned(x, d)),
+            m: f16::from_f32(min),
+            qh,
+            qs,
+        }
+    }
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        let mut u = [0u8; QK];
+        let (d, m) = self.unsigned(&mut u);
+        for (o, &q) in out.iter_mut().zip(&u) {
+            *o = q as f32 * d + m;
+        }
+    }
+    fn scale_is_finite(&self) -> bool {
+        self.d.is_finite() && self.m.is_finite()
+    }
+    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+        unpack5(&self.qh, &self.qs, u);
+        (self.d.to_f32(), self.m.to_f32())
     }
 }

@@ -9,7 +9,7 @@ pub mod error;
 pub mod fp8;
 pub mod ggml;
 
-pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 
 use tessera_core::{Error, Result};
 

@@ -46,6 +46,27 @@ fn q4_1_known_block() {
 }
 
 #[test]
+fn q5_known_blocks() {
+    // Q5_0: −16..15, first extreme −16 → d = 1, q = x + 16 = j; fifth bits set for j ≥ 16.
+    let x: [f32; QK] = std::array::from_fn(|j| j as f32 - 16.0);
+    let b = BlockQ5_0::quantize(&x);
+    let mut want = vec![0x00, 0x3C, 0x00, 0x00, 0xFF, 0xFF];
+    want.extend((0..16u8).map(|j| j | (j << 4)));
+    assert_eq!(bytes_of(&b), want);
+    let mut y = [0f32; QK];
+    b.dequantize(&mut y);
+    assert_eq!(y, x);
+    // Q5_1: 3, 3.25, …, 10.75 → m = 3, d = 0.25, q = j.
+    let x: [f32; QK] = std::array::from_fn(|j| 3.0 + 0.25 * j as f32);
+    let b = BlockQ5_1::quantize(&x);
+    let mut want = vec![0x00, 0x34, 0x00, 0x42, 0x00, 0x00, 0xFF, 0xFF];
+    want.extend((0..16u8).map(|j| j | (j << 4)));
+    assert_eq!(bytes_of(&b), want);
+    b.dequantize(&mut y);
+    assert_eq!(y, x);
+}
+
+#[test]
 fn q8_0_known_block() {
     // amax 4 (at −4): d = 4/127, q = round(x·31.75); 31.75·0.25 = 7.9375 per step.
     let x: [f32; QK] = std::array::from_fn(|j| (j as f32 - 16.0) * 0.25);
@@ -90,7 +111,7 @@ fn blocks_view_bytes_in_place_and_reject_bad_lengths() {
 }
 
 /// Per-element bound relative to the block's scale, for each format: the rounding step
-/// (½·d; Q4_0 up to d at the clipped end, since −max maps to q − 8 = 7) plus the f16
+/// (½·d; Q4_0/Q5_0 up to d at the clipped end, since −max maps to the top code) plus the f16
 /// rounding of the stored scale (2⁻¹¹ relative, times |q| ≤ 127) and of Q4_1's minimum.
 fn bound<B: BlockFormat>(x: &[f32; QK]) -> f64 {
     let amax = x.iter().fold(0f64, |a, &v| a.max(v.abs() as f64));
@@ -98,9 +119,12 @@ fn bound<B: BlockFormat>(x: &[f32; QK]) -> f64 {
         (lo.min(v as f64), hi.max(v as f64))
     });
     let u = 2f64.powi(-11);
+    use tessera_core::DType::*;
     match B::DTYPE {
-        tessera_core::DType::Q4_0 => amax / 8.0 * (1.0 + 8.0 * u) + 1e-30,
-        tessera_core::DType::Q4_1 => (max - min) / 15.0 * (0.5 + 16.0 * u) + min.abs() * u,
+        Q4_0 => amax / 8.0 * (1.0 + 8.0 * u) + 1e-30,
+        Q5_0 => amax / 16.0 * (1.0 + 16.0 * u) + 1e-30,
+        Q4_1 => (max - min) / 15.0 * (0.5 + 16.0 * u) + min.abs() * u,
+        Q5_1 => (max - min) / 31.0 * (0.5 + 32.0 * u) + min.abs() * u,
         _ => amax / 127.0 * (0.5 + 128.0 * u),
     }
 }
@@ -126,6 +150,8 @@ fn round_trips<B: BlockFormat>() {
 fn round_trip_error_within_format_bounds() {
     round_trips::<BlockQ4_0>();
     round_trips::<BlockQ4_1>();
+    round_trips::<BlockQ5_0>();
+    round_trips::<BlockQ5_1>();
     round_trips::<BlockQ8_0>();
 }
 
@@ -173,6 +199,8 @@ fn degenerate<B: BlockFormat>() {
 fn degenerate_blocks_stay_finite() {
     degenerate::<BlockQ4_0>();
     degenerate::<BlockQ4_1>();
+    degenerate::<BlockQ5_0>();
+    degenerate::<BlockQ5_1>();
     degenerate::<BlockQ8_0>();
 }
 

@@ -2,7 +2,7 @@
 //! the format's own arithmetic (so values are bit-identical to `dequantize`), then FMA'd
 //! into two accumulators per activation row.
 
-use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 use std::any::TypeId;
 use std::arch::x86_64::*;
 
@@ -59,6 +59,49 @@ impl Expand for BlockQ4_1 {
     }
 }
 
+/// The 32 five-bit values as two 16 × i32 halves: nibbles plus 16 where `qh` has the bit
+/// (one masked OR per half: bit j of the mask is weight j's fifth bit).
+#[inline(always)]
+unsafe fn fives(qh: &[u8; 4], qs: &[u8; QK / 2]) -> (__m512i, __m512i) {
+    // SAFETY: AVX-512F per the caller.
+    unsafe {
+        let (lo, hi) = nibbles(qs);
+        let bits = u32::from_le_bytes(*qh);
+        let sixteen = _mm512_set1_epi32(16);
+        (
+            _mm512_mask_or_epi32(lo, bits as __mmask16, lo, sixteen),
+            _mm512_mask_or_epi32(hi, (bits >> 16) as __mmask16, hi, sixteen),
+        )
+    }
+}
+
+impl Expand for BlockQ5_0 {
+    #[inline(always)]
+    unsafe fn expand(&self) -> [__m512; 2] {
+        // SAFETY: AVX-512F per the caller.
+        unsafe {
+            let (lo, hi) = fives(&self.qh, &self.qs);
+            let (off, d) = (_mm512_set1_epi32(16), _mm512_set1_ps(f16c(self.d)));
+            let f = |q| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, off)), d);
+            [f(lo), f(hi)]
+        }
+    }
+}
+
+impl Expand for BlockQ5_1 {
+    #[inline(always)]
+    unsafe fn expand(&self) -> [__m512; 2] {
+        // SAFETY: AVX-512F per the caller.
+        unsafe {
+            let (lo, hi) = fives(&self.qh, &self.qs);
+            let (d, m) = (_mm512_set1_ps(f16c(self.d)), _mm512_set1_ps(f16c(self.m)));
+            // q·d exact (5-bit × 11-bit significands): one rounding, as the scalar form.
+            let f = |q| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+            [f(lo), f(hi)]
+        }
+    }
+}
+
 impl Expand for BlockQ8_0 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
@@ -89,7 +132,7 @@ pub(super) unsafe fn row_dots<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [
             }
         )*};
     }
-    cast_run!(BlockQ4_0, BlockQ4_1, BlockQ8_0);
+    cast_run!(BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0);
     false
 }
 

@@ -1,8 +1,9 @@
 //! Load-time repacking of 4- and 8-bit block weights for the integer (VNNI) path, and the
 //! per-call 8-bit quantization of the activations.
 //!
-//! Every format becomes `value = (u − offset)·d + m` with u an unsigned byte:
-//! Q4_0 (offset 8), Q4_1 (offset 0, minimum m), Q8_0 (stored u = q + 128, offset 128).
+//! Every format becomes `value = (u − offset)·d + m` with u an unsigned byte
+//! ([`BlockFormat::unsigned`]): Q4_0 (offset 8), Q4_1 (offset 0, minimum m), Q5_0 (16),
+//! Q5_1 (0, minimum), Q8_0 (stored u = q + 128, offset 128).
 //! With activations x ≈ d_x·q_x (per 32-block, q_x ∈ −127..=127, s_x = Σq_x):
 //!
 //!   Σ value·x = d_x·(d·(Σ u·q_x − offset·s_x) + m·s_x),
@@ -16,7 +17,7 @@
 //! Layout, chosen so one load feeds two blocks and scales need no f16 conversion:
 //! 4-bit rows store block pairs as 32 bytes whose low nibbles are block 2p's 32 weights
 //! and high nibbles block 2p+1's, in element order (an odd last block has zero high
-//! nibbles); 8-bit rows store each block's 32 bytes contiguously. Scales and minima are
+//! nibbles); 5- and 8-bit rows store each block's 32 bytes contiguously. Scales and minima are
 //! widened to f32 arrays, one per block. The original blocks stay in the `QuantMatrix`.
 
 use crate::multiversion;
@@ -45,7 +46,7 @@ impl PackedWeights {
     pub fn new<B: BlockFormat>(w: &QuantMatrix<B>) -> Self {
         let (rows, cols) = (w.rows(), w.cols());
         let nb = cols / QK;
-        let four_bit = B::DTYPE != DType::Q8_0;
+        let four_bit = B::NIBBLES;
         let row_bytes = if four_bit { nb.div_ceil(2) * QK } else { cols };
         let mut quants = vec![0u8; rows * row_bytes];
         let mut scales = Vec::with_capacity(rows * nb);
@@ -56,7 +57,7 @@ impl PackedWeights {
             for (b, blk) in w.row(r).iter().enumerate() {
                 let (d, m) = blk.unsigned(&mut u);
                 scales.push(d);
-                if B::DTYPE == DType::Q4_1 {
+                if B::HAS_MIN {
                     mins.push(m);
                 }
                 if four_bit {
@@ -75,11 +76,7 @@ impl PackedWeights {
             quants,
             scales,
             mins,
-            offset: match B::DTYPE {
-                DType::Q4_0 => 8,
-                DType::Q8_0 => 128,
-                _ => 0,
-            },
+            offset: B::OFFSET,
             four_bit,
             dtype: B::DTYPE,
         }

@@ -3,7 +3,9 @@
 use super::qmatmul;
 use crate::ops::common::{bytes, poison};
 use crate::pool;
-use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix, QK};
+use crate::quant::{
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix, QK,
+};
 use crate::registry::{
     parse_dims, Backend, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
     TuneConfig, TuneParam, TuneSpace, Variant,
@@ -71,7 +73,13 @@ impl OpSpec for QMatmulOp {
         "x·Wᵀ with W in a ggml block format, dequantized in registers"
     }
     fn dtypes(&self) -> &'static [DType] {
-        &[DType::Q4_0, DType::Q4_1, DType::Q8_0]
+        &[
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+        ]
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
         // f32-activation kernels per ISA, then the integer path: VNNI where present and
@@ -179,6 +187,8 @@ impl ProblemCase for QMatmulProblem {
         match dtype {
             DType::Q4_0 => Ok(Box::new(QInstance::<BlockQ4_0>::new(self.clone(), rng)?)),
             DType::Q4_1 => Ok(Box::new(QInstance::<BlockQ4_1>::new(self.clone(), rng)?)),
+            DType::Q5_0 => Ok(Box::new(QInstance::<BlockQ5_0>::new(self.clone(), rng)?)),
+            DType::Q5_1 => Ok(Box::new(QInstance::<BlockQ5_1>::new(self.clone(), rng)?)),
             DType::Q8_0 => Ok(Box::new(QInstance::<BlockQ8_0>::new(self.clone(), rng)?)),
             d => Err(Error::DType {
                 op: "qmatmul",
