@@ -1,7 +1,9 @@
-//! `tessera`: verify, benchmark and calibrate Tessera's kernels; report quantization error.
+//! `tessera`: generate text; verify, benchmark and calibrate the kernels; report
+//! quantization error.
 
 mod bench_cmd;
 mod quant_cmd;
+mod run_cmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -22,6 +24,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Generate text (the default model is pulled on first use).
+    Run(run_cmd::RunArgs),
+    /// Fetch a model into the cache (idempotent; verifies its SHA-256).
+    Pull(run_cmd::PullArgs),
     /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
     /// its float64 reference; exit status 1 on any failure.
     Verify {
@@ -51,6 +57,8 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run(args) => run_cmd::run(args),
+        Command::Pull(args) => run_cmd::pull(args),
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),

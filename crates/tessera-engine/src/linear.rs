@@ -1,0 +1,149 @@
+//! Linear layers `y = x·Wᵀ`, one trait for every weight format, so the model code is
+//! written once ([`crate::llama`] holds `Box<dyn Linear>`s, never a per-format copy).
+
+use crate::gguf::{Gguf, TensorInfo};
+use crate::{Error, Result};
+use tessera_core::{DType, Isa, TensorView, TensorViewMut};
+use tessera_kernels::ops::gemm::{default_blocking, gemm_with, GemmParams};
+use tessera_kernels::ops::qmatmul::qmatmul;
+use tessera_kernels::quant::{
+    blocks_from_bytes, BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
+    QuantMatrix,
+};
+
+/// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`.
+pub trait Linear: Send + Sync + std::fmt::Debug {
+    fn in_features(&self) -> usize;
+    fn out_features(&self) -> usize;
+    fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()>;
+    /// Row `r` of W as f32 (embedding lookups through a tied output matrix).
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<()>;
+    fn dtype(&self) -> DType;
+}
+
+/// Block-quantized weights, kept quantized; matmuls dequantize in registers.
+#[derive(Debug)]
+pub struct QuantLinear<B> {
+    w: QuantMatrix<B>,
+}
+
+impl<B: BlockFormat> Linear for QuantLinear<B> {
+    fn in_features(&self) -> usize {
+        self.w.cols()
+    }
+    fn out_features(&self) -> usize {
+        self.w.rows()
+    }
+    fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
+        let pool = tessera_kernels::pool::global();
+        Ok(qmatmul(Isa::best(), pool.threads(), &self.w, x, y)?)
+    }
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        if r >= self.w.rows() || out.len() != self.w.cols() {
+            return Err(Error::Model(format!(
+                "row {r} of a {}×{} matrix",
+                self.w.rows(),
+                self.w.cols()
+            )));
+        }
+        for (b, o) in self.w.row(r).iter().zip(out.chunks_exact_mut(32)) {
+            b.dequantize(o.try_into().expect("32-element chunk"));
+        }
+        Ok(())
+    }
+    fn dtype(&self) -> DType {
+        B::DTYPE
+    }
+}
+
+/// f32 weights through the GEMM.
+#[derive(Debug)]
+pub struct DenseLinear {
+    w: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl Linear for DenseLinear {
+    fn in_features(&self) -> usize {
+        self.cols
+    }
+    fn out_features(&self) -> usize {
+        self.rows
+    }
+    fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
+        let wt = TensorView::contiguous(&self.w, &[self.rows, self.cols])?.transposed(0, 1)?;
+        let isa = Isa::best();
+        Ok(gemm_with(
+            isa,
+            default_blocking(isa),
+            x,
+            &wt,
+            y,
+            GemmParams::default(),
+        )?)
+    }
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        let src = self
+            .w
+            .get(r * self.cols..(r + 1) * self.cols)
+            .filter(|s| s.len() == out.len());
+        out.copy_from_slice(src.ok_or_else(|| {
+            Error::Model(format!("row {r} of a {}×{} matrix", self.rows, self.cols))
+        })?);
+        Ok(())
+    }
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+}
+
+/// Loads a 2-D GGUF tensor as a linear layer, keeping its format (f16/bf16 widen to f32).
+pub fn load(g: &Gguf, t: &TensorInfo) -> Result<Box<dyn Linear>> {
+    if t.dims.len() != 2 {
+        return Err(Error::Model(format!(
+            "{}: expected a matrix, dims {:?}",
+            t.name, t.dims
+        )));
+    }
+    let (rows, cols) = t.rows_cols();
+    let bytes = g.bytes(t);
+    fn quant<B: BlockFormat>(rows: usize, cols: usize, bytes: &[u8]) -> Result<Box<dyn Linear>> {
+        let blocks = blocks_from_bytes::<B>(bytes)?.to_vec();
+        Ok(Box::new(QuantLinear {
+            w: QuantMatrix::from_blocks(rows, cols, blocks)?,
+        }))
+    }
+    match t.dtype {
+        DType::Q4_0 => quant::<BlockQ4_0>(rows, cols, bytes),
+        DType::Q4_1 => quant::<BlockQ4_1>(rows, cols, bytes),
+        DType::Q5_0 => quant::<BlockQ5_0>(rows, cols, bytes),
+        DType::Q5_1 => quant::<BlockQ5_1>(rows, cols, bytes),
+        DType::Q8_0 => quant::<BlockQ8_0>(rows, cols, bytes),
+        DType::F32 | DType::F16 | DType::BF16 => Ok(Box::new(DenseLinear {
+            w: floats(t, bytes)?,
+            rows,
+            cols,
+        })),
+        d => Err(Error::Model(format!(
+            "{}: {d} weights are not supported",
+            t.name
+        ))),
+    }
+}
+
+/// A float tensor's values widened to f32.
+pub fn floats(t: &TensorInfo, bytes: &[u8]) -> Result<Vec<f32>> {
+    let conv: fn(&[u8]) -> f32 = match t.dtype {
+        DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        d => {
+            return Err(Error::Model(format!(
+                "{}: expected a float tensor, got {d}",
+                t.name
+            )))
+        }
+    };
+    Ok(bytes.chunks_exact(t.dtype.size_bytes()).map(conv).collect())
+}

@@ -1,0 +1,383 @@
+//! Llama-family decoder (Llama 2/3, SmolLM/SmolLM2 in GGUF): pre-norm blocks of GQA
+//! attention with interleaved RoPE and a SwiGLU MLP, RMSNorm throughout, optionally tied
+//! embeddings. Every matmul goes through [`Linear`], so one forward serves all formats.
+//!
+//! The residual stream is fused with the next norm (`rms_norm_residual`: one pass adds a
+//! sublayer's output and normalises for the next one). Keys and values are cached per
+//! layer, contiguous `[position, kv_head, d]`, already rotated.
+
+use crate::gguf::Gguf;
+use crate::linear::{self, Linear};
+use crate::{Error, Result};
+use tessera_core::{Isa, TensorView, TensorViewMut};
+use tessera_kernels::ops::attention::{attention, AttentionParams};
+use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
+use tessera_kernels::ops::rope::{rope, Rope, RopeStyle};
+use tessera_kernels::ops::swiglu::swiglu;
+
+/// Hyper-parameters from the GGUF metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub n_layers: usize,
+    pub dim: usize,
+    pub ffn_dim: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    pub eps: f32,
+    pub vocab: usize,
+    pub context: usize,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let arch = g
+            .get("general.architecture")?
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if !matches!(arch.as_str(), "llama" | "mistral") {
+            return Err(Error::Model(format!(
+                "architecture '{arch}' is not supported (llama, mistral)"
+            )));
+        }
+        let int = |k: &str| -> Result<usize> {
+            let key = format!("{arch}.{k}");
+            let v = g
+                .get(&key)?
+                .as_u64()
+                .ok_or_else(|| Error::Model(format!("{key} is not an integer")))?;
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v > 0 && v < 1 << 24)
+                .ok_or_else(|| Error::Model(format!("{key} = {v}")))
+        };
+        let float = |k: &str, default: f64| -> f64 {
+            g.metadata
+                .get(&format!("{arch}.{k}"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or(default)
+        };
+        let heads = int("attention.head_count")?;
+        let dim = int("embedding_length")?;
+        let kv_heads = g
+            .metadata
+            .get(&format!("{arch}.attention.head_count_kv"))
+            .map_or(Ok(heads), |_| int("attention.head_count_kv"))?;
+        let vocab = g.tensor("token_embd.weight")?.rows_cols().0;
+        let c = Config {
+            n_layers: int("block_count")?,
+            dim,
+            ffn_dim: int("feed_forward_length")?,
+            heads,
+            kv_heads,
+            head_dim: dim / heads,
+            rope_theta: float("rope.freq_base", 10_000.0),
+            eps: float("attention.layer_norm_rms_epsilon", 1e-5) as f32,
+            vocab,
+            context: int("context_length")?,
+        };
+        if dim % heads != 0
+            || heads % kv_heads != 0
+            || c.head_dim % 2 != 0
+            || c.rope_theta <= 1.0
+            || !(c.eps > 0.0)
+        {
+            return Err(Error::Model(format!("inconsistent hyper-parameters {c:?}")));
+        }
+        Ok(c)
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: RmsNorm,
+    q: Box<dyn Linear>,
+    k: Box<dyn Linear>,
+    v: Box<dyn Linear>,
+    o: Box<dyn Linear>,
+    ffn_norm: RmsNorm,
+    gate: Box<dyn Linear>,
+    up: Box<dyn Linear>,
+    down: Box<dyn Linear>,
+}
+
+/// A loaded model.
+#[derive(Debug)]
+pub struct Llama {
+    pub cfg: Config,
+    embed: Box<dyn Linear>,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    /// None when the output projection is tied to the embedding.
+    output: Option<Box<dyn Linear>>,
+}
+
+/// Cached keys and values, `[capacity, kv_heads, head_dim]` per layer.
+#[derive(Debug)]
+pub struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    pub fn new(cfg: &Config, capacity: usize) -> Result<Self> {
+        let per = capacity
+            .checked_mul(cfg.kv_dim())
+            .filter(|&b| b <= 1 << 32)
+            .ok_or_else(|| {
+                Error::Model(format!("KV cache of {capacity} positions is too large"))
+            })?;
+        Ok(KvCache {
+            k: vec![vec![0.0; per]; cfg.n_layers],
+            v: vec![vec![0.0; per]; cfg.n_layers],
+            len: 0,
+            capacity,
+        })
+    }
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+fn norm_of(g: &Gguf, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+    let t = g.tensor(name)?;
+    let gamma = linear::floats(t, g.bytes(t))?;
+    if gamma.len() != dim {
+        return Err(Error::Model(format!(
+            "{name}: {} values for dim {dim}",
+            gamma.len()
+        )));
+    }
+    Ok(RmsNorm { gamma, eps })
+}
+
+/// Loads a matrix and checks its shape.
+fn matrix(g: &Gguf, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
+    let l = linear::load(g, g.tensor(name)?)?;
+    if (l.out_features(), l.in_features()) != (out, inp) {
+        return Err(Error::Model(format!(
+            "{name}: {}×{}, expected {out}×{inp}",
+            l.out_features(),
+            l.in_features()
+        )));
+    }
+    Ok(l)
+}
+
+/// Scratch activations for a batch of `n` tokens.
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    qr: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+}
+
+impl Llama {
+    pub fn load(g: &Gguf) -> Result<Self> {
+        let cfg = Config::from_gguf(g)?;
+        let (d, f, kv) = (cfg.dim, cfg.ffn_dim, cfg.kv_dim());
+        let embed = matrix(g, "token_embd.weight", cfg.vocab, d)?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: norm_of(g, &n("attn_norm"), d, cfg.eps)?,
+                q: matrix(g, &n("attn_q"), d, d)?,
+                k: matrix(g, &n("attn_k"), kv, d)?,
+                v: matrix(g, &n("attn_v"), kv, d)?,
+                o: matrix(g, &n("attn_output"), d, d)?,
+                ffn_norm: norm_of(g, &n("ffn_norm"), d, cfg.eps)?,
+                gate: matrix(g, &n("ffn_gate"), f, d)?,
+                up: matrix(g, &n("ffn_up"), f, d)?,
+                down: matrix(g, &n("ffn_down"), d, f)?,
+            });
+        }
+        let output = match g.tensors.iter().any(|t| t.name == "output.weight") {
+            true => Some(matrix(g, "output.weight", cfg.vocab, d)?),
+            false => None,
+        };
+        Ok(Llama {
+            norm: norm_of(g, "output_norm.weight", d, cfg.eps)?,
+            cfg,
+            embed,
+            layers,
+            output,
+        })
+    }
+
+    /// Runs `tokens` at the cache's next positions and returns the logits of the last one.
+    /// Token ids ≥ vocab and a full cache are errors (the cache is left unchanged).
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let (n, pos0) = (tokens.len(), cache.len);
+        if n == 0 {
+            return Err(Error::Model("forward needs at least one token".into()));
+        }
+        if pos0 + n > cache.capacity {
+            return Err(Error::Model(format!(
+                "context full: {pos0} + {n} tokens > {} positions",
+                cache.capacity
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} ≥ vocabulary size {}",
+                c.vocab
+            )));
+        }
+        let isa = Isa::best();
+        let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
+        let z = |len: usize| vec![0f32; n * len];
+        let mut s = Scratch {
+            x: z(d),
+            h: z(d),
+            q: z(d),
+            qr: z(d),
+            k: z(kv),
+            v: z(kv),
+            att: z(d),
+            proj: z(d),
+            gate: z(f),
+            up: z(f),
+            act: z(f),
+        };
+        for (i, &t) in tokens.iter().enumerate() {
+            self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
+        }
+        let positions: Vec<usize> = (pos0..pos0 + n).collect();
+        let rope_q = Rope::new(
+            RopeStyle::Interleaved,
+            &positions,
+            c.heads,
+            c.head_dim,
+            c.rope_theta,
+        )?;
+        let rope_k = Rope::new(
+            RopeStyle::Interleaved,
+            &positions,
+            c.kv_heads,
+            c.head_dim,
+            c.rope_theta,
+        )?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
+            if l == 0 {
+                rms_norm(
+                    isa,
+                    &view(&s.x, &[n, d])?,
+                    &layer.attn_norm,
+                    &mut TensorViewMut::contiguous(&mut s.h, &[n, d])?,
+                )?;
+            } else {
+                rms_norm_residual(isa, &s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
+            }
+            let hv = view(&s.h, &[n, d])?;
+            layer
+                .q
+                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.q, &[n, d])?)?;
+            layer
+                .k
+                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.k, &[n, kv])?)?;
+            layer
+                .v
+                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.v, &[n, kv])?)?;
+            rope(
+                isa,
+                &view(&s.q, &[n, c.heads, c.head_dim])?,
+                &rope_q,
+                &mut TensorViewMut::contiguous(&mut s.qr, &[n, c.heads, c.head_dim])?,
+            )?;
+            let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
+            let slot = pos0 * kv..(pos0 + n) * kv;
+            rope(
+                isa,
+                &view(&s.k, &[n, c.kv_heads, c.head_dim])?,
+                &rope_k,
+                &mut TensorViewMut::contiguous(
+                    &mut kc[slot.clone()],
+                    &[n, c.kv_heads, c.head_dim],
+                )?,
+            )?;
+            vc[slot].copy_from_slice(&s.v);
+            let seen = pos0 + n;
+            let params = AttentionParams {
+                causal: true,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+                window: None,
+            };
+            attention(
+                &view(&s.qr, &[n, c.heads, c.head_dim])?,
+                &view(&kc[..seen * kv], &[seen, c.kv_heads, c.head_dim])?,
+                &view(&vc[..seen * kv], &[seen, c.kv_heads, c.head_dim])?,
+                &mut TensorViewMut::contiguous(&mut s.att, &[n, c.heads, c.head_dim])?,
+                params,
+            )?;
+            layer.o.forward(
+                &view(&s.att, &[n, d])?,
+                &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
+            )?;
+            rms_norm_residual(isa, &s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
+            let hv = view(&s.h, &[n, d])?;
+            layer
+                .gate
+                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.gate, &[n, f])?)?;
+            layer
+                .up
+                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.up, &[n, f])?)?;
+            swiglu(
+                isa,
+                &view(&s.gate, &[n, f])?,
+                &view(&s.up, &[n, f])?,
+                &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
+            )?;
+            layer.down.forward(
+                &view(&s.act, &[n, f])?,
+                &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
+            )?;
+        }
+        // Final residual add and norm, for the last token only.
+        let last = (n - 1) * d..n * d;
+        let mut h = vec![0f32; d];
+        rms_norm_residual(
+            isa,
+            &s.proj[last.clone()],
+            &mut s.x[last],
+            &self.norm,
+            &mut h,
+        )?;
+        let head = self.output.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0f32; c.vocab];
+        head.forward(
+            &view(&h, &[1, d])?,
+            &mut TensorViewMut::contiguous(&mut logits, &[1, c.vocab])?,
+        )?;
+        cache.len = pos0 + n;
+        Ok(logits)
+    }
+}
+
+/// A contiguous view (shape errors become engine errors).
+fn view<'a>(b: &'a [f32], dims: &[usize]) -> Result<TensorView<'a, f32>> {
+    Ok(TensorView::contiguous(b, dims)?)
+}

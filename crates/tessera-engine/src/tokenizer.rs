@@ -1,0 +1,180 @@
+//! Byte-level BPE tokenizer built from GGUF metadata with the `tokenizers` crate.
+//!
+//! GGUF stores the vocabulary (`tokenizer.ggml.tokens`), merges, token types and the
+//! pre-tokenizer name; we rebuild the equivalent Hugging Face pipeline: the pre-tokenizer's
+//! splits (for `smollm`, every digit alone, then the GPT-2 byte-level regex), BPE over the
+//! byte-level alphabet, control tokens (type 3) matched as special tokens, and the
+//! byte-level decoder.
+
+use crate::gguf::Gguf;
+use crate::{Error, Result};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer as HfTokenizer};
+
+/// A tokenizer plus the ids generation needs.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: HfTokenizer,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    /// The chat template, when the model ships one.
+    pub chat_template: Option<String>,
+    /// Ids that end a turn: EOS and ChatML's `<|im_end|>` when present.
+    pub stop: Vec<u32>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let model = g.get("tokenizer.ggml.model")?.as_str().unwrap_or_default();
+        if model != "gpt2" {
+            return Err(Error::Tokenizer(format!(
+                "tokenizer model '{model}' is not supported (gpt2 byte-level BPE)"
+            )));
+        }
+        let strings = |key: &str| -> Result<Vec<String>> {
+            let arr = g
+                .get(key)?
+                .as_array()
+                .ok_or_else(|| Error::Tokenizer(format!("{key} is not an array")))?;
+            arr.iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| Error::Tokenizer(format!("{key} holds a non-string")))
+                })
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| Error::Tokenizer(format!("merge '{m}' has no space")))
+            })
+            .collect::<Result<_>>()?;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        if vocab.len() != tokens.len() {
+            return Err(Error::Tokenizer(
+                "duplicate tokens in the vocabulary".into(),
+            ));
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(tok_err)?;
+        let mut inner = HfTokenizer::new(bpe);
+        let pre = g
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true));
+        let pre_tok = match pre {
+            "smollm" => Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                byte_level,
+            ]),
+            "gpt-2" | "default" => Sequence::new(vec![byte_level]),
+            other => {
+                return Err(Error::Tokenizer(format!(
+                    "pre-tokenizer '{other}' is not supported yet (smollm, gpt-2)"
+                )))
+            }
+        };
+        inner.with_pre_tokenizer(Some(pre_tok));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        if let Some(types) = g
+            .metadata
+            .get("tokenizer.ggml.token_type")
+            .and_then(|v| v.as_array())
+        {
+            let special: Vec<AddedToken> = types
+                .iter()
+                .zip(&tokens)
+                .filter(|(t, _)| t.as_u64() == Some(3))
+                .map(|(_, s)| AddedToken::from(s.clone(), true))
+                .collect();
+            inner.add_special_tokens(&special);
+        }
+        let id = |key: &str| {
+            g.metadata
+                .get(key)
+                .and_then(|v| v.as_u64())
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len())
+        };
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let mut stop: Vec<u32> = eos.into_iter().collect();
+        if let Some(end) = tokens.iter().position(|t| t == "<|im_end|>") {
+            stop.push(end as u32);
+        }
+        Ok(Tokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id"),
+            eos,
+            add_bos: g
+                .metadata
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            chat_template: g
+                .metadata
+                .get("tokenizer.chat_template")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            stop,
+        })
+    }
+
+    /// Token ids of `text` (special tokens written in the text are recognised), with BOS
+    /// first when the model asks for it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(tok_err)?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids` (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(tok_err)
+    }
+
+    /// The prompt for one user message in the model's chat format. ChatML templates
+    /// (`<|im_start|>`) are rendered with the template's default system message; models
+    /// without a template get the message as is.
+    pub fn chat_prompt(&self, message: &str) -> String {
+        match &self.chat_template {
+            Some(t) if t.contains("<|im_start|>") => {
+                let system = t
+                    .split("<|im_start|>system\n")
+                    .nth(1)
+                    .and_then(|rest| rest.split("<|im_end|>").next())
+                    .filter(|s| !s.contains("{{") && !s.contains("{%"));
+                let mut p = String::new();
+                if let Some(s) = system {
+                    p += &format!("<|im_start|>system\n{s}<|im_end|>\n");
+                }
+                p + &format!("<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
+            }
+            _ => message.to_owned(),
+        }
+    }
+}
