@@ -33,9 +33,9 @@ impl Default for Sampling {
 
 impl Sampling {
     fn validate(&self) -> Result<()> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite())
-            || !(self.top_p > 0.0 && self.top_p <= 1.0)
-        {
+        let temperature_ok = self.temperature >= 0.0 && self.temperature.is_finite();
+        let top_p_ok = self.top_p > 0.0 && self.top_p <= 1.0; // false for NaN
+        if !(temperature_ok && top_p_ok) {
             return Err(Error::Model(format!(
                 "sampling: temperature {} must be ≥ 0, top_p {} in (0, 1]",
                 self.temperature, self.top_p

