@@ -141,6 +141,13 @@ pub trait Instance: Send {
     fn reference_for(&self, _variant: &Variant) -> Vec<f64> {
         self.reference()
     }
+    /// For sums that can cancel (dot products): per output, Σ|term| of the exact sum.
+    /// The error is then measured as ‖out−ref‖/‖magnitude‖, the scale rounding actually
+    /// works at, so a single output that cancels to nearly 0 cannot fail a correct
+    /// kernel. None (the default): ‖out−ref‖/‖ref‖.
+    fn magnitude(&self, _variant: &Variant) -> Option<Vec<f64>> {
+        None
+    }
     /// Overwrite every output element with NaN so an unwritten element is caught.
     fn poison(&mut self);
     /// Run one variant with one tuning config.

@@ -51,6 +51,14 @@ pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
     }
 }
 
+fn norm(v: &[f64]) -> f64 {
+    v.iter()
+        .filter(|x| x.is_finite())
+        .map(|x| x * x)
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// Runs one variant on one problem with fresh random inputs.
 pub fn check(
     problem: &dyn ProblemCase,
@@ -97,7 +105,12 @@ pub fn check(
         .zip(&reference)
         .filter(|(o, r)| r.is_finite() && !o.is_finite())
         .count();
-    report.rel_err = rel_error(&out, &reference);
+    report.rel_err = match inst.magnitude(variant) {
+        Some(mag) => {
+            rel_error(&out, &reference) * norm(&reference) / norm(&mag).max(f64::MIN_POSITIVE)
+        }
+        None => rel_error(&out, &reference),
+    };
 
     // A second instance (same seed) with a planted NaN/Inf.
     if let Ok(mut inst) = problem.instantiate(dtype, &mut super::rng(seed)) {
