@@ -28,6 +28,10 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Fetch a model into the cache (idempotent; verifies its SHA-256).
     Pull(run_cmd::PullArgs),
+    /// Teacher-forced scoring: each next token's log-probability, top-k, perplexity.
+    Score(run_cmd::ScoreArgs),
+    /// Prefill and decode tokens/s on a model (median of several runs).
+    BenchModel(run_cmd::BenchModelArgs),
     /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
     /// its float64 reference; exit status 1 on any failure.
     Verify {
@@ -59,6 +63,8 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Pull(args) => run_cmd::pull(args),
+        Command::Score(args) => run_cmd::score(args),
+        Command::BenchModel(args) => run_cmd::bench_model(args),
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),

@@ -1,10 +1,11 @@
-//! `tessera run` (generate text) and `tessera pull` (fetch the default model).
+//! `tessera run` (generate text), `tessera score` (teacher-forced log-probabilities),
+//! `tessera bench-model` (prefill/decode rates) and `tessera pull` (fetch the default model).
 
 use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use tessera_engine::generate::{generate, Sampling};
+use tessera_engine::generate::{generate, Request, Sampling};
 use tessera_engine::gguf::Gguf;
 use tessera_engine::llama::Llama;
 use tessera_engine::pull;
@@ -28,11 +29,54 @@ pub struct RunArgs {
     top_k: usize,
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
+    /// Drop tokens below min_p × the top probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalise recently seen tokens (1 = off; 1.1 is typical).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Stop before this string (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
     /// Use the prompt as raw text instead of wrapping it in the chat template.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "chat")]
     raw: bool,
+    /// Wrap the prompt in the model's chat template (the default when it has one).
+    #[arg(long)]
+    chat: bool,
+    /// Print one JSON object (prompt and generated ids, text, timings) instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// The text to score (raw, no chat template).
+    #[arg(long)]
+    text: String,
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Alternatives to list per position.
+    #[arg(long, default_value_t = 5)]
+    top_k: usize,
+    /// Print JSON (else a table).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchModelArgs {
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 #[derive(Args, Debug)]
@@ -52,8 +96,9 @@ pub fn pull(a: PullArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn run(a: RunArgs) -> Result<()> {
-    let path = match a.model {
+/// Opens a model (the default one, pulled on first use, when `path` is None).
+fn load(path: Option<PathBuf>) -> Result<(Llama, Tokenizer)> {
+    let path = match path {
         Some(p) => p,
         None => pull::pull(&pull::DEFAULT_MODEL, log).context("pulling the default model")?,
     };
@@ -72,24 +117,54 @@ pub fn run(a: RunArgs) -> Result<()> {
         model.cfg.kv_heads,
         t.elapsed().as_secs_f64()
     ));
+    Ok((model, tok))
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let (model, tok) = load(a.model)?;
     let text = if a.raw {
         a.prompt.clone()
     } else {
         tok.chat_prompt(&a.prompt)
     };
-    let ids = tok.encode(&text)?;
-    let sampling = Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
+    let req = Request {
+        prompt: tok.encode(&text)?,
+        max_tokens: a.max_tokens,
+        sampling: Sampling {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repetition_penalty: a.repetition_penalty,
+            seed: a.seed,
+            ..Sampling::default()
+        },
+        stop: a.stop,
+        ignore_eos: false,
     };
     let mut out = std::io::stdout();
-    let stats = generate(&model, &tok, &ids, a.max_tokens, &sampling, |piece| {
-        let _ = out.write_all(piece.as_bytes());
-        let _ = out.flush();
+    let stats = generate(&model, &tok, &req, |piece| {
+        if !a.json {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
     })?;
-    println!();
+    if a.json {
+        let j = serde_json::json!({
+            "prompt_ids": req.prompt,
+            "generated_ids": stats.generated,
+            "text": stats.text,
+            "finish": stats.finish,
+            "prompt_tokens": stats.prompt_tokens,
+            "prefill_s": stats.prefill_s,
+            "decode_s": stats.decode_s,
+            "prefill_tok_s": stats.prefill_tok_s(),
+            "decode_tok_s": stats.decode_tok_s(),
+        });
+        println!("{j}");
+    } else {
+        println!();
+    }
     log(&format!(
         "prompt {} tokens at {:.1} tok/s; generated {} tokens at {:.1} tok/s ({})",
         stats.prompt_tokens,
@@ -98,5 +173,74 @@ pub fn run(a: RunArgs) -> Result<()> {
         stats.decode_tok_s(),
         stats.finish
     ));
+    Ok(())
+}
+
+pub fn score(a: ScoreArgs) -> Result<()> {
+    let (model, tok) = load(a.model)?;
+    let ids = tok.encode(&a.text)?;
+    let s = tessera_engine::score::score(&model, &ids, a.top_k)?;
+    if a.json {
+        let positions: Vec<_> = s
+            .positions
+            .iter()
+            .map(|p| serde_json::json!({"next": p.next, "logprob": p.logprob, "top": p.top}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"tokens": ids, "positions": positions, "perplexity": s.perplexity})
+        );
+    } else {
+        for (i, p) in s.positions.iter().enumerate() {
+            let piece = tok.decode(&[p.next]).unwrap_or_default();
+            println!("{:>5} {:>8.3} {:?}", i + 1, p.logprob, piece);
+        }
+        println!(
+            "perplexity {:.3} over {} tokens",
+            s.perplexity,
+            s.positions.len()
+        );
+    }
+    Ok(())
+}
+
+pub fn bench_model(a: BenchModelArgs) -> Result<()> {
+    let (model, tok) = load(a.model)?;
+    if a.prompt_tokens == 0 || a.runs == 0 || a.prompt_tokens + a.gen_tokens > model.cfg.context {
+        anyhow::bail!(
+            "need 1 ≤ prompt + generated tokens ≤ {} and ≥ 1 run",
+            model.cfg.context
+        );
+    }
+    // A real text, repeated to length: realistic tokens without a dataset.
+    let base =
+        tok.encode("The quick brown fox jumps over the lazy dog while 42 kernels run fast. ")?;
+    let prompt: Vec<u32> = base.iter().cycle().take(a.prompt_tokens).copied().collect();
+    let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    for _ in 0..a.runs {
+        let req = Request {
+            prompt: prompt.clone(),
+            max_tokens: a.gen_tokens,
+            sampling: Sampling::default(),
+            ignore_eos: true,
+            ..Request::default()
+        };
+        let s = generate(&model, &tok, &req, |_| {})?;
+        pre.push(s.prefill_tok_s());
+        dec.push(s.decode_tok_s());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "prefill {} tokens: {:.1} tok/s; decode {} tokens: {:.1} tok/s (median of {} runs, {} threads)",
+        a.prompt_tokens,
+        median(&mut pre),
+        a.gen_tokens,
+        median(&mut dec),
+        a.runs,
+        tessera_kernels::pool::global().threads()
+    );
     Ok(())
 }

@@ -17,6 +17,12 @@ pub struct Sampling {
     pub top_k: usize,
     /// Keep the smallest set whose probability reaches p (1 = all).
     pub top_p: f32,
+    /// Drop tokens less likely than min_p × the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this (1 = off).
+    pub repetition_penalty: f32,
+    /// How many recent tokens (prompt included) the penalty looks at.
+    pub penalty_window: usize,
     pub seed: u64,
 }
 
@@ -26,6 +32,9 @@ impl Default for Sampling {
             temperature: 0.0,
             top_k: 40,
             top_p: 0.95,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            penalty_window: 64,
             seed: 0,
         }
     }
@@ -35,10 +44,13 @@ impl Sampling {
     fn validate(&self) -> Result<()> {
         let temperature_ok = self.temperature >= 0.0 && self.temperature.is_finite();
         let top_p_ok = self.top_p > 0.0 && self.top_p <= 1.0; // false for NaN
-        if !(temperature_ok && top_p_ok) {
+        let min_p_ok = (0.0..=1.0).contains(&self.min_p);
+        let penalty_ok = self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite();
+        if !(temperature_ok && top_p_ok && min_p_ok && penalty_ok) {
             return Err(Error::Model(format!(
-                "sampling: temperature {} must be ≥ 0, top_p {} in (0, 1]",
-                self.temperature, self.top_p
+                "sampling: temperature {} must be ≥ 0, top_p {} in (0, 1], min_p {} in [0, 1], \
+                 repetition penalty {} > 0",
+                self.temperature, self.top_p, self.min_p, self.repetition_penalty
             )));
         }
         Ok(())
@@ -50,9 +62,11 @@ impl Sampling {
 pub struct Stats {
     pub prompt_tokens: usize,
     pub generated: Vec<u32>,
+    /// The generated text (cut before a stop string).
+    pub text: String,
     pub prefill_s: f64,
     pub decode_s: f64,
-    /// The reason it stopped: "stop token" or "length".
+    /// The reason it stopped: "stop token", "stop string" or "length".
     pub finish: &'static str,
 }
 
@@ -66,12 +80,37 @@ impl Stats {
     }
 }
 
-/// Picks the next token from `logits`. NaN logits are an error (a broken model must not
-/// produce plausible text).
-pub fn sample(logits: &[f32], s: &Sampling, rng: &mut rand::rngs::StdRng) -> Result<u32> {
+/// Picks the next token from `logits` (penalising tokens in `history`). NaN logits are an
+/// error (a broken model must not produce plausible text).
+pub fn sample(
+    logits: &[f32],
+    history: &[u32],
+    s: &Sampling,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<u32> {
     if logits.iter().any(|v| v.is_nan()) {
         return Err(Error::Model("NaN in the logits".into()));
     }
+    let penalised;
+    let logits = if s.repetition_penalty != 1.0 {
+        let mut l = logits.to_vec();
+        let mut seen = history[history.len().saturating_sub(s.penalty_window)..].to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for &t in &seen {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v = if *v > 0.0 {
+                    *v / s.repetition_penalty
+                } else {
+                    *v * s.repetition_penalty
+                };
+            }
+        }
+        penalised = l;
+        &penalised[..]
+    } else {
+        logits
+    };
     if s.temperature == 0.0 {
         let v = TensorView::contiguous(logits, &[1, logits.len()])?;
         return Ok(tessera_kernels::ops::argmax::argmax(Isa::best(), &v)?[0]);
@@ -86,6 +125,13 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut rand::rngs::StdRng) -> Res
         .iter()
         .map(|&i| (((logits[i] - max) / s.temperature) as f64).exp())
         .collect();
+    // min-p: relative to the top probability (exp(0) = 1 before normalising).
+    let keep_min = probs
+        .iter()
+        .take_while(|&&p| p >= s.min_p as f64)
+        .count()
+        .max(1);
+    probs.truncate(keep_min);
     let total: f64 = probs.iter().sum();
     let mut kept = 0;
     let mut acc = 0.0;
@@ -108,21 +154,35 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut rand::rngs::StdRng) -> Res
     Ok(idx[kept - 1] as u32)
 }
 
-/// Generates up to `max_tokens` after `prompt`, calling `on_text` with each new piece of
-/// text (only whole UTF-8 characters).
+/// What to generate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Generation ends before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+    /// Keep going through end-of-turn tokens (benchmarks that need exact lengths).
+    pub ignore_eos: bool,
+}
+
+/// Generates for `req`, calling `on_text` with each new piece of text: whole UTF-8
+/// characters only, and never text that might still turn into a stop string.
 pub fn generate(
     model: &Llama,
     tok: &Tokenizer,
-    prompt: &[u32],
-    max_tokens: usize,
-    sampling: &Sampling,
+    req: &Request,
     mut on_text: impl FnMut(&str),
 ) -> Result<Stats> {
+    let (prompt, sampling) = (&req.prompt[..], &req.sampling);
     sampling.validate()?;
     if prompt.is_empty() {
         return Err(Error::Model("empty prompt".into()));
     }
-    let capacity = (prompt.len() + max_tokens).min(model.cfg.context);
+    if req.stop.iter().any(|s| s.is_empty()) {
+        return Err(Error::Model("empty stop string".into()));
+    }
+    let capacity = (prompt.len() + req.max_tokens).min(model.cfg.context);
     if prompt.len() >= capacity {
         return Err(Error::Model(format!(
             "prompt of {} tokens does not fit the {}-token context",
@@ -137,27 +197,52 @@ pub fn generate(
         finish: "length",
         ..Stats::default()
     };
+    let mut history = prompt.to_vec();
     let t0 = Instant::now();
     let mut logits = model.forward(prompt, &mut cache)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut shown = 0;
-    while stats.generated.len() < max_tokens && cache.len() < capacity {
-        let next = sample(&logits, sampling, &mut rng)?;
-        if tok.stop.contains(&next) {
+    let hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
+    while stats.generated.len() < req.max_tokens && cache.len() < capacity {
+        let next = sample(&logits, &history, sampling, &mut rng)?;
+        if !req.ignore_eos && tok.stop.contains(&next) {
             stats.finish = "stop token";
             break;
         }
         stats.generated.push(next);
+        history.push(next);
         let text = tok.decode(&stats.generated)?;
-        // Hold back a trailing partial character (a multi-byte one split across tokens).
-        if !text.ends_with('\u{FFFD}') && text.len() > shown {
-            on_text(&text[shown..]);
-            shown = text.len();
+        if let Some(at) = req.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            if at > shown {
+                on_text(&text[shown..at]);
+            }
+            stats.text = text[..at].to_string();
+            stats.finish = "stop string";
+            stats.decode_s = t1.elapsed().as_secs_f64();
+            return Ok(stats);
         }
-        if stats.generated.len() < max_tokens && cache.len() < capacity {
+        // Show what can no longer be part of a stop string or a split character.
+        let mut safe = text.len().saturating_sub(hold);
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        let safe = if text[..safe].ends_with('\u{FFFD}') {
+            shown
+        } else {
+            safe
+        };
+        if safe > shown {
+            on_text(&text[shown..safe]);
+            shown = safe;
+        }
+        stats.text = text;
+        if stats.generated.len() < req.max_tokens && cache.len() < capacity {
             logits = model.forward(&[next], &mut cache)?;
         }
+    }
+    if stats.text.len() > shown && !stats.text.ends_with('\u{FFFD}') {
+        on_text(&stats.text[shown..]);
     }
     stats.decode_s = t1.elapsed().as_secs_f64();
     Ok(stats)

@@ -5,6 +5,7 @@ pub mod gguf;
 pub mod linear;
 pub mod llama;
 pub mod pull;
+pub mod score;
 pub mod tokenizer;
 
 /// Engine errors: every bad file, request or setting becomes one of these, never a panic.

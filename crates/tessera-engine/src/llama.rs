@@ -231,6 +231,16 @@ impl Llama {
     /// Runs `tokens` at the cache's next positions and returns the logits of the last one.
     /// Token ids ≥ vocab and a full cache are errors (the cache is left unchanged).
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.run(tokens, cache, false)
+    }
+
+    /// As [`Llama::forward`], returning the logits after every token (`[n, vocab]`), for
+    /// teacher-forced scoring.
+    pub fn forward_all(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.run(tokens, cache, true)
+    }
+
+    fn run(&self, tokens: &[u32], cache: &mut KvCache, all: bool) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (n, pos0) = (tokens.len(), cache.len);
         if n == 0 {
@@ -358,21 +368,22 @@ impl Llama {
                 &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
             )?;
         }
-        // Final residual add and norm, for the last token only.
-        let last = (n - 1) * d..n * d;
-        let mut h = vec![0f32; d];
+        // Final residual add and norm: every row, or the last token's only.
+        let rows = if all { 0..n } else { n - 1..n };
+        let m = rows.len();
+        let mut h = vec![0f32; m * d];
         rms_norm_residual(
             isa,
-            &s.proj[last.clone()],
-            &mut s.x[last],
+            &s.proj[rows.start * d..],
+            &mut s.x[rows.start * d..],
             &self.norm,
             &mut h,
         )?;
         let head = self.output.as_ref().unwrap_or(&self.embed);
-        let mut logits = vec![0f32; c.vocab];
+        let mut logits = vec![0f32; m * c.vocab];
         head.forward(
-            &view(&h, &[1, d])?,
-            &mut TensorViewMut::contiguous(&mut logits, &[1, c.vocab])?,
+            &view(&h, &[m, d])?,
+            &mut TensorViewMut::contiguous(&mut logits, &[m, c.vocab])?,
         )?;
         cache.len = pos0 + n;
         Ok(logits)

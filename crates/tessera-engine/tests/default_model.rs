@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use tessera_engine::generate::{generate, Sampling};
+use tessera_engine::generate::{generate, Request, Sampling};
 use tessera_engine::gguf::Gguf;
 use tessera_engine::llama::{KvCache, Llama};
 use tessera_engine::pull;
@@ -50,6 +50,41 @@ fn logits_match_float64_reference() {
 }
 
 #[test]
+fn scoring_matches_forward_and_perplexity_is_sane() {
+    let g = open();
+    let model = Llama::load(&g).expect("loads");
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let ids = tok
+        .encode("The capital of France is Paris. The capital of Germany is Berlin.")
+        .expect("encodes");
+    let s = tessera_engine::score::score(&model, &ids, 3).expect("scores");
+    assert_eq!(s.positions.len(), ids.len() - 1);
+    // The last position's distribution equals a plain forward over the same prefix.
+    let mut cache = KvCache::new(&model.cfg, ids.len()).expect("cache");
+    let logits = model
+        .forward(&ids[..ids.len() - 1], &mut cache)
+        .expect("forward");
+    let last = s.positions.last().expect("positions");
+    let best = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .expect("vocab")
+        .0 as u32;
+    assert_eq!(last.top[0].0, best);
+    assert!(s
+        .positions
+        .iter()
+        .all(|p| p.logprob <= 0.0 && p.top.len() == 3));
+    assert!(
+        s.perplexity > 1.0 && s.perplexity < 50.0,
+        "perplexity {}",
+        s.perplexity
+    );
+    assert!(tessera_engine::score::score(&model, &ids[..1], 3).is_err());
+}
+
+#[test]
 fn tokenizer_round_trips_and_knows_chatml() {
     let g = open();
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
@@ -80,17 +115,68 @@ fn greedy_answer_is_right() {
     let ids = tok
         .encode(&tok.chat_prompt("What is the capital of France?"))
         .expect("encodes");
-    let mut text = String::new();
-    let stats = generate(&model, &tok, &ids, 24, &Sampling::default(), |s| {
-        text.push_str(s)
-    })
-    .expect("generates");
-    assert!(text.contains("Paris"), "{text:?}");
-    assert_eq!(stats.finish, "stop token", "{text:?}");
-    // Bad sampling settings are errors.
-    let bad = Sampling {
-        temperature: -1.0,
-        ..Sampling::default()
+    let req = Request {
+        prompt: ids,
+        max_tokens: 24,
+        ..Request::default()
     };
-    assert!(generate(&model, &tok, &ids, 4, &bad, |_| {}).is_err());
+    let mut text = String::new();
+    let stats = generate(&model, &tok, &req, |s| text.push_str(s)).expect("generates");
+    assert!(text.contains("Paris"), "{text:?}");
+    assert_eq!(text, stats.text, "streamed pieces add up to the text");
+    assert_eq!(stats.finish, "stop token", "{text:?}");
+    // A stop string cuts the answer before it; nothing after it is streamed.
+    let cut = Request {
+        stop: vec!["Paris".into()],
+        ..req.clone()
+    };
+    let mut streamed = String::new();
+    let s = generate(&model, &tok, &cut, |p| streamed.push_str(p)).expect("generates");
+    assert_eq!(
+        (s.finish, s.text.as_str()),
+        ("stop string", streamed.as_str())
+    );
+    assert!(
+        !streamed.contains("Paris") && text.starts_with(&streamed),
+        "{streamed:?}"
+    );
+    // Sampling with a seed is reproducible; bad settings are errors.
+    let hot = Request {
+        sampling: Sampling {
+            temperature: 0.8,
+            min_p: 0.05,
+            repetition_penalty: 1.1,
+            seed: 9,
+            ..Sampling::default()
+        },
+        ..req.clone()
+    };
+    let a = generate(&model, &tok, &hot, |_| {}).expect("samples");
+    let b = generate(&model, &tok, &hot, |_| {}).expect("samples");
+    assert_eq!(a.generated, b.generated);
+    for bad in [
+        Sampling {
+            temperature: -1.0,
+            ..Sampling::default()
+        },
+        Sampling {
+            top_p: 0.0,
+            ..Sampling::default()
+        },
+        Sampling {
+            min_p: 2.0,
+            ..Sampling::default()
+        },
+    ] {
+        assert!(generate(
+            &model,
+            &tok,
+            &Request {
+                sampling: bad,
+                ..req.clone()
+            },
+            |_| {}
+        )
+        .is_err());
+    }
 }
