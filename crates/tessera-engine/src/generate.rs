@@ -1,7 +1,8 @@
 //! Token generation: prefill the prompt in one batch, then decode one token at a time,
 //! sampling greedily or with temperature / top-k / top-p, streaming text as it forms.
 
-use crate::llama::{KvCache, Llama};
+use crate::kv_cache::KvCache;
+use crate::llama::Llama;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use rand::{Rng as _, SeedableRng};

@@ -2,6 +2,7 @@
 
 pub mod generate;
 pub mod gguf;
+pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod pull;

@@ -3,14 +3,17 @@
 //! embeddings. Every matmul goes through [`Linear`], so one forward serves all formats.
 //!
 //! The residual stream is fused with the next norm (`rms_norm_residual`: one pass adds a
-//! sublayer's output and normalises for the next one). Keys and values are cached per
-//! layer, contiguous `[position, kv_head, d]`, already rotated.
+//! sublayer's output and normalises for the next one). Keys and values are cached,
+//! already rotated, in the paged [`KvCache`]: prefill attends with the flash kernel,
+//! decode with the paged decode kernel.
 
 use crate::gguf::Gguf;
+use crate::kv_cache::KvCache;
 use crate::linear::{self, Linear};
 use crate::{Error, Result};
 use tessera_core::{Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::attention::{attention, AttentionParams};
+use tessera_kernels::ops::paged_attention::{paged_attention, PagedParams};
 use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
 use tessera_kernels::ops::rope::{rope, Rope, RopeStyle};
 use tessera_kernels::ops::swiglu::swiglu;
@@ -119,42 +122,6 @@ pub struct Llama {
     output: Option<Box<dyn Linear>>,
 }
 
-/// Cached keys and values, `[capacity, kv_heads, head_dim]` per layer.
-#[derive(Debug)]
-pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    len: usize,
-    capacity: usize,
-}
-
-impl KvCache {
-    pub fn new(cfg: &Config, capacity: usize) -> Result<Self> {
-        let per = capacity
-            .checked_mul(cfg.kv_dim())
-            .filter(|&b| b <= 1 << 32)
-            .ok_or_else(|| {
-                Error::Model(format!("KV cache of {capacity} positions is too large"))
-            })?;
-        Ok(KvCache {
-            k: vec![vec![0.0; per]; cfg.n_layers],
-            v: vec![vec![0.0; per]; cfg.n_layers],
-            len: 0,
-            capacity,
-        })
-    }
-    /// Positions filled so far.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
 fn norm_of(g: &Gguf, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
     let t = g.tensor(name)?;
     let gamma = linear::floats(t, g.bytes(t))?;
@@ -187,7 +154,11 @@ struct Scratch {
     q: Vec<f32>,
     qr: Vec<f32>,
     k: Vec<f32>,
+    kr: Vec<f32>,
     v: Vec<f32>,
+    /// Prefill's contiguous copies of the cached keys and values.
+    kc: Vec<f32>,
+    vc: Vec<f32>,
     att: Vec<f32>,
     proj: Vec<f32>,
     gate: Vec<f32>,
@@ -242,15 +213,9 @@ impl Llama {
 
     fn run(&self, tokens: &[u32], cache: &mut KvCache, all: bool) -> Result<Vec<f32>> {
         let c = &self.cfg;
-        let (n, pos0) = (tokens.len(), cache.len);
+        let (n, pos0) = (tokens.len(), cache.len());
         if n == 0 {
             return Err(Error::Model("forward needs at least one token".into()));
-        }
-        if pos0 + n > cache.capacity {
-            return Err(Error::Model(format!(
-                "context full: {pos0} + {n} tokens > {} positions",
-                cache.capacity
-            )));
         }
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(Error::Model(format!(
@@ -258,6 +223,7 @@ impl Llama {
                 c.vocab
             )));
         }
+        cache.reserve(pos0 + n)?;
         let isa = Isa::best();
         let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
         let z = |len: usize| vec![0f32; n * len];
@@ -267,7 +233,10 @@ impl Llama {
             q: z(d),
             qr: z(d),
             k: z(kv),
+            kr: z(kv),
             v: z(kv),
+            kc: Vec::new(),
+            vc: Vec::new(),
             att: z(d),
             proj: z(d),
             gate: z(f),
@@ -320,31 +289,48 @@ impl Llama {
                 &rope_q,
                 &mut TensorViewMut::contiguous(&mut s.qr, &[n, c.heads, c.head_dim])?,
             )?;
-            let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
-            let slot = pos0 * kv..(pos0 + n) * kv;
             rope(
                 isa,
                 &view(&s.k, &[n, c.kv_heads, c.head_dim])?,
                 &rope_k,
-                &mut TensorViewMut::contiguous(
-                    &mut kc[slot.clone()],
-                    &[n, c.kv_heads, c.head_dim],
-                )?,
+                &mut TensorViewMut::contiguous(&mut s.kr, &[n, c.kv_heads, c.head_dim])?,
             )?;
-            vc[slot].copy_from_slice(&s.v);
+            cache.write(l, pos0, &s.kr, &s.v);
             let seen = pos0 + n;
-            let params = AttentionParams {
-                causal: true,
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
-                window: None,
-            };
-            attention(
-                &view(&s.qr, &[n, c.heads, c.head_dim])?,
-                &view(&kc[..seen * kv], &[seen, c.kv_heads, c.head_dim])?,
-                &view(&vc[..seen * kv], &[seen, c.kv_heads, c.head_dim])?,
-                &mut TensorViewMut::contiguous(&mut s.att, &[n, c.heads, c.head_dim])?,
-                params,
-            )?;
+            let scale = 1.0 / (c.head_dim as f32).sqrt();
+            let qv = view(&s.qr, &[n, c.heads, c.head_dim])?;
+            let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, c.head_dim])?;
+            if n == 1 {
+                // Decode: the paged kernel reads the blocks in place.
+                let params = PagedParams {
+                    scale,
+                    chunk: 0,
+                    threads: tessera_kernels::pool::global().threads(),
+                };
+                paged_attention(
+                    isa,
+                    &qv,
+                    &cache.paged(l),
+                    &cache.seqs(&[seen]),
+                    &mut out,
+                    params,
+                )?;
+            } else {
+                // Prefill: one contiguous run of positions for the flash kernel.
+                cache.gather(l, seen, &mut s.kc, &mut s.vc);
+                let params = AttentionParams {
+                    causal: true,
+                    scale,
+                    window: None,
+                };
+                attention(
+                    &qv,
+                    &view(&s.kc, &[seen, c.kv_heads, c.head_dim])?,
+                    &view(&s.vc, &[seen, c.kv_heads, c.head_dim])?,
+                    &mut out,
+                    params,
+                )?;
+            }
             layer.o.forward(
                 &view(&s.att, &[n, d])?,
                 &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
@@ -385,7 +371,7 @@ impl Llama {
             &view(&h, &[m, d])?,
             &mut TensorViewMut::contiguous(&mut logits, &[m, c.vocab])?,
         )?;
-        cache.len = pos0 + n;
+        cache.set_len(pos0 + n);
         Ok(logits)
     }
 }

@@ -1,7 +1,8 @@
 //! Teacher-forced scoring: the log-probability the model gives each next token of a text,
 //! the top-k alternatives at each position, and the text's perplexity.
 
-use crate::llama::{KvCache, Llama};
+use crate::kv_cache::KvCache;
+use crate::llama::Llama;
 use crate::{Error, Result};
 
 /// One position: the token that actually follows and what the model expected there.

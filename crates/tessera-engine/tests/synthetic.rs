@@ -8,7 +8,8 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use tessera_core::DType;
 use tessera_engine::gguf::{Gguf, Value};
-use tessera_engine::llama::{KvCache, Llama};
+use tessera_engine::kv_cache::KvCache;
+use tessera_engine::llama::Llama;
 
 const VOCAB: usize = 96;
 const DIM: usize = 64;
