@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 use tessera_engine::generate::{generate, Request, Sampling};
-use tessera_engine::gguf::Gguf;
 use tessera_engine::kv_cache::KvCache;
 use tessera_engine::llama::Llama;
 use tessera_engine::tokenizer::Tokenizer;
