@@ -6,19 +6,30 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 use tessera_engine::generate::{generate, Request, Sampling};
-use tessera_engine::gguf::Gguf;
 use tessera_engine::llama::Llama;
 use tessera_engine::pull;
 use tessera_engine::tokenizer::Tokenizer;
+use tessera_engine::weights::{parse_quantize, LoadOptions};
+
+/// Which model to load, and how.
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face checkpoint directory (config.json, *.safetensors,
+    /// tokenizer.json); default: the default model, pulled on first use.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Re-encode float weights at load: q4_0, q4_1, q5_0, q5_1 or q8_0.
+    #[arg(long)]
+    quantize: Option<String>,
+}
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// The prompt (a user message for chat models).
     #[arg(default_value = "Write a haiku about fast kernels.")]
     prompt: String,
-    /// A GGUF file (default: the default model, pulled on first use).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Tokens to generate at most.
     #[arg(long, short = 'n', default_value_t = 128)]
     max_tokens: usize,
@@ -56,8 +67,8 @@ pub struct ScoreArgs {
     /// The text to score (raw, no chat template).
     #[arg(long)]
     text: String,
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Alternatives to list per position.
     #[arg(long, default_value_t = 5)]
     top_k: usize,
@@ -68,8 +79,8 @@ pub struct ScoreArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchModelArgs {
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
     #[arg(long, default_value_t = 128)]
@@ -96,16 +107,18 @@ pub fn pull(a: PullArgs) -> Result<()> {
     Ok(())
 }
 
-/// Opens a model (the default one, pulled on first use, when `path` is None).
-fn load(path: Option<PathBuf>) -> Result<(Llama, Tokenizer)> {
-    let path = match path {
+/// Opens a model (the default one, pulled on first use, when no path is given).
+fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
+    let path = match a.model {
         Some(p) => p,
         None => pull::pull(&pull::DEFAULT_MODEL, log).context("pulling the default model")?,
     };
+    let opts = LoadOptions {
+        quantize: a.quantize.as_deref().map(parse_quantize).transpose()?,
+    };
     let t = std::time::Instant::now();
-    let gguf = Gguf::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let model = Llama::load(&gguf)?;
-    let tok = Tokenizer::from_gguf(&gguf)?;
+    let (model, tok) = tessera_engine::open(&path, &opts)
+        .with_context(|| format!("opening {}", path.display()))?;
     log(&format!(
         "loaded {} ({} layers, dim {}, {} heads / {} KV) in {:.2} s",
         path.file_name()

@@ -1,13 +1,18 @@
-//! Tessera engine: loads Llama-family models from GGUF, tokenizes, generates.
+//! Tessera engine: loads Llama-family models (GGUF files, HF safetensors checkpoints),
+//! tokenizes, generates.
+
+use std::path::Path;
 
 pub mod generate;
 pub mod gguf;
+pub mod hf;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod pull;
 pub mod score;
 pub mod tokenizer;
+pub mod weights;
 
 /// Engine errors: every bad file, request or setting becomes one of these, never a panic.
 #[derive(Debug, thiserror::Error)]
@@ -25,3 +30,28 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Opens a model and its tokenizer: a GGUF file, or an HF checkpoint directory (a path
+/// to a file inside one, such as its `model.safetensors`, works too).
+pub fn open(
+    path: &Path,
+    opts: &weights::LoadOptions,
+) -> Result<(llama::Llama, tokenizer::Tokenizer)> {
+    let dir = match path.is_file() && !hf::is_checkpoint(path) {
+        true if path
+            .extension()
+            .is_some_and(|e| e == "safetensors" || e == "json") =>
+        {
+            path.parent().unwrap_or(Path::new("."))
+        }
+        _ => path,
+    };
+    if hf::is_checkpoint(dir) {
+        let ck = hf::HfCheckpoint::open(dir)?;
+        let model = llama::Llama::from_source(ck.config.clone(), &ck, opts)?;
+        return Ok((model, tokenizer::Tokenizer::from_hf_dir(dir)?));
+    }
+    let g = gguf::Gguf::open(path)?;
+    let model = llama::Llama::from_source(llama::Config::from_gguf(&g)?, &g, opts)?;
+    Ok((model, tokenizer::Tokenizer::from_gguf(&g)?))
+}

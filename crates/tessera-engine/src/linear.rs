@@ -19,12 +19,23 @@ pub trait Linear: Send + Sync + std::fmt::Debug {
     /// Row `r` of W as f32 (embedding lookups through a tied output matrix).
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()>;
     fn dtype(&self) -> DType;
+    /// The f32 weights `[out, in]` of a dense layer (None for quantized ones), for
+    /// re-encoding at load.
+    fn dense_weights(&self) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// Block-quantized weights, kept quantized; matmuls dequantize in registers.
 #[derive(Debug)]
 pub struct QuantLinear<B> {
     w: QuantMatrix<B>,
+}
+
+impl<B> QuantLinear<B> {
+    pub fn new(w: QuantMatrix<B>) -> Self {
+        QuantLinear { w }
+    }
 }
 
 impl<B: BlockFormat> Linear for QuantLinear<B> {
@@ -95,6 +106,55 @@ impl Linear for DenseLinear {
     }
     fn dtype(&self) -> DType {
         DType::F32
+    }
+    fn dense_weights(&self) -> Option<&[f32]> {
+        Some(&self.w)
+    }
+}
+
+impl DenseLinear {
+    /// An f32 matrix `[rows, cols]`, row-major.
+    pub fn new(w: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
+        if rows.checked_mul(cols) != Some(w.len()) {
+            return Err(Error::Model(format!(
+                "{} values for a {rows}×{cols} matrix",
+                w.len()
+            )));
+        }
+        Ok(DenseLinear { w, rows, cols })
+    }
+}
+
+/// A layer plus a bias vector (`y = x·Wᵀ + b`), as in Qwen2's q/k/v projections.
+#[derive(Debug)]
+pub struct Biased {
+    pub inner: Box<dyn Linear>,
+    pub bias: Vec<f32>,
+}
+
+impl Linear for Biased {
+    fn in_features(&self) -> usize {
+        self.inner.in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.inner.out_features()
+    }
+    fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
+        self.inner.forward(x, y)?;
+        let layout = *y.layout();
+        let data = y.data_mut();
+        for i in 0..layout.dims()[0] {
+            for (j, b) in self.bias.iter().enumerate() {
+                data[layout.index_of(&[i, j])] += b;
+            }
+        }
+        Ok(())
+    }
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        self.inner.row(r, out)
+    }
+    fn dtype(&self) -> DType {
+        self.inner.dtype()
     }
 }
 

@@ -1,6 +1,12 @@
-//! Llama-family decoder (Llama 2/3, SmolLM/SmolLM2 in GGUF): pre-norm blocks of GQA
-//! attention with interleaved RoPE and a SwiGLU MLP, RMSNorm throughout, optionally tied
-//! embeddings. Every matmul goes through [`Linear`], so one forward serves all formats.
+//! Llama-family decoder (Llama 2/3, SmolLM/SmolLM2, Mistral, Qwen2): pre-norm blocks of
+//! GQA attention with RoPE and a SwiGLU MLP, RMSNorm throughout, optionally tied
+//! embeddings and q/k/v biases. Every matmul goes through [`Linear`], so one forward
+//! serves all formats, and tensors come through [`WeightSource`], so one loader serves
+//! GGUF and safetensors.
+//!
+//! RoPE pairs differ by source: GGUF converters permute Llama's q/k rows so that pairs
+//! are adjacent (interleaved), while HF checkpoints (and Qwen2 in GGUF) pair dimension i
+//! with i + d/2 (half-split); [`Config::rope_style`] records which.
 //!
 //! The residual stream is fused with the next norm (`rms_norm_residual`: one pass adds a
 //! sublayer's output and normalises for the next one). Keys and values are cached,
@@ -9,7 +15,8 @@
 
 use crate::gguf::Gguf;
 use crate::kv_cache::KvCache;
-use crate::linear::{self, Linear};
+use crate::linear::{Biased, Linear};
+use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
 use tessera_core::{Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::attention::{attention, AttentionParams};
@@ -18,7 +25,7 @@ use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
 use tessera_kernels::ops::rope::{rope, Rope, RopeStyle};
 use tessera_kernels::ops::swiglu::swiglu;
 
-/// Hyper-parameters from the GGUF metadata.
+/// Hyper-parameters, from GGUF metadata or an HF config.json.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub n_layers: usize,
@@ -31,6 +38,7 @@ pub struct Config {
     pub eps: f32,
     pub vocab: usize,
     pub context: usize,
+    pub rope_style: RopeStyle,
 }
 
 impl Config {
@@ -40,11 +48,15 @@ impl Config {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        if !matches!(arch.as_str(), "llama" | "mistral") {
-            return Err(Error::Model(format!(
-                "architecture '{arch}' is not supported (llama, mistral)"
-            )));
-        }
+        let rope_style = match arch.as_str() {
+            "llama" | "mistral" => RopeStyle::Interleaved,
+            "qwen2" => RopeStyle::HalfSplit,
+            _ => {
+                return Err(Error::Model(format!(
+                    "architecture '{arch}' is not supported (llama, mistral, qwen2)"
+                )))
+            }
+        };
         let int = |k: &str| -> Result<usize> {
             let key = format!("{arch}.{k}");
             let v = g
@@ -80,7 +92,14 @@ impl Config {
             eps: float("attention.layer_norm_rms_epsilon", 1e-5) as f32,
             vocab,
             context: int("context_length")?,
+            rope_style,
         };
+        c.validated()
+    }
+
+    /// Checks the hyper-parameters fit together (a file can say anything).
+    pub(crate) fn validated(self) -> Result<Self> {
+        let (c, dim, heads, kv_heads) = (&self, self.dim, self.heads, self.kv_heads);
         let eps_ok = c.eps > 0.0 && c.eps.is_finite(); // false for NaN
         if !dim.is_multiple_of(heads)
             || !heads.is_multiple_of(kv_heads)
@@ -91,7 +110,7 @@ impl Config {
         {
             return Err(Error::Model(format!("inconsistent hyper-parameters {c:?}")));
         }
-        Ok(c)
+        Ok(self)
     }
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
@@ -122,9 +141,9 @@ pub struct Llama {
     output: Option<Box<dyn Linear>>,
 }
 
-fn norm_of(g: &Gguf, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-    let t = g.tensor(name)?;
-    let gamma = linear::floats(t, g.bytes(t))?;
+/// A norm's weights, checked against the model width.
+fn norm_of(src: &dyn WeightSource, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+    let gamma = src.vector(name)?;
     if gamma.len() != dim {
         return Err(Error::Model(format!(
             "{name}: {} values for dim {dim}",
@@ -134,17 +153,37 @@ fn norm_of(g: &Gguf, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
     Ok(RmsNorm { gamma, eps })
 }
 
-/// Loads a matrix and checks its shape.
-fn matrix(g: &Gguf, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
-    let l = linear::load(g, g.tensor(name)?)?;
-    if (l.out_features(), l.in_features()) != (out, inp) {
-        return Err(Error::Model(format!(
-            "{name}: {}×{}, expected {out}×{inp}",
-            l.out_features(),
-            l.in_features()
-        )));
+/// The builder's view of a source: shape-checked matrices, optional biases.
+struct Loader<'a> {
+    src: &'a dyn WeightSource,
+    opts: &'a LoadOptions,
+}
+
+impl Loader<'_> {
+    /// Loads `name.weight` (and `name.bias` when the file has one) and checks the shape.
+    fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
+        let wname = format!("{name}.weight");
+        let l = load_matrix(self.src, &wname, self.opts)?;
+        if (l.out_features(), l.in_features()) != (out, inp) {
+            return Err(Error::Model(format!(
+                "{wname}: {}×{}, expected {out}×{inp}",
+                l.out_features(),
+                l.in_features()
+            )));
+        }
+        let bname = format!("{name}.bias");
+        if !self.src.has(&bname) {
+            return Ok(l);
+        }
+        let bias = self.src.vector(&bname)?;
+        if bias.len() != out {
+            return Err(Error::Model(format!(
+                "{bname}: {} values for {out} outputs",
+                bias.len()
+            )));
+        }
+        Ok(Box::new(Biased { inner: l, bias }))
     }
-    Ok(l)
 }
 
 /// Scratch activations for a batch of `n` tokens.
@@ -167,31 +206,38 @@ struct Scratch {
 }
 
 impl Llama {
+    /// A GGUF model with its weights in their stored formats.
     pub fn load(g: &Gguf) -> Result<Self> {
-        let cfg = Config::from_gguf(g)?;
+        Self::from_source(Config::from_gguf(g)?, g, &LoadOptions::default())
+    }
+
+    /// A model of `cfg` from any weight source.
+    pub fn from_source(cfg: Config, src: &dyn WeightSource, opts: &LoadOptions) -> Result<Self> {
         let (d, f, kv) = (cfg.dim, cfg.ffn_dim, cfg.kv_dim());
-        let embed = matrix(g, "token_embd.weight", cfg.vocab, d)?;
+        let ld = Loader { src, opts };
+        let embed = ld.linear("token_embd", cfg.vocab, d)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let norm = |s: &str| norm_of(src, &format!("blk.{l}.{s}.weight"), d, cfg.eps);
             layers.push(Layer {
-                attn_norm: norm_of(g, &n("attn_norm"), d, cfg.eps)?,
-                q: matrix(g, &n("attn_q"), d, d)?,
-                k: matrix(g, &n("attn_k"), kv, d)?,
-                v: matrix(g, &n("attn_v"), kv, d)?,
-                o: matrix(g, &n("attn_output"), d, d)?,
-                ffn_norm: norm_of(g, &n("ffn_norm"), d, cfg.eps)?,
-                gate: matrix(g, &n("ffn_gate"), f, d)?,
-                up: matrix(g, &n("ffn_up"), f, d)?,
-                down: matrix(g, &n("ffn_down"), d, f)?,
+                attn_norm: norm("attn_norm")?,
+                q: ld.linear(&n("attn_q"), d, d)?,
+                k: ld.linear(&n("attn_k"), kv, d)?,
+                v: ld.linear(&n("attn_v"), kv, d)?,
+                o: ld.linear(&n("attn_output"), d, d)?,
+                ffn_norm: norm("ffn_norm")?,
+                gate: ld.linear(&n("ffn_gate"), f, d)?,
+                up: ld.linear(&n("ffn_up"), f, d)?,
+                down: ld.linear(&n("ffn_down"), d, f)?,
             });
         }
-        let output = match g.tensors.iter().any(|t| t.name == "output.weight") {
-            true => Some(matrix(g, "output.weight", cfg.vocab, d)?),
+        let output = match src.has("output.weight") {
+            true => Some(ld.linear("output", cfg.vocab, d)?),
             false => None,
         };
         Ok(Llama {
-            norm: norm_of(g, "output_norm.weight", d, cfg.eps)?,
+            norm: norm_of(src, "output_norm.weight", d, cfg.eps)?,
             cfg,
             embed,
             layers,
@@ -247,15 +293,9 @@ impl Llama {
             self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
         }
         let positions: Vec<usize> = (pos0..pos0 + n).collect();
-        let rope_q = Rope::new(
-            RopeStyle::Interleaved,
-            &positions,
-            c.heads,
-            c.head_dim,
-            c.rope_theta,
-        )?;
+        let rope_q = Rope::new(c.rope_style, &positions, c.heads, c.head_dim, c.rope_theta)?;
         let rope_k = Rope::new(
-            RopeStyle::Interleaved,
+            c.rope_style,
             &positions,
             c.kv_heads,
             c.head_dim,

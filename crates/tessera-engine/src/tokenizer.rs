@@ -5,9 +5,15 @@
 //! splits (for `smollm`, every digit alone, then the GPT-2 byte-level regex), BPE over the
 //! byte-level alphabet, control tokens (type 3) matched as special tokens, and the
 //! byte-level decoder.
+//!
+//! HF checkpoints ship that pipeline ready-made as `tokenizer.json`
+//! ([`Tokenizer::from_hf_dir`]), with BOS/EOS and the chat template in
+//! `tokenizer_config.json`.
 
 use crate::gguf::Gguf;
 use crate::{Error, Result};
+use serde_json::Value as Json;
+use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -118,10 +124,7 @@ impl Tokenizer {
                 .filter(|&v| (v as usize) < tokens.len())
         };
         let eos = id("tokenizer.ggml.eos_token_id");
-        let mut stop: Vec<u32> = eos.into_iter().collect();
-        if let Some(end) = tokens.iter().position(|t| t == "<|im_end|>") {
-            stop.push(end as u32);
-        }
+        let stop = turn_ends(&inner, eos.into_iter().collect());
         Ok(Tokenizer {
             inner,
             bos: id("tokenizer.ggml.bos_token_id"),
@@ -138,6 +141,49 @@ impl Tokenizer {
                 .map(str::to_owned),
             stop,
         })
+    }
+
+    /// The tokenizer of an HF checkpoint directory (`tokenizer.json`, and
+    /// `tokenizer_config.json` / `config.json` for BOS, EOS and the chat template).
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let inner = HfTokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| Error::Tokenizer(format!("{}/tokenizer.json: {e}", dir.display())))?;
+        let json = |name: &str| -> Result<Json> {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(t) => serde_json::from_str(&t)
+                    .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display()))),
+                Err(_) => Ok(Json::Null),
+            }
+        };
+        let (tc, config) = (json("tokenizer_config.json")?, json("config.json")?);
+        // Special tokens are written as a string or as {"content": string}.
+        let special = |key: &str| {
+            let v = &tc[key];
+            v.as_str()
+                .or_else(|| v["content"].as_str())
+                .and_then(|t| inner.token_to_id(t))
+        };
+        let bos = special("bos_token").or(config["bos_token_id"].as_u64().map(|v| v as u32));
+        let mut eos_ids: Vec<u32> = special("eos_token").into_iter().collect();
+        match &config["eos_token_id"] {
+            Json::Array(a) => eos_ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+            v => eos_ids.extend(v.as_u64().map(|v| v as u32)),
+        }
+        eos_ids.dedup();
+        Ok(Tokenizer {
+            bos,
+            eos: eos_ids.first().copied(),
+            add_bos: tc["add_bos_token"].as_bool().unwrap_or(false),
+            chat_template: tc["chat_template"].as_str().map(str::to_owned),
+            stop: turn_ends(&inner, eos_ids),
+            inner,
+        })
+    }
+
+    /// The pipeline as `tokenizer.json` text (to export a GGUF model's tokenizer).
+    pub fn to_hf_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(tok_err)
     }
 
     /// Token ids of `text` (special tokens written in the text are recognised), with BOS
@@ -177,4 +223,17 @@ impl Tokenizer {
             _ => message.to_owned(),
         }
     }
+}
+
+/// `eos` plus the end-of-turn markers of the chat formats in use (ChatML's `<|im_end|>`,
+/// Llama 3's `<|eot_id|>`) when the vocabulary has them.
+fn turn_ends(inner: &HfTokenizer, mut ids: Vec<u32>) -> Vec<u32> {
+    for marker in ["<|im_end|>", "<|eot_id|>"] {
+        if let Some(id) = inner.token_to_id(marker) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    ids
 }

@@ -67,6 +67,49 @@ fn tokenizer_matches_llama_cpp_on_the_corpus() {
     }
 }
 
+/// The tokenizer.json path: the default model's pipeline exported as tokenizer.json and
+/// read back the way HF checkpoints are read must still agree with llama.cpp.
+#[test]
+fn tokenizer_json_round_trip_matches_llama_cpp() {
+    let g = open_default_model();
+    let gguf_tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let dir = std::env::temp_dir().join(format!("tessera-tokjson-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        gguf_tok.to_hf_json().expect("json"),
+    )
+    .expect("write");
+    let config = serde_json::json!({
+        "add_bos_token": false,
+        "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"},
+        "chat_template": gguf_tok.chat_template,
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+    let tok = Tokenizer::from_hf_dir(&dir).expect("reads tokenizer.json");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(tok.bos, Some(1));
+    assert_eq!(tok.eos, Some(2));
+    assert!(tok.stop.contains(&2));
+    for case in data("tokenizer_reference.json")["cases"]
+        .as_array()
+        .expect("cases")
+    {
+        let text = case["text"].as_str().expect("text");
+        assert_eq!(
+            tok.encode(text).expect("encodes"),
+            ids(&case["ids"]),
+            "{text:?}"
+        );
+    }
+    assert_eq!(
+        tok.chat_prompt("Hi"),
+        gguf_tok.chat_prompt("Hi"),
+        "same chat template"
+    );
+}
+
 #[test]
 fn logits_and_greedy_tokens_match_numpy_float64() {
     let g = open_default_model();

@@ -160,6 +160,8 @@ pub struct RefConfig {
     pub kv_heads: usize,
     pub theta: f64,
     pub eps: f64,
+    /// Qwen2 GGUFs keep HF's half-split RoPE pairs; Llama GGUFs are interleaved.
+    pub half_split: bool,
 }
 
 pub fn ref_config(g: &Gguf) -> RefConfig {
@@ -181,6 +183,7 @@ pub fn ref_config(g: &Gguf) -> RefConfig {
         kv_heads: u("attention.head_count_kv"),
         theta: f("rope.freq_base", 10_000.0),
         eps: f("attention.layer_norm_rms_epsilon", 1e-5),
+        half_split: a == "qwen2",
     }
 }
 
@@ -196,14 +199,19 @@ fn rmsnorm(x: &[f64], g: &[f64], eps: f64) -> Vec<f64> {
     x.iter().zip(g).map(|(v, g)| v * r * g).collect()
 }
 
-/// Interleaved-pair RoPE at position `pos` over heads of `d`.
-fn rope(x: &mut [f64], pos: usize, d: usize, theta: f64) {
+/// RoPE at position `pos` over heads of `d`: pairs (2i, 2i+1), or (i, i + d/2).
+fn rope(x: &mut [f64], pos: usize, d: usize, theta: f64, half_split: bool) {
     for head in x.chunks_exact_mut(d) {
         for i in 0..d / 2 {
             let a = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
-            let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = x0 * a.cos() - x1 * a.sin();
-            head[2 * i + 1] = x0 * a.sin() + x1 * a.cos();
+            let (p, q) = if half_split {
+                (i, i + d / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[p], head[q]);
+            head[p] = x0 * a.cos() - x1 * a.sin();
+            head[q] = x0 * a.sin() + x1 * a.cos();
         }
     }
 }
@@ -224,17 +232,35 @@ pub fn reference_logits(g: &Gguf, tokens: &[u32]) -> Vec<Vec<f64>> {
         let (wq, wk, wv, wo) = (w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"));
         let (wg, wu, wd) = (w("ffn_gate"), w("ffn_up"), w("ffn_down"));
         let (an, fnorm) = (w("attn_norm"), w("ffn_norm"));
+        // Optional q/k/v biases (Qwen2), zero when absent.
+        let bias = |s: &str, len: usize| {
+            let name = format!("blk.{l}.{s}.bias");
+            match g.tensors.iter().any(|t| t.name == name) {
+                true => t(&name),
+                false => vec![0.0; len],
+            }
+        };
+        let kvd = c.kv_heads * hd;
+        let (bq, bk, bv) = (
+            bias("attn_q", c.dim),
+            bias("attn_k", kvd),
+            bias("attn_v", kvd),
+        );
+        let add = |mut v: Vec<f64>, b: &[f64]| {
+            v.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+            v
+        };
         let mut ks = Vec::new();
         let mut vs = Vec::new();
         let mut qs = Vec::new();
         for (pos, x) in xs.iter().enumerate() {
             let h = rmsnorm(x, &an, c.eps);
-            let (mut q, mut k) = (matvec(&wq, &h), matvec(&wk, &h));
-            rope(&mut q, pos, hd, c.theta);
-            rope(&mut k, pos, hd, c.theta);
+            let (mut q, mut k) = (add(matvec(&wq, &h), &bq), add(matvec(&wk, &h), &bk));
+            rope(&mut q, pos, hd, c.theta, c.half_split);
+            rope(&mut k, pos, hd, c.theta, c.half_split);
             qs.push(q);
             ks.push(k);
-            vs.push(matvec(&wv, &h));
+            vs.push(add(matvec(&wv, &h), &bv));
         }
         for (pos, x) in xs.iter_mut().enumerate() {
             let mut att = vec![0f64; c.dim];

@@ -1,0 +1,101 @@
+//! Where a model's tensors come from. The model asks for tensors by their GGUF names
+//! (`blk.3.attn_q.weight`); each file format answers through [`WeightSource`] (GGUF
+//! directly, Hugging Face safetensors by translating names in [`crate::hf`]), so the
+//! Llama code never knows which format it was loaded from.
+//!
+//! [`LoadOptions::quantize`] re-encodes float matrices into a block format at load, the
+//! same way for every source.
+
+use crate::gguf::Gguf;
+use crate::linear::{self, Linear, QuantLinear};
+use crate::{Error, Result};
+use tessera_core::DType;
+use tessera_kernels::quant::{
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix,
+};
+
+/// A model file's tensors by canonical (GGUF) name.
+pub trait WeightSource {
+    fn has(&self, name: &str) -> bool;
+    /// A 2-D tensor `[out, in]` as a linear layer in its stored format.
+    fn matrix(&self, name: &str) -> Result<Box<dyn Linear>>;
+    /// A 1-D float tensor (norm weights, biases) widened to f32.
+    fn vector(&self, name: &str) -> Result<Vec<f32>>;
+}
+
+impl WeightSource for Gguf {
+    fn has(&self, name: &str) -> bool {
+        self.tensors.iter().any(|t| t.name == name)
+    }
+    fn matrix(&self, name: &str) -> Result<Box<dyn Linear>> {
+        linear::load(self, self.tensor(name)?)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let t = self.tensor(name)?;
+        if t.dims.len() != 1 {
+            return Err(Error::Model(format!(
+                "{name}: expected a vector, dims {:?}",
+                t.dims
+            )));
+        }
+        linear::floats(t, self.bytes(t))
+    }
+}
+
+/// Choices made while loading.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadOptions {
+    /// Re-encode every float (f32/f16/bf16) matrix in this block format; matrices already
+    /// quantized in the file are kept as they are (re-quantizing would only add error).
+    pub quantize: Option<DType>,
+}
+
+/// Block formats `--quantize` accepts, by their lower-case names.
+pub const QUANTIZE_FORMATS: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+];
+
+/// Parses a `--quantize` name (`q8_0`, `q4_1`, …).
+pub fn parse_quantize(name: &str) -> Result<DType> {
+    QUANTIZE_FORMATS
+        .into_iter()
+        .find(|d| d.to_string().eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let names: Vec<String> = QUANTIZE_FORMATS.iter().map(|d| d.to_string()).collect();
+            Error::Model(format!(
+                "unknown quantization '{name}' (one of: {})",
+                names.join(", ")
+            ))
+        })
+}
+
+/// `source.matrix(name)`, re-encoded per `opts`.
+pub fn load_matrix(
+    source: &dyn WeightSource,
+    name: &str,
+    opts: &LoadOptions,
+) -> Result<Box<dyn Linear>> {
+    let l = source.matrix(name)?;
+    let (Some(target), Some(w)) = (opts.quantize, l.dense_weights()) else {
+        return Ok(l);
+    };
+    let (rows, cols) = (l.out_features(), l.in_features());
+    fn q<B: BlockFormat + 'static>(rows: usize, cols: usize, w: &[f32]) -> Result<Box<dyn Linear>> {
+        Ok(Box::new(QuantLinear::new(QuantMatrix::<B>::quantize(
+            rows, cols, w,
+        )?)))
+    }
+    let quantized = match target {
+        DType::Q4_0 => q::<BlockQ4_0>(rows, cols, w),
+        DType::Q4_1 => q::<BlockQ4_1>(rows, cols, w),
+        DType::Q5_0 => q::<BlockQ5_0>(rows, cols, w),
+        DType::Q5_1 => q::<BlockQ5_1>(rows, cols, w),
+        DType::Q8_0 => q::<BlockQ8_0>(rows, cols, w),
+        other => Err(Error::Model(format!("cannot quantize to {other}"))),
+    };
+    quantized.map_err(|e| Error::Model(format!("{name}: quantizing to {target}: {e}")))
+}

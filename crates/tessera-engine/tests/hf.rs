@@ -1,0 +1,328 @@
+//! Hugging Face checkpoints: one random model written twice by the test — as an HF
+//! directory (config.json + bf16 safetensors, q/k rows in HF order, half-split RoPE) and
+//! as a GGUF in the converters' interleaved order — and the engine's HF logits compared
+//! with the independent float64 forward over the GGUF. Llama (no biases, untied head) and
+//! Qwen2 (q/k/v biases, tied) configurations; `--quantize` at load; malformed checkpoints.
+
+mod common;
+
+use common::*;
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::{Path, PathBuf};
+use tessera_core::DType;
+use tessera_engine::gguf::{Gguf, Value};
+use tessera_engine::hf::HfCheckpoint;
+use tessera_engine::kv_cache::KvCache;
+use tessera_engine::llama::Llama;
+use tessera_engine::weights::LoadOptions;
+
+const VOCAB: usize = 80;
+const DIM: usize = 64;
+const FFN: usize = 96;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HD: usize = DIM / HEADS;
+const LAYERS: usize = 2;
+
+/// Same arithmetic as the GGUF synthetic test (f32 vs float64 on identical weights).
+const LOGIT_TOL: f64 = 1e-5;
+
+/// A tensor in HF layout: name, shape, values (already representable in bf16).
+struct Tensor {
+    name: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+fn random_model(qwen: bool) -> Vec<Tensor> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(if qwen { 11 } else { 5 });
+    let mut t = |name: String, shape: &[usize], scale: f32| Tensor {
+        name,
+        shape: shape.to_vec(),
+        values: (0..shape.iter().product())
+            .map(|_| bf16::from_f32(rng.random_range(-scale..scale)).to_f32())
+            .collect(),
+    };
+    let kv = KV_HEADS * HD;
+    let mut v = vec![t("model.embed_tokens.weight".into(), &[VOCAB, DIM], 1.0)];
+    for l in 0..LAYERS {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        v.push(t(p("input_layernorm.weight"), &[DIM], 1.0));
+        v.push(t(p("self_attn.q_proj.weight"), &[DIM, DIM], 0.3));
+        v.push(t(p("self_attn.k_proj.weight"), &[kv, DIM], 0.3));
+        v.push(t(p("self_attn.v_proj.weight"), &[kv, DIM], 0.3));
+        if qwen {
+            v.push(t(p("self_attn.q_proj.bias"), &[DIM], 0.5));
+            v.push(t(p("self_attn.k_proj.bias"), &[kv], 0.5));
+            v.push(t(p("self_attn.v_proj.bias"), &[kv], 0.5));
+        }
+        v.push(t(p("self_attn.o_proj.weight"), &[DIM, DIM], 0.2));
+        v.push(t(p("post_attention_layernorm.weight"), &[DIM], 1.0));
+        v.push(t(p("mlp.gate_proj.weight"), &[FFN, DIM], 0.3));
+        v.push(t(p("mlp.up_proj.weight"), &[FFN, DIM], 0.3));
+        v.push(t(p("mlp.down_proj.weight"), &[DIM, FFN], 0.2));
+    }
+    v.push(t("model.norm.weight".into(), &[DIM], 1.0));
+    if !qwen {
+        v.push(t("lm_head.weight".into(), &[VOCAB, DIM], 0.5));
+    }
+    v
+}
+
+fn config_json(qwen: bool) -> String {
+    serde_json::json!({
+        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+        "model_type": if qwen { "qwen2" } else { "llama" },
+        "hidden_size": DIM, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": VOCAB,
+        "max_position_embeddings": 256, "tie_word_embeddings": qwen,
+        "rope_scaling": null,
+    })
+    .to_string()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tessera-hf-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn write_checkpoint(dir: &Path, tensors: &[Tensor], config: &str) {
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .iter()
+        .map(|t| {
+            let b = t
+                .values
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect();
+            (t.name.clone(), b, t.shape.clone())
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, b, s)| {
+            let view = TensorView::new(Dtype::BF16, s.clone(), b).expect("view");
+            (n.clone(), view)
+        })
+        .collect();
+    let data = safetensors::serialize(views, None).expect("serialize");
+    std::fs::write(dir.join("model.safetensors"), data).expect("write");
+    std::fs::write(dir.join("config.json"), config).expect("write");
+}
+
+/// HF q/k rows (pair i ↔ i + d/2) in the GGUF converters' interleaved order (2i, 2i+1).
+fn interleave_rows(v: &[f32], rows: usize) -> Vec<f32> {
+    let cols = v.len() / rows;
+    let mut out = vec![0f32; v.len()];
+    for h in 0..rows / HD {
+        for i in 0..HD / 2 {
+            for j in 0..2 {
+                let (dst, src) = (h * HD + 2 * i + j, h * HD + j * HD / 2 + i);
+                out[dst * cols..][..cols].copy_from_slice(&v[src * cols..][..cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The same model as a GGUF (`dtype` for the matrices, f32 vectors): arch `llama` with
+/// q/k rows interleaved as the converters write them, or `qwen2` in HF order.
+fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str) -> Vec<u8> {
+    let raw = tensors
+        .iter()
+        .map(|t| {
+            let name = gguf_name(&t.name);
+            let rows = if t.shape.len() == 2 { t.shape[0] } else { 1 };
+            let qk = arch == "llama" && (name.contains("attn_q") || name.contains("attn_k"));
+            // A bias vector permutes like a matrix with one column.
+            let values = match qk {
+                true => interleave_rows(&t.values, t.shape[0]),
+                false => t.values.clone(),
+            };
+            let (dims, dt) = match t.shape[..] {
+                [n] => (vec![n], DType::F32),
+                [r, c] => (vec![c, r], dtype),
+                _ => unreachable!(),
+            };
+            RawTensor {
+                bytes: encode(dt, rows, values.len() / rows, &values),
+                name,
+                dims,
+                dtype: dt,
+            }
+        })
+        .collect::<Vec<_>>();
+    let keys: Vec<(String, Value)> = [
+        ("block_count", Value::U32(LAYERS as u32)),
+        ("context_length", Value::U32(256)),
+        ("embedding_length", Value::U32(DIM as u32)),
+        ("feed_forward_length", Value::U32(FFN as u32)),
+        ("attention.head_count", Value::U32(HEADS as u32)),
+        ("attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("rope.freq_base", Value::F32(10_000.0)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{arch}.{k}"), v))
+    .collect();
+    let mut meta = vec![("general.architecture", Value::String(arch.into()))];
+    meta.extend(keys.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    gguf_bytes(&meta, &raw)
+}
+
+fn gguf_name(hf: &str) -> String {
+    let map = [
+        ("model.embed_tokens.", "token_embd."),
+        ("model.norm.", "output_norm."),
+        ("lm_head.", "output."),
+        (".input_layernorm.", ".attn_norm."),
+        (".post_attention_layernorm.", ".ffn_norm."),
+        (".self_attn.q_proj.", ".attn_q."),
+        (".self_attn.k_proj.", ".attn_k."),
+        (".self_attn.v_proj.", ".attn_v."),
+        (".self_attn.o_proj.", ".attn_output."),
+        (".mlp.gate_proj.", ".ffn_gate."),
+        (".mlp.up_proj.", ".ffn_up."),
+        (".mlp.down_proj.", ".ffn_down."),
+        ("model.layers.", "blk."),
+    ];
+    map.iter().fold(hf.to_owned(), |s, (a, b)| s.replace(a, b))
+}
+
+/// Engine logits from the HF directory vs float64 over the equivalent GGUF.
+fn check(dir: &Path, tensors: &[Tensor], opts: LoadOptions, gguf_dtype: DType) {
+    let ck = HfCheckpoint::open(dir).expect("opens");
+    let model = Llama::from_source(ck.config.clone(), &ck, &opts).expect("loads");
+    let gpath = dir.join("same.gguf");
+    write(&gpath, &as_gguf(tensors, gguf_dtype, "llama"));
+    let g = Gguf::open(&gpath).expect("gguf");
+    let tokens: Vec<u32> = (0..23u32).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
+    let want = reference_logits(&g, &tokens);
+    let mut cache = KvCache::new(&model.cfg, 32).expect("cache");
+    let got = model.forward(&tokens[..20], &mut cache).expect("prefill");
+    let e = rel(&got, &want[19]);
+    assert!(e < LOGIT_TOL, "{}: prefill rel error {e}", dir.display());
+    for i in 20..23 {
+        let got = model
+            .forward(&tokens[i..i + 1], &mut cache)
+            .expect("decode");
+        let e = rel(&got, &want[i]);
+        assert!(e < LOGIT_TOL, "{}: decode {i} rel error {e}", dir.display());
+    }
+}
+
+#[test]
+fn hf_llama_and_qwen2_match_float64_reference() {
+    for qwen in [false, true] {
+        let dir = temp_dir(if qwen { "qwen2" } else { "llama" });
+        let tensors = random_model(qwen);
+        write_checkpoint(&dir, &tensors, &config_json(qwen));
+        check(&dir, &tensors, LoadOptions::default(), DType::F32);
+        // Quantized at load: row-wise blocks commute with the q/k row permutation, so the
+        // reference is the GGUF holding the same blocks.
+        let q8 = LoadOptions {
+            quantize: Some(DType::Q8_0),
+        };
+        check(&dir, &tensors, q8, DType::Q8_0);
+        open_with_tokenizer(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `tessera_engine::open` on the directory once it has a tokenizer.json (a word-level
+/// vocabulary "w0".."w79" stands in for a real one).
+fn open_with_tokenizer(dir: &Path) {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let vocab = (0..VOCAB as u32).map(|i| (format!("w{i}"), i)).collect();
+    let wl = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("w0".into())
+        .build()
+        .expect("word level");
+    let mut tok = tokenizers::Tokenizer::new(wl);
+    tok.with_pre_tokenizer(Some(Whitespace {}));
+    tok.save(dir.join("tokenizer.json"), false).expect("save");
+    let (model, tok) =
+        tessera_engine::open(&dir.join("model.safetensors"), &LoadOptions::default())
+            .expect("opens the directory through a file inside it");
+    let ids = tok.encode("w3 w17 w42").expect("encodes");
+    assert_eq!(ids, [3, 17, 42]);
+    let mut cache = KvCache::new(&model.cfg, 8).expect("cache");
+    let logits = model.forward(&ids, &mut cache).expect("forward");
+    assert_eq!(logits.len(), VOCAB);
+    assert!(logits.iter().all(|v| v.is_finite()));
+}
+
+/// A Qwen2 GGUF (biases, half-split RoPE, HF row order) through the GGUF loader, against
+/// the float64 forward reading the same file.
+#[test]
+fn qwen2_gguf_matches_float64_reference() {
+    let dir = temp_dir("qwen2-gguf");
+    let path = dir.join("qwen2.gguf");
+    write(&path, &as_gguf(&random_model(true), DType::Q8_0, "qwen2"));
+    let g = Gguf::open(&path).expect("gguf");
+    let model = Llama::load(&g).expect("loads");
+    let tokens: Vec<u32> = (0..21u32).map(|i| (i * 13 + 1) % VOCAB as u32).collect();
+    let want = reference_logits(&g, &tokens);
+    let mut cache = KvCache::new(&model.cfg, 32).expect("cache");
+    let got = model.forward(&tokens[..20], &mut cache).expect("prefill");
+    assert!(rel(&got, &want[19]) < LOGIT_TOL, "{}", rel(&got, &want[19]));
+    let got = model.forward(&tokens[20..], &mut cache).expect("decode");
+    assert!(rel(&got, &want[20]) < LOGIT_TOL, "{}", rel(&got, &want[20]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn malformed_checkpoints_are_errors() {
+    let dir = temp_dir("bad");
+    let tensors = random_model(false);
+    let open = |dir: &Path| HfCheckpoint::open(dir).map(|_| ());
+    let cfg = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut j: serde_json::Value = serde_json::from_str(&config_json(false)).unwrap();
+        edit(&mut j);
+        j.to_string()
+    };
+    let cases: Vec<(&str, String)> = vec![
+        ("model_type", cfg(&|j| j["model_type"] = "gpt2".into())),
+        (
+            "rope_scaling",
+            cfg(&|j| j["rope_scaling"] = serde_json::json!({"type": "llama3"})),
+        ),
+        ("heads", cfg(&|j| j["num_attention_heads"] = 5.into())),
+        ("hidden_size", cfg(&|j| j["hidden_size"] = 0.into())),
+    ];
+    for (what, config) in cases {
+        write_checkpoint(&dir, &tensors, &config);
+        assert!(open(&dir).is_err(), "{what} accepted");
+    }
+    // Truncated safetensors file.
+    write_checkpoint(&dir, &tensors, &config_json(false));
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    assert!(open(&dir).is_err(), "truncated file accepted");
+    // A missing tensor, and an untied model without its head.
+    for drop in ["model.layers.1.mlp.up_proj.weight", "lm_head.weight"] {
+        let kept: Vec<Tensor> = random_model(false)
+            .into_iter()
+            .filter(|t| t.name != drop)
+            .collect();
+        write_checkpoint(&dir, &kept, &config_json(false));
+        let loaded = HfCheckpoint::open(&dir)
+            .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()));
+        assert!(loaded.is_err(), "checkpoint without {drop} accepted");
+    }
+    // A matrix of the wrong shape.
+    let mut wrong = random_model(false);
+    wrong[2].shape = vec![DIM / 2, DIM * 2];
+    write_checkpoint(&dir, &wrong, &config_json(false));
+    let ck = HfCheckpoint::open(&dir).expect("header is fine");
+    assert!(Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
