@@ -2,6 +2,7 @@
 //! quantization error.
 
 mod bench_cmd;
+mod profile_cmd;
 mod quant_cmd;
 mod run_cmd;
 

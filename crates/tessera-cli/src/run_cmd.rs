@@ -60,6 +60,12 @@ pub struct RunArgs {
     /// Print one JSON object (prompt and generated ids, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Generate past end-of-sequence tokens (for measurements).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Record every kernel call: Chrome trace JSON to this file, per-op table to stderr.
+    #[arg(long)]
+    profile: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -88,6 +94,9 @@ pub struct BenchModelArgs {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Profile the last run: Chrome trace JSON to this file, per-op table to stderr.
+    #[arg(long)]
+    profile: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -153,8 +162,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             ..Sampling::default()
         },
         stop: a.stop,
-        ignore_eos: false,
+        ignore_eos: a.ignore_eos,
     };
+    tessera_engine::profile::enable(a.profile.is_some());
     let mut out = std::io::stdout();
     let stats = generate(&model, &tok, &req, |piece| {
         if !a.json {
@@ -186,6 +196,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         stats.decode_tok_s(),
         stats.finish
     ));
+    if let Some(path) = &a.profile {
+        crate::profile_cmd::report(&tessera_engine::profile::take(), path)?;
+    }
     Ok(())
 }
 
@@ -230,7 +243,8 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         tok.encode("The quick brown fox jumps over the lazy dog while 42 kernels run fast. ")?;
     let prompt: Vec<u32> = base.iter().cycle().take(a.prompt_tokens).copied().collect();
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
-    for _ in 0..a.runs {
+    for run in 0..a.runs {
+        tessera_engine::profile::enable(a.profile.is_some() && run + 1 == a.runs);
         let req = Request {
             prompt: prompt.clone(),
             max_tokens: a.gen_tokens,
@@ -255,5 +269,9 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         a.runs,
         tessera_kernels::pool::global().threads()
     );
+    if let Some(path) = &a.profile {
+        tessera_engine::profile::enable(false);
+        crate::profile_cmd::report(&tessera_engine::profile::take(), path)?;
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod hf;
 pub mod kv_cache;
 pub mod linear;
 pub mod llama;
+pub mod profile;
 pub mod pull;
 pub mod score;
 pub mod tokenizer;

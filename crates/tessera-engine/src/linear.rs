@@ -19,6 +19,8 @@ pub trait Linear: Send + Sync + std::fmt::Debug {
     /// Row `r` of W as f32 (embedding lookups through a tied output matrix).
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()>;
     fn dtype(&self) -> DType;
+    /// Bytes of the weights as stored (a matmul must read them all).
+    fn weight_bytes(&self) -> usize;
     /// The f32 weights `[out, in]` of a dense layer (None for quantized ones), for
     /// re-encoding at load.
     fn dense_weights(&self) -> Option<&[f32]> {
@@ -65,6 +67,9 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     fn dtype(&self) -> DType {
         B::DTYPE
     }
+    fn weight_bytes(&self) -> usize {
+        self.w.size_bytes()
+    }
 }
 
 /// f32 weights through the GEMM.
@@ -106,6 +111,9 @@ impl Linear for DenseLinear {
     }
     fn dtype(&self) -> DType {
         DType::F32
+    }
+    fn weight_bytes(&self) -> usize {
+        4 * self.w.len()
     }
     fn dense_weights(&self) -> Option<&[f32]> {
         Some(&self.w)
@@ -155,6 +163,9 @@ impl Linear for Biased {
     }
     fn dtype(&self) -> DType {
         self.inner.dtype()
+    }
+    fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes() + 4 * self.bias.len()
     }
 }
 

@@ -16,6 +16,7 @@
 use crate::gguf::Gguf;
 use crate::kv_cache::KvCache;
 use crate::linear::{Biased, Linear};
+use crate::profile::{self, OpCost};
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
 use tessera_core::{Isa, TensorView, TensorViewMut};
@@ -270,7 +271,7 @@ impl Llama {
             )));
         }
         cache.reserve(pos0 + n)?;
-        let isa = Isa::best();
+        profile::set_decode(n == 1);
         let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
         let z = |len: usize| vec![0f32; n * len];
         let mut s = Scratch {
@@ -289,9 +290,13 @@ impl Llama {
             up: z(f),
             act: z(f),
         };
-        for (i, &t) in tokens.iter().enumerate() {
-            self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
-        }
+        let embed_cost = || cost(format!("{n}x{d}"), 0, n * d * 8);
+        profile::record("embed", embed_cost, || -> Result<()> {
+            for (i, &t) in tokens.iter().enumerate() {
+                self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
+            }
+            Ok(())
+        })?;
         let positions: Vec<usize> = (pos0..pos0 + n).collect();
         let rope_q = Rope::new(c.rope_style, &positions, c.heads, c.head_dim, c.rope_theta)?;
         let rope_k = Rope::new(
@@ -304,116 +309,168 @@ impl Llama {
         for (l, layer) in self.layers.iter().enumerate() {
             // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
             if l == 0 {
-                rms_norm(
-                    isa,
-                    &view(&s.x, &[n, d])?,
-                    &layer.attn_norm,
-                    &mut TensorViewMut::contiguous(&mut s.h, &[n, d])?,
-                )?;
+                norm(&s.x, &layer.attn_norm, &mut s.h, n)?;
             } else {
-                rms_norm_residual(isa, &s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
+                norm_residual(&s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
             }
-            let hv = view(&s.h, &[n, d])?;
-            layer
-                .q
-                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.q, &[n, d])?)?;
-            layer
-                .k
-                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.k, &[n, kv])?)?;
-            layer
-                .v
-                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.v, &[n, kv])?)?;
-            rope(
-                isa,
-                &view(&s.q, &[n, c.heads, c.head_dim])?,
-                &rope_q,
-                &mut TensorViewMut::contiguous(&mut s.qr, &[n, c.heads, c.head_dim])?,
-            )?;
-            rope(
-                isa,
-                &view(&s.k, &[n, c.kv_heads, c.head_dim])?,
-                &rope_k,
-                &mut TensorViewMut::contiguous(&mut s.kr, &[n, c.kv_heads, c.head_dim])?,
-            )?;
-            cache.write(l, pos0, &s.kr, &s.v);
-            let seen = pos0 + n;
-            let scale = 1.0 / (c.head_dim as f32).sqrt();
-            let qv = view(&s.qr, &[n, c.heads, c.head_dim])?;
-            let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, c.head_dim])?;
-            if n == 1 {
-                // Decode: the paged kernel reads the blocks in place.
-                let params = PagedParams {
-                    scale,
-                    chunk: 0,
-                    threads: tessera_kernels::pool::global().threads(),
-                };
-                paged_attention(
-                    isa,
-                    &qv,
-                    &cache.paged(l),
-                    &cache.seqs(&[seen]),
-                    &mut out,
-                    params,
-                )?;
-            } else {
-                // Prefill: one contiguous run of positions for the flash kernel.
-                cache.gather(l, seen, &mut s.kc, &mut s.vc);
-                let params = AttentionParams {
-                    causal: true,
-                    scale,
-                    window: None,
-                };
-                attention(
-                    &qv,
-                    &view(&s.kc, &[seen, c.kv_heads, c.head_dim])?,
-                    &view(&s.vc, &[seen, c.kv_heads, c.head_dim])?,
-                    &mut out,
-                    params,
-                )?;
-            }
-            layer.o.forward(
-                &view(&s.att, &[n, d])?,
-                &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
-            )?;
-            rms_norm_residual(isa, &s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
-            let hv = view(&s.h, &[n, d])?;
-            layer
-                .gate
-                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.gate, &[n, f])?)?;
-            layer
-                .up
-                .forward(&hv, &mut TensorViewMut::contiguous(&mut s.up, &[n, f])?)?;
-            swiglu(
-                isa,
-                &view(&s.gate, &[n, f])?,
-                &view(&s.up, &[n, f])?,
-                &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
-            )?;
-            layer.down.forward(
-                &view(&s.act, &[n, f])?,
-                &mut TensorViewMut::contiguous(&mut s.proj, &[n, d])?,
-            )?;
+            linear("attn_q", &*layer.q, &s.h, &mut s.q, n)?;
+            linear("attn_k", &*layer.k, &s.h, &mut s.k, n)?;
+            linear("attn_v", &*layer.v, &s.h, &mut s.v, n)?;
+            rotate(&s.q, &rope_q, &mut s.qr, [n, c.heads, c.head_dim])?;
+            rotate(&s.k, &rope_k, &mut s.kr, [n, c.kv_heads, c.head_dim])?;
+            let kv_bytes = || cost(format!("{n}x{kv}"), 0, 16 * n * kv);
+            profile::record("kv_write", kv_bytes, || cache.write(l, pos0, &s.kr, &s.v));
+            self.attend(l, cache, &mut s, pos0, n)?;
+            linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
+            norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
+            linear("ffn_gate", &*layer.gate, &s.h, &mut s.gate, n)?;
+            linear("ffn_up", &*layer.up, &s.h, &mut s.up, n)?;
+            let act_cost = || cost(format!("{n}x{f}"), 6 * n * f, 12 * n * f);
+            profile::record("swiglu", act_cost, || -> Result<()> {
+                Ok(swiglu(
+                    Isa::best(),
+                    &view(&s.gate, &[n, f])?,
+                    &view(&s.up, &[n, f])?,
+                    &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
+                )?)
+            })?;
+            linear("ffn_down", &*layer.down, &s.act, &mut s.proj, n)?;
         }
         // Final residual add and norm: every row, or the last token's only.
         let rows = if all { 0..n } else { n - 1..n };
         let m = rows.len();
         let mut h = vec![0f32; m * d];
-        rms_norm_residual(
-            isa,
+        norm_residual(
             &s.proj[rows.start * d..],
             &mut s.x[rows.start * d..],
             &self.norm,
             &mut h,
         )?;
-        let head = self.output.as_ref().unwrap_or(&self.embed);
+        let head = self.output.as_deref().unwrap_or(&*self.embed);
         let mut logits = vec![0f32; m * c.vocab];
-        head.forward(
-            &view(&h, &[m, d])?,
-            &mut TensorViewMut::contiguous(&mut logits, &[m, c.vocab])?,
-        )?;
+        linear("lm_head", head, &h, &mut logits, m)?;
         cache.set_len(pos0 + n);
         Ok(logits)
     }
+
+    /// Attention of the `n` new queries over the cache: the paged kernel reading blocks
+    /// in place for one token (decode), the flash kernel over a gathered copy otherwise.
+    fn attend(
+        &self,
+        layer: usize,
+        cache: &KvCache,
+        s: &mut Scratch,
+        pos0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (seen, hd) = (pos0 + n, c.head_dim);
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Each query reads keys and values of its visible positions once.
+        let visible = n * pos0 + n * (n + 1) / 2;
+        let att_cost = || {
+            let bytes = 8 * seen * c.kv_dim() + 8 * n * c.dim;
+            cost(
+                format!("{n}q x {seen}kv"),
+                4 * c.heads * hd * visible,
+                bytes,
+            )
+        };
+        let qv = view(&s.qr, &[n, c.heads, hd])?;
+        let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, hd])?;
+        if n == 1 {
+            let params = PagedParams {
+                scale,
+                chunk: 0,
+                threads: tessera_kernels::pool::global().threads(),
+            };
+            return profile::record("attention_decode", att_cost, || {
+                let seqs = [seen];
+                let paged = cache.paged(layer);
+                Ok(paged_attention(
+                    Isa::best(),
+                    &qv,
+                    &paged,
+                    &cache.seqs(&seqs),
+                    &mut out,
+                    params,
+                )?)
+            });
+        }
+        profile::record("attention_prefill", att_cost, || {
+            cache.gather(layer, seen, &mut s.kc, &mut s.vc);
+            let params = AttentionParams {
+                causal: true,
+                scale,
+                window: None,
+            };
+            Ok(attention(
+                &qv,
+                &view(&s.kc, &[seen, c.kv_heads, hd])?,
+                &view(&s.vc, &[seen, c.kv_heads, hd])?,
+                &mut out,
+                params,
+            )?)
+        })
+    }
+}
+
+fn cost(shape: String, flops: usize, bytes: usize) -> OpCost {
+    OpCost {
+        shape,
+        flops: flops as f64,
+        bytes: bytes as f64,
+    }
+}
+
+/// `y [n, out] = x [n, in]·Wᵀ`, recorded as `op`.
+fn linear(op: &'static str, l: &dyn Linear, x: &[f32], y: &mut [f32], n: usize) -> Result<()> {
+    let (i, o) = (l.in_features(), l.out_features());
+    let c = || {
+        let bytes = l.weight_bytes() + 4 * n * (i + o);
+        cost(format!("{n}x{o}x{i} {}", l.dtype()), 2 * n * o * i, bytes)
+    };
+    profile::record(op, c, || {
+        l.forward(
+            &view(&x[..n * i], &[n, i])?,
+            &mut TensorViewMut::contiguous(&mut y[..n * o], &[n, o])?,
+        )
+    })
+}
+
+fn norm(x: &[f32], w: &RmsNorm, h: &mut [f32], n: usize) -> Result<()> {
+    let d = w.gamma.len();
+    let c = || cost(format!("{n}x{d}"), 4 * n * d, 8 * n * d);
+    profile::record("rms_norm", c, || {
+        Ok(rms_norm(
+            Isa::best(),
+            &view(x, &[n, d])?,
+            w,
+            &mut TensorViewMut::contiguous(h, &[n, d])?,
+        )?)
+    })
+}
+
+/// `x += r; h = norm(x)` in one pass.
+fn norm_residual(r: &[f32], x: &mut [f32], w: &RmsNorm, h: &mut [f32]) -> Result<()> {
+    let len = h.len();
+    let c = || cost(format!("{len}"), 5 * len, 16 * len);
+    profile::record("rms_norm_residual", c, || {
+        Ok(rms_norm_residual(Isa::best(), r, x, w, h)?)
+    })
+}
+
+fn rotate(x: &[f32], table: &Rope, out: &mut [f32], dims: [usize; 3]) -> Result<()> {
+    let len = x.len();
+    let c = || cost(format!("{dims:?}"), 3 * len, 8 * len);
+    profile::record("rope", c, || {
+        Ok(rope(
+            Isa::best(),
+            &view(x, &dims)?,
+            table,
+            &mut TensorViewMut::contiguous(out, &dims)?,
+        )?)
+    })
 }
 
 /// A contiguous view (shape errors become engine errors).

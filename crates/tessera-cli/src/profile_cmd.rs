@@ -1,0 +1,61 @@
+//! `--profile FILE` on `run` and `bench-model`: the engine's per-op events written as a
+//! Chrome trace, and the per-op "utilization gaps" table: each op's share of the time,
+//! its achieved GB/s and GFLOP/s, and how close it came to its roofline bound, judged
+//! against this machine's ceilings measured right after the run.
+
+use anyhow::{Context, Result};
+use std::path::Path;
+use tessera_engine::profile::{self, OpEvent};
+use tessera_perf::calibrate;
+use tessera_perf::report::table;
+
+/// Writes the trace to `path` and prints the summary to stderr.
+pub fn report(events: &[OpEvent], path: &Path) -> Result<()> {
+    std::fs::write(path, profile::chrome_trace(events))
+        .with_context(|| format!("writing {}", path.display()))?;
+    let threads = tessera_kernels::pool::global().threads();
+    let peaks = calibrate::measure(threads);
+    // The probe drifts on shared hosts; a second reading right after narrows it.
+    let dram = 0.5 * (peaks.dram_gbps + calibrate::dram_read_now(threads, 5));
+    let summary = profile::summarize(events);
+    let mut rows = Vec::new();
+    for phase in ["prefill", "decode"] {
+        let ops: Vec<_> = summary.iter().filter(|s| s.phase == phase).collect();
+        let total: f64 = ops.iter().map(|s| s.total_us).sum();
+        for s in ops {
+            // The op's floor: its bytes at DRAM speed or its FLOPs at FMA peak.
+            let floor_us = (s.bytes / dram / 1e3).max(s.flops / peaks.fma_gflops / 1e3);
+            let bound = if s.bytes / dram > s.flops / peaks.fma_gflops {
+                "memory"
+            } else {
+                "compute"
+            };
+            rows.push(vec![
+                phase.to_string(),
+                s.op.to_string(),
+                s.calls.to_string(),
+                format!("{:.2}", s.total_us / 1e3),
+                format!("{:.1}%", 100.0 * s.total_us / total),
+                format!("{:.1}", s.total_us / s.calls as f64),
+                format!("{:.1}", s.gbps()),
+                format!("{:.1}", s.gflops()),
+                bound.to_string(),
+                format!("{:.0}%", 100.0 * floor_us / s.total_us),
+            ]);
+        }
+    }
+    eprintln!(
+        "per-op profile ({} events, trace in {}); ceilings: DRAM {dram:.1} GB/s, f32 FMA {:.0} GFLOP/s, {threads} threads\n{}",
+        events.len(),
+        path.display(),
+        peaks.fma_gflops,
+        table(
+            &[
+                "phase", "op", "calls", "total ms", "share", "avg µs", "GB/s", "GFLOP/s",
+                "bound", "% roofline",
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}

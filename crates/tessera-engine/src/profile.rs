@@ -1,0 +1,212 @@
+//! Per-op profiling of the forward pass: one event per kernel call (op, shape, start,
+//! duration, FLOPs, minimum bytes), a per-op summary and a Chrome trace / Perfetto JSON.
+//!
+//! Off by default, and then each op pays one relaxed atomic load: the event (and the
+//! string describing its shape) is built only when profiling is on. Events go to one
+//! process-wide buffer because ops are issued by the one thread that runs the forward
+//! pass (the kernels' worker threads are inside the timed calls).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static EVENTS: Mutex<Vec<OpEvent>> = Mutex::new(Vec::new());
+/// 0: prefill, 1: decode (ops of the two phases have different shapes and limits).
+static DECODE: AtomicBool = AtomicBool::new(false);
+
+/// Which phase the following ops belong to (set by the forward pass).
+pub fn set_decode(decode: bool) {
+    DECODE.store(decode, Ordering::Relaxed);
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// One kernel call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpEvent {
+    pub op: &'static str,
+    /// "prefill" or "decode".
+    pub phase: &'static str,
+    pub shape: String,
+    /// Microseconds since the profiler's epoch.
+    pub start_us: f64,
+    pub dur_us: f64,
+    pub flops: f64,
+    /// Minimum bytes the op must move (weights, inputs, outputs once each).
+    pub bytes: f64,
+}
+
+/// What an op costs, computed only while profiling.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpCost {
+    pub shape: String,
+    pub flops: f64,
+    pub bytes: f64,
+}
+
+/// Turns recording on or off (events recorded so far are kept).
+pub fn enable(on: bool) {
+    epoch();
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Removes and returns the events recorded so far.
+pub fn take() -> Vec<OpEvent> {
+    std::mem::take(&mut *EVENTS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Runs `f`, recording it as `op` when profiling is on.
+#[inline]
+pub fn record<T>(op: &'static str, cost: impl FnOnce() -> OpCost, f: impl FnOnce() -> T) -> T {
+    if !enabled() {
+        return f();
+    }
+    let start = Instant::now();
+    let out = f();
+    let end = Instant::now();
+    let c = cost();
+    let at = |t: Instant| t.duration_since(epoch()).as_secs_f64() * 1e6;
+    let event = OpEvent {
+        op,
+        phase: phase_name(DECODE.load(Ordering::Relaxed)),
+        shape: c.shape,
+        start_us: at(start),
+        dur_us: at(end) - at(start),
+        flops: c.flops,
+        bytes: c.bytes,
+    };
+    EVENTS.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+    out
+}
+
+fn phase_name(decode: bool) -> &'static str {
+    if decode {
+        "decode"
+    } else {
+        "prefill"
+    }
+}
+
+/// Totals for one op name in one phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpSummary {
+    pub op: &'static str,
+    pub phase: &'static str,
+    pub calls: usize,
+    pub total_us: f64,
+    pub flops: f64,
+    pub bytes: f64,
+}
+
+impl OpSummary {
+    pub fn gbps(&self) -> f64 {
+        self.bytes / self.total_us / 1e3
+    }
+    pub fn gflops(&self) -> f64 {
+        self.flops / self.total_us / 1e3
+    }
+}
+
+/// Per-(phase, op) totals, largest total time first.
+pub fn summarize(events: &[OpEvent]) -> Vec<OpSummary> {
+    let mut out: Vec<OpSummary> = Vec::new();
+    for e in events {
+        match out.iter_mut().find(|s| s.op == e.op && s.phase == e.phase) {
+            Some(s) => {
+                s.calls += 1;
+                s.total_us += e.dur_us;
+                s.flops += e.flops;
+                s.bytes += e.bytes;
+            }
+            None => out.push(OpSummary {
+                op: e.op,
+                phase: e.phase,
+                calls: 1,
+                total_us: e.dur_us,
+                flops: e.flops,
+                bytes: e.bytes,
+            }),
+        }
+    }
+    out.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+    out
+}
+
+/// The events as Chrome trace JSON (complete "X" events; opens in Perfetto or
+/// chrome://tracing), each with its shape, FLOPs and bytes as arguments.
+pub fn chrome_trace(events: &[OpEvent]) -> String {
+    let list: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "name": e.op, "cat": e.phase, "ph": "X", "pid": 1, "tid": 1,
+                "ts": e.start_us, "dur": e.dur_us,
+                "args": {"shape": e.shape, "flops": e.flops, "bytes": e.bytes},
+            })
+        })
+        .collect();
+    serde_json::json!({ "traceEvents": list, "displayTimeUnit": "ms" }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(op: &'static str, dur_us: f64, bytes: f64) -> OpEvent {
+        OpEvent {
+            op,
+            phase: "decode",
+            shape: "1x2".into(),
+            start_us: 0.0,
+            dur_us,
+            flops: 2.0 * bytes,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn summary_totals_and_order() {
+        let s = summarize(&[ev("a", 1.0, 10.0), ev("b", 5.0, 1e4), ev("a", 2.0, 20.0)]);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].op, s[0].calls), ("b", 1));
+        assert_eq!((s[1].op, s[1].calls, s[1].total_us), ("a", 2, 3.0));
+        // 1e4 bytes in 5 µs = 2 GB/s.
+        assert!((s[0].gbps() - 2.0).abs() < 1e-12);
+        assert!((s[0].gflops() - 4.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn trace_is_valid_json_with_every_event() {
+        let t = chrome_trace(&[ev("a", 1.0, 10.0), ev("b", 2.0, 3.0)]);
+        let v: serde_json::Value = serde_json::from_str(&t).expect("json");
+        let list = v["traceEvents"].as_array().expect("events");
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[1]["name"], "b");
+        assert_eq!(list[1]["ph"], "X");
+        assert_eq!(list[0]["args"]["bytes"], 10.0);
+    }
+
+    #[test]
+    fn recording_only_when_enabled() {
+        // The one test that touches the global switch (tests run in parallel).
+        enable(false);
+        let _ = take();
+        assert_eq!(record("x", OpCost::default, || 7), 7);
+        assert!(take().is_empty());
+        enable(true);
+        record("y", OpCost::default, || ());
+        enable(false);
+        let got = take();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].op, "y");
+        assert!(got[0].dur_us >= 0.0);
+    }
+}
