@@ -6,6 +6,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 use tessera_engine::generate::{generate, Request, Sampling};
+use tessera_engine::kv_cache::KvDtype;
 use tessera_engine::llama::Llama;
 use tessera_engine::pull;
 use tessera_engine::tokenizer::Tokenizer;
@@ -63,6 +64,9 @@ pub struct RunArgs {
     /// Generate past end-of-sequence tokens (for measurements).
     #[arg(long)]
     ignore_eos: bool,
+    /// KV cache storage: f16 (half the attention traffic) or f32 (exact).
+    #[arg(long, default_value = "f16")]
+    kv_cache: KvDtype,
     /// Record every kernel call: Chrome trace JSON to this file, per-op table to stderr.
     #[arg(long)]
     profile: Option<PathBuf>,
@@ -97,6 +101,9 @@ pub struct BenchModelArgs {
     /// Profile the last run: Chrome trace JSON to this file, per-op table to stderr.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// KV cache storage: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    kv_cache: KvDtype,
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +170,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         },
         stop: a.stop,
         ignore_eos: a.ignore_eos,
+        kv_dtype: a.kv_cache,
     };
     tessera_engine::profile::enable(a.profile.is_some());
     let mut out = std::io::stdout();
@@ -250,6 +258,7 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
             max_tokens: a.gen_tokens,
             sampling: Sampling::default(),
             ignore_eos: true,
+            kv_dtype: a.kv_cache,
             ..Request::default()
         };
         let s = generate(&model, &tok, &req, |_| {})?;

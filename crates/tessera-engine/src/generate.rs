@@ -1,7 +1,7 @@
 //! Token generation: prefill the prompt in one batch, then decode one token at a time,
 //! sampling greedily or with temperature / top-k / top-p, streaming text as it forms.
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 use crate::llama::Llama;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -165,6 +165,9 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Keep going through end-of-turn tokens (benchmarks that need exact lengths).
     pub ignore_eos: bool,
+    /// How the KV cache stores keys and values (f16 by default: half the decode
+    /// attention traffic; f32 for bit-faithful attention).
+    pub kv_dtype: KvDtype,
 }
 
 /// Generates for `req`, calling `on_text` with each new piece of text: whole UTF-8
@@ -191,7 +194,7 @@ pub fn generate(
             model.cfg.context
         )));
     }
-    let mut cache = KvCache::new(&model.cfg, capacity)?;
+    let mut cache = KvCache::with_dtype(&model.cfg, capacity, req.kv_dtype)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(sampling.seed);
     let mut stats = Stats {
         prompt_tokens: prompt.len(),

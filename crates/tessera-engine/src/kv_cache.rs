@@ -4,22 +4,59 @@
 //! Decode attends over the blocks in place with the paged decode kernel; prefill gathers
 //! the positions into one contiguous run for the flash kernel (a copy far cheaper than the
 //! prefill's matmuls). Blocks come from a free list, so sequences can share a pool.
+//!
+//! Values are stored as f32 (exact) or f16 ([`KvDtype`]). Past a few hundred positions
+//! decode attention reads more bytes than any weight matrix (2·kv_dim·4 bytes per
+//! position and layer, 1.5 KiB for SmolLM2), so f16 halves the largest decode cost; its
+//! 11-bit significand keeps keys and values to 2⁻¹² relative, as llama.cpp's default.
 
 use crate::llama::Config;
 use crate::{Error, Result};
-use tessera_kernels::ops::paged_attention::{PagedKvCache, PagedSeqs};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use tessera_core::{Isa, TensorView, TensorViewMut};
+use tessera_kernels::ops::paged_attention::{
+    paged_attention, PagedKvCache, PagedParams, PagedSeqs,
+};
 
 /// Positions per block: 16 rows of `kv_heads·d` floats (3 KiB for SmolLM2), enough to
 /// amortise the table lookup while wasting at most 15 positions per sequence.
 pub const BLOCK: usize = 16;
+
+/// How cached keys and values are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Exact: attention sees the f32 keys and values the layers produced.
+    F32,
+    /// Half the bytes; keys and values rounded to f16.
+    #[default]
+    F16,
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => Err(Error::Model(format!("KV cache type '{s}' (f32 or f16)"))),
+        }
+    }
+}
+
+/// Per layer, a pool of keys and one of values.
+#[derive(Debug)]
+enum Pools {
+    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
+}
 
 #[derive(Debug)]
 pub struct KvCache {
     kv_dim: usize,
     kv_heads: usize,
     head_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    pools: Pools,
     num_blocks: usize,
     free: Vec<u32>,
     table: Vec<u32>,
@@ -28,8 +65,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for one sequence of up to `capacity` positions.
+    /// An exact (f32) cache for one sequence of up to `capacity` positions.
     pub fn new(cfg: &Config, capacity: usize) -> Result<Self> {
+        Self::with_dtype(cfg, capacity, KvDtype::F32)
+    }
+
+    /// A cache storing keys and values as `dtype`.
+    pub fn with_dtype(cfg: &Config, capacity: usize, dtype: KvDtype) -> Result<Self> {
         let num_blocks = capacity.div_ceil(BLOCK);
         let per = (num_blocks * BLOCK)
             .checked_mul(cfg.kv_dim())
@@ -41,8 +83,16 @@ impl KvCache {
             kv_dim: cfg.kv_dim(),
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
-            k: vec![vec![0.0; per]; cfg.n_layers],
-            v: vec![vec![0.0; per]; cfg.n_layers],
+            pools: match dtype {
+                KvDtype::F32 => Pools::F32(
+                    vec![vec![0.0; per]; cfg.n_layers],
+                    vec![vec![0.0; per]; cfg.n_layers],
+                ),
+                KvDtype::F16 => Pools::F16(
+                    vec![vec![f16::ZERO; per]; cfg.n_layers],
+                    vec![vec![f16::ZERO; per]; cfg.n_layers],
+                ),
+            },
             num_blocks,
             free: (0..num_blocks as u32).rev().collect(),
             table: Vec::new(),
@@ -59,6 +109,12 @@ impl KvCache {
     }
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+    pub fn dtype(&self) -> KvDtype {
+        match self.pools {
+            Pools::F32(..) => KvDtype::F32,
+            Pools::F16(..) => KvDtype::F16,
+        }
     }
 
     /// Makes room for positions up to `new_len` (an error, changing nothing, when full).
@@ -86,47 +142,92 @@ impl KvCache {
         let kd = self.kv_dim;
         for (i, (kr, vr)) in k.chunks_exact(kd).zip(v.chunks_exact(kd)).enumerate() {
             let at = self.slot(pos0 + i);
-            self.k[layer][at..at + kd].copy_from_slice(kr);
-            self.v[layer][at..at + kd].copy_from_slice(vr);
+            match &mut self.pools {
+                Pools::F32(kp, vp) => {
+                    kp[layer][at..at + kd].copy_from_slice(kr);
+                    vp[layer][at..at + kd].copy_from_slice(vr);
+                }
+                Pools::F16(kp, vp) => {
+                    kp[layer][at..at + kd].convert_from_f32_slice(kr);
+                    vp[layer][at..at + kd].convert_from_f32_slice(vr);
+                }
+            }
         }
     }
 
-    /// Copies positions `0..upto` of `layer` into contiguous `[upto, kv_dim]` buffers.
+    /// Copies positions `0..upto` of `layer` into contiguous f32 `[upto, kv_dim]` buffers.
     pub(crate) fn gather(&self, layer: usize, upto: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
-        k.clear();
-        v.clear();
         let kd = self.kv_dim;
+        k.resize(upto * kd, 0.0);
+        v.resize(upto * kd, 0.0);
         let mut pos = 0;
         for &b in &self.table {
             let n = BLOCK.min(upto - pos.min(upto));
             if n == 0 {
                 break;
             }
-            let at = b as usize * BLOCK * kd;
-            k.extend_from_slice(&self.k[layer][at..at + n * kd]);
-            v.extend_from_slice(&self.v[layer][at..at + n * kd]);
+            let (src, dst) = (b as usize * BLOCK * kd, pos * kd);
+            let len = n * kd;
+            match &self.pools {
+                Pools::F32(kp, vp) => {
+                    k[dst..dst + len].copy_from_slice(&kp[layer][src..src + len]);
+                    v[dst..dst + len].copy_from_slice(&vp[layer][src..src + len]);
+                }
+                Pools::F16(kp, vp) => {
+                    kp[layer][src..src + len].convert_to_f32_slice(&mut k[dst..dst + len]);
+                    vp[layer][src..src + len].convert_to_f32_slice(&mut v[dst..dst + len]);
+                }
+            }
             pos += n;
         }
     }
 
-    /// The paged view of `layer` for the decode kernel.
-    pub(crate) fn paged(&self, layer: usize) -> PagedKvCache<'_, f32> {
+    /// Decode attention of `q` (`[1, heads, d]`) over the first `context` positions of
+    /// `layer`, read in place from the blocks.
+    pub(crate) fn attend(
+        &self,
+        layer: usize,
+        context: usize,
+        q: &TensorView<'_, f32>,
+        out: &mut TensorViewMut<'_, f32>,
+        params: PagedParams,
+    ) -> Result<()> {
+        let lens = [context];
+        let seqs = PagedSeqs {
+            block_tables: &self.table,
+            max_blocks: self.table.len(),
+            context_lens: &lens,
+        };
+        let isa = Isa::best();
+        match &self.pools {
+            Pools::F32(kp, vp) => paged_attention(
+                isa,
+                q,
+                &self.view(&kp[layer], &vp[layer]),
+                &seqs,
+                out,
+                params,
+            )?,
+            Pools::F16(kp, vp) => paged_attention(
+                isa,
+                q,
+                &self.view(&kp[layer], &vp[layer]),
+                &seqs,
+                out,
+                params,
+            )?,
+        }
+        Ok(())
+    }
+
+    fn view<'a, T>(&self, k: &'a [T], v: &'a [T]) -> PagedKvCache<'a, T> {
         PagedKvCache {
-            k: &self.k[layer],
-            v: &self.v[layer],
+            k,
+            v,
             num_blocks: self.num_blocks,
             block_size: BLOCK,
             kv_heads: self.kv_heads,
             d: self.head_dim,
-        }
-    }
-
-    /// The sequence's block table with `context` visible positions.
-    pub(crate) fn seqs<'a>(&'a self, context: &'a [usize]) -> PagedSeqs<'a> {
-        PagedSeqs {
-            block_tables: &self.table,
-            max_blocks: self.table.len(),
-            context_lens: context,
         }
     }
 

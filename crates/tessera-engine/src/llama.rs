@@ -14,14 +14,14 @@
 //! decode with the paged decode kernel.
 
 use crate::gguf::Gguf;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 use crate::linear::{Biased, Linear};
 use crate::profile::{self, OpCost};
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
 use tessera_core::{Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::attention::{attention, AttentionParams};
-use tessera_kernels::ops::paged_attention::{paged_attention, PagedParams};
+use tessera_kernels::ops::paged_attention::PagedParams;
 use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
 use tessera_kernels::ops::rope::{rope, Rope, RopeStyle};
 use tessera_kernels::ops::swiglu::swiglu;
@@ -368,8 +368,12 @@ impl Llama {
         let scale = 1.0 / (hd as f32).sqrt();
         // Each query reads keys and values of its visible positions once.
         let visible = n * pos0 + n * (n + 1) / 2;
+        let kv_elt = match cache.dtype() {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        };
         let att_cost = || {
-            let bytes = 8 * seen * c.kv_dim() + 8 * n * c.dim;
+            let bytes = 2 * kv_elt * seen * c.kv_dim() + 8 * n * c.dim;
             cost(
                 format!("{n}q x {seen}kv"),
                 4 * c.heads * hd * visible,
@@ -385,16 +389,7 @@ impl Llama {
                 threads: tessera_kernels::pool::global().threads(),
             };
             return profile::record("attention_decode", att_cost, || {
-                let seqs = [seen];
-                let paged = cache.paged(layer);
-                Ok(paged_attention(
-                    Isa::best(),
-                    &qv,
-                    &paged,
-                    &cache.seqs(&seqs),
-                    &mut out,
-                    params,
-                )?)
+                cache.attend(layer, seen, &qv, &mut out, params)
             });
         }
         profile::record("attention_prefill", att_cost, || {

@@ -6,7 +6,7 @@ use crate::simd::dot;
 use tessera_core::{Element, Isa};
 
 /// One chunk of one sequence, all heads: the explicit AVX-512 kernel where it exists
-/// (f32/bf16 cache, d = 64/128), else the portable body once per KV head.
+/// (f32/bf16/f16 cache, d = 64/128), else the portable body once per KV head.
 pub(super) fn chunk<T: Element>(
     isa: Isa,
     job: &ChunkAll<'_, T>,

@@ -7,7 +7,7 @@ use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
     TuneSpace, Variant,
 };
-use half::bf16;
+use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
@@ -18,7 +18,7 @@ pub const TOL_F32: Tolerance = Tolerance {
     rel: 2e-5,
     reason: "f32 exp polynomial + f32 sums over the context",
 };
-/// bf16 cache values are widened exactly; the reference reads the same values.
+/// bf16/f16 cache values are widened exactly; the reference reads the same values.
 pub const TOL_BF16: Tolerance = Tolerance {
     rel: 2e-5,
     reason: "exact widening, then as f32",
@@ -62,10 +62,10 @@ impl OpSpec for PagedAttentionOp {
         "decode attention over a paged KV cache, many sequences, GQA, split-K"
     }
     fn dtypes(&self) -> &'static [DType] {
-        &[DType::F32, DType::BF16]
+        &[DType::F32, DType::BF16, DType::F16]
     }
     fn tolerance(&self, dtype: DType) -> Tolerance {
-        if dtype == DType::BF16 {
+        if matches!(dtype, DType::BF16 | DType::F16) {
             TOL_BF16
         } else {
             TOL_F32
@@ -170,6 +170,7 @@ impl ProblemCase for PagedProblem {
         match dtype {
             DType::F32 => Ok(Box::new(PagedInstance::<f32>::new(self.clone(), rng)?)),
             DType::BF16 => Ok(Box::new(PagedInstance::<bf16>::new(self.clone(), rng)?)),
+            DType::F16 => Ok(Box::new(PagedInstance::<f16>::new(self.clone(), rng)?)),
             d => Err(Error::DType {
                 op: "paged_attention",
                 dtype: d.to_string(),
