@@ -312,6 +312,32 @@ impl Gguf {
         &self.map[self.data_start + t.offset..][..t.size]
     }
 
+    /// Tells the kernel a tensor's pages are no longer needed, once the loader has
+    /// copied them: without it the mapped file stays resident next to the copy and
+    /// peak memory is twice the model. Whole pages inside the tensor only; a hint,
+    /// so failure changes nothing but memory use.
+    #[cfg(unix)]
+    pub fn release(&self, t: &TensorInfo) {
+        const PAGE: usize = 4096;
+        let start = (self.data_start + t.offset).next_multiple_of(PAGE);
+        let end = (self.data_start + t.offset + t.size) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the map is a read-only file mapping, so dropping its pages loses
+            // nothing: a later read faults them back in from the file. No slice into
+            // the range is used across this call by the engine (the data was copied).
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end - start,
+                )
+            };
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub fn release(&self, _t: &TensorInfo) {}
+
     /// A metadata value, or an error naming the missing key.
     pub fn get(&self, key: &str) -> Result<&Value> {
         self.metadata

@@ -28,7 +28,10 @@ impl WeightSource for Gguf {
         self.tensors.iter().any(|t| t.name == name)
     }
     fn matrix(&self, name: &str) -> Result<Box<dyn Linear>> {
-        linear::load(self, self.tensor(name)?)
+        let t = self.tensor(name)?;
+        let l = linear::load(self, t)?;
+        self.release(t);
+        Ok(l)
     }
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.tensor(name)?;
