@@ -8,6 +8,7 @@
 
 use crate::linear::{DenseLinear, Linear};
 use crate::llama::Config;
+use crate::rope_scaling::RopeScaling;
 use crate::weights::WeightSource;
 use crate::{Error, Result};
 use memmap2::Mmap;
@@ -201,12 +202,6 @@ pub fn config_from_json(j: &Json) -> Result<Config> {
             "config.json model_type '{model_type}' is not supported (llama, mistral, qwen2)"
         )));
     }
-    if !j["rope_scaling"].is_null() {
-        return Err(err(format!(
-            "rope_scaling {} is not supported yet",
-            j["rope_scaling"]
-        )));
-    }
     let int = |k: &str| -> Result<usize> {
         j[k].as_u64()
             .and_then(|v| usize::try_from(v).ok())
@@ -247,6 +242,7 @@ pub fn config_from_json(j: &Json) -> Result<Config> {
         vocab: int("vocab_size")?,
         context,
         rope_style: RopeStyle::HalfSplit,
+        rope_scaling: RopeScaling::from_hf(&j["rope_scaling"])?,
     }
     .validated()
 }

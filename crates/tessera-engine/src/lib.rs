@@ -11,6 +11,7 @@ pub mod linear;
 pub mod llama;
 pub mod profile;
 pub mod pull;
+pub mod rope_scaling;
 pub mod score;
 pub mod tokenizer;
 pub mod weights;

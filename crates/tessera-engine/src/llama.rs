@@ -17,6 +17,7 @@ use crate::gguf::Gguf;
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::linear::{Biased, Linear};
 use crate::profile::{self, OpCost};
+use crate::rope_scaling::RopeScaling;
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
 use tessera_core::{Isa, TensorView, TensorViewMut};
@@ -40,6 +41,7 @@ pub struct Config {
     pub vocab: usize,
     pub context: usize,
     pub rope_style: RopeStyle,
+    pub rope_scaling: RopeScaling,
 }
 
 impl Config {
@@ -94,6 +96,14 @@ impl Config {
             vocab,
             context: int("context_length")?,
             rope_style,
+            rope_scaling: RopeScaling::from_gguf(
+                g.metadata
+                    .get(&format!("{arch}.rope.scaling.type"))
+                    .and_then(|v| v.as_str()),
+                g.metadata
+                    .get(&format!("{arch}.rope.scaling.factor"))
+                    .and_then(|v| v.as_f64()),
+            )?,
         };
         c.validated()
     }
@@ -140,6 +150,8 @@ pub struct Llama {
     norm: RmsNorm,
     /// None when the output projection is tied to the embedding.
     output: Option<Box<dyn Linear>>,
+    /// RoPE frequency of each rotated pair, scaling applied.
+    rope_freqs: Vec<f64>,
 }
 
 /// A norm's weights, checked against the model width.
@@ -213,7 +225,22 @@ impl Llama {
     }
 
     /// A model of `cfg` from any weight source.
-    pub fn from_source(cfg: Config, src: &dyn WeightSource, opts: &LoadOptions) -> Result<Self> {
+    pub fn from_source(
+        mut cfg: Config,
+        src: &dyn WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        if src.has("rope_freqs.weight") {
+            if cfg.rope_scaling != RopeScaling::None {
+                return Err(Error::Model(format!(
+                    "rope_freqs.weight and {:?} both scale RoPE",
+                    cfg.rope_scaling
+                )));
+            }
+            let f = src.vector("rope_freqs.weight")?;
+            cfg.rope_scaling = RopeScaling::factors(f.into_iter().map(f64::from).collect())?;
+        }
+        let rope_freqs = cfg.rope_scaling.frequencies(cfg.head_dim, cfg.rope_theta)?;
         let (d, f, kv) = (cfg.dim, cfg.ffn_dim, cfg.kv_dim());
         let ld = Loader { src, opts };
         let embed = ld.linear("token_embd", cfg.vocab, d)?;
@@ -243,6 +270,7 @@ impl Llama {
             embed,
             layers,
             output,
+            rope_freqs,
         })
     }
 
@@ -298,14 +326,16 @@ impl Llama {
             Ok(())
         })?;
         let positions: Vec<usize> = (pos0..pos0 + n).collect();
-        let rope_q = Rope::new(c.rope_style, &positions, c.heads, c.head_dim, c.rope_theta)?;
-        let rope_k = Rope::new(
-            c.rope_style,
-            &positions,
-            c.kv_heads,
-            c.head_dim,
-            c.rope_theta,
-        )?;
+        let rope = |heads| {
+            Rope::with_frequencies(
+                c.rope_style,
+                &positions,
+                heads,
+                c.head_dim,
+                &self.rope_freqs,
+            )
+        };
+        let (rope_q, rope_k) = (rope(c.heads)?, rope(c.kv_heads)?);
         for (l, layer) in self.layers.iter().enumerate() {
             // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
             if l == 0 {

@@ -71,7 +71,55 @@ fn random_model(qwen: bool) -> Vec<Tensor> {
     v
 }
 
+/// RoPE scaling under test, written the HF way and the GGUF way.
+#[derive(Clone, Copy, PartialEq)]
+enum Scaling {
+    None,
+    Linear(f64),
+    /// Llama 3.1's parameters with an original context of 64, so that at head dim 16
+    /// pair 0 is kept, pairs 1–2 are blended and pairs 3–7 divided by 8.
+    Llama3,
+}
+
+impl Scaling {
+    fn hf(self) -> serde_json::Value {
+        match self {
+            Scaling::None => serde_json::Value::Null,
+            Scaling::Linear(f) => serde_json::json!({"type": "linear", "factor": f}),
+            Scaling::Llama3 => serde_json::json!({
+                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+            }),
+        }
+    }
+
+    /// Llama 3's per-pair divisors as llama.cpp's converter stores them in
+    /// `rope_freqs.weight` (written here from the published definition).
+    fn llama3_divisors() -> Vec<f32> {
+        let (factor, lo, hi, ctx) = (8.0f64, 1.0, 4.0, 64.0);
+        (0..HD / 2)
+            .map(|i| {
+                let wavelen =
+                    2.0 * std::f64::consts::PI * 10_000f64.powf(2.0 * i as f64 / HD as f64);
+                let div = if wavelen < ctx / hi {
+                    1.0
+                } else if wavelen > ctx / lo {
+                    factor
+                } else {
+                    let s = (ctx / wavelen - lo) / (hi - lo);
+                    1.0 / ((1.0 - s) / factor + s)
+                };
+                div as f32
+            })
+            .collect()
+    }
+}
+
 fn config_json(qwen: bool) -> String {
+    config_json_scaled(qwen, Scaling::None)
+}
+
+fn config_json_scaled(qwen: bool, scaling: Scaling) -> String {
     serde_json::json!({
         "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
         "model_type": if qwen { "qwen2" } else { "llama" },
@@ -79,7 +127,7 @@ fn config_json(qwen: bool) -> String {
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": VOCAB,
         "max_position_embeddings": 256, "tie_word_embeddings": qwen,
-        "rope_scaling": null,
+        "rope_scaling": scaling.hf(),
     })
     .to_string()
 }
@@ -132,8 +180,8 @@ fn interleave_rows(v: &[f32], rows: usize) -> Vec<f32> {
 
 /// The same model as a GGUF (`dtype` for the matrices, f32 vectors): arch `llama` with
 /// q/k rows interleaved as the converters write them, or `qwen2` in HF order.
-fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str) -> Vec<u8> {
-    let raw = tensors
+fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str, scaling: Scaling) -> Vec<u8> {
+    let mut raw = tensors
         .iter()
         .map(|t| {
             let name = gguf_name(&t.name);
@@ -157,7 +205,16 @@ fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str) -> Vec<u8> {
             }
         })
         .collect::<Vec<_>>();
-    let keys: Vec<(String, Value)> = [
+    if scaling == Scaling::Llama3 {
+        let div = Scaling::llama3_divisors();
+        raw.push(RawTensor {
+            name: "rope_freqs.weight".into(),
+            dims: vec![div.len()],
+            dtype: DType::F32,
+            bytes: encode(DType::F32, 1, div.len(), &div),
+        });
+    }
+    let mut keys: Vec<(String, Value)> = [
         ("block_count", Value::U32(LAYERS as u32)),
         ("context_length", Value::U32(256)),
         ("embedding_length", Value::U32(DIM as u32)),
@@ -170,6 +227,13 @@ fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str) -> Vec<u8> {
     .into_iter()
     .map(|(k, v)| (format!("{arch}.{k}"), v))
     .collect();
+    if let Scaling::Linear(f) = scaling {
+        keys.push((
+            format!("{arch}.rope.scaling.type"),
+            Value::String("linear".into()),
+        ));
+        keys.push((format!("{arch}.rope.scaling.factor"), Value::F32(f as f32)));
+    }
     let mut meta = vec![("general.architecture", Value::String(arch.into()))];
     meta.extend(keys.iter().map(|(k, v)| (k.as_str(), v.clone())));
     gguf_bytes(&meta, &raw)
@@ -196,23 +260,77 @@ fn gguf_name(hf: &str) -> String {
 
 /// Engine logits from the HF directory vs float64 over the equivalent GGUF.
 fn check(dir: &Path, tensors: &[Tensor], opts: LoadOptions, gguf_dtype: DType) {
+    check_scaled(dir, tensors, opts, gguf_dtype, Scaling::None);
+}
+
+fn check_scaled(
+    dir: &Path,
+    tensors: &[Tensor],
+    opts: LoadOptions,
+    gguf_dtype: DType,
+    scaling: Scaling,
+) {
     let ck = HfCheckpoint::open(dir).expect("opens");
     let model = Llama::from_source(ck.config.clone(), &ck, &opts).expect("loads");
     let gpath = dir.join("same.gguf");
-    write(&gpath, &as_gguf(tensors, gguf_dtype, "llama"));
+    write(&gpath, &as_gguf(tensors, gguf_dtype, "llama", scaling));
+    // The GGUF twin through the engine's GGUF path must agree too.
     let g = Gguf::open(&gpath).expect("gguf");
+    let twin = Llama::load(&g).expect("gguf twin loads");
     let tokens: Vec<u32> = (0..23u32).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
     let want = reference_logits(&g, &tokens);
-    let mut cache = KvCache::new(&model.cfg, 32).expect("cache");
-    let got = model.forward(&tokens[..20], &mut cache).expect("prefill");
-    let e = rel(&got, &want[19]);
-    assert!(e < LOGIT_TOL, "{}: prefill rel error {e}", dir.display());
-    for i in 20..23 {
-        let got = model
-            .forward(&tokens[i..i + 1], &mut cache)
-            .expect("decode");
-        let e = rel(&got, &want[i]);
-        assert!(e < LOGIT_TOL, "{}: decode {i} rel error {e}", dir.display());
+    for (what, m) in [("hf", &model), ("gguf twin", &twin)] {
+        let mut cache = KvCache::new(&m.cfg, 32).expect("cache");
+        let got = m.forward(&tokens[..20], &mut cache).expect("prefill");
+        let e = rel(&got, &want[19]);
+        assert!(
+            e < LOGIT_TOL,
+            "{}: {what} prefill rel error {e}",
+            dir.display()
+        );
+        for i in 20..23 {
+            let got = m.forward(&tokens[i..i + 1], &mut cache).expect("decode");
+            let e = rel(&got, &want[i]);
+            assert!(
+                e < LOGIT_TOL,
+                "{}: {what} decode {i} rel error {e}",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Linear and Llama 3 RoPE scaling: HF `rope_scaling` and its GGUF forms (metadata,
+/// `rope_freqs.weight`) against the float64 forward, which applies the scaling from the
+/// GGUF on its own; and the scaled model must differ from the unscaled one.
+#[test]
+fn rope_scaling_matches_float64_reference() {
+    let tensors = random_model(false);
+    let tokens: Vec<u32> = (0..20u32).map(|i| (i * 7 + 2) % VOCAB as u32).collect();
+    let unscaled = {
+        let dir = temp_dir("unscaled");
+        write_checkpoint(&dir, &tensors, &config_json(false));
+        let ck = HfCheckpoint::open(&dir).expect("opens");
+        let m = Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        m.forward(&tokens, &mut KvCache::new(&m.cfg, 32).unwrap())
+            .unwrap()
+    };
+    for scaling in [Scaling::Linear(4.0), Scaling::Llama3] {
+        let dir = temp_dir("scaled");
+        write_checkpoint(&dir, &tensors, &config_json_scaled(false, scaling));
+        check_scaled(&dir, &tensors, LoadOptions::default(), DType::F32, scaling);
+        let ck = HfCheckpoint::open(&dir).expect("opens");
+        let m = Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).unwrap();
+        let scaled = m
+            .forward(&tokens, &mut KvCache::new(&m.cfg, 32).unwrap())
+            .unwrap();
+        let moved = rel(
+            &scaled,
+            &unscaled.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        );
+        assert!(moved > 1e-3, "scaling changed the logits by only {moved}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -265,7 +383,10 @@ fn open_with_tokenizer(dir: &Path) {
 fn qwen2_gguf_matches_float64_reference() {
     let dir = temp_dir("qwen2-gguf");
     let path = dir.join("qwen2.gguf");
-    write(&path, &as_gguf(&random_model(true), DType::Q8_0, "qwen2"));
+    write(
+        &path,
+        &as_gguf(&random_model(true), DType::Q8_0, "qwen2", Scaling::None),
+    );
     let g = Gguf::open(&path).expect("gguf");
     let model = Llama::load(&g).expect("loads");
     let tokens: Vec<u32> = (0..21u32).map(|i| (i * 13 + 1) % VOCAB as u32).collect();
@@ -291,8 +412,12 @@ fn malformed_checkpoints_are_errors() {
     let cases: Vec<(&str, String)> = vec![
         ("model_type", cfg(&|j| j["model_type"] = "gpt2".into())),
         (
-            "rope_scaling",
-            cfg(&|j| j["rope_scaling"] = serde_json::json!({"type": "llama3"})),
+            "rope_scaling yarn",
+            cfg(&|j| j["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0})),
+        ),
+        (
+            "rope_scaling llama3 without its parameters",
+            cfg(&|j| j["rope_scaling"] = serde_json::json!({"rope_type": "llama3"})),
         ),
         ("heads", cfg(&|j| j["num_attention_heads"] = 5.into())),
         ("hidden_size", cfg(&|j| j["hidden_size"] = 0.into())),

@@ -162,6 +162,9 @@ pub struct RefConfig {
     pub eps: f64,
     /// Qwen2 GGUFs keep HF's half-split RoPE pairs; Llama GGUFs are interleaved.
     pub half_split: bool,
+    /// Per-pair frequency divisors: `rope_freqs.weight` (llama3-style factors) times a
+    /// linear scaling factor; all ones when the model does not scale.
+    pub freq_div: Vec<f64>,
 }
 
 pub fn ref_config(g: &Gguf) -> RefConfig {
@@ -184,6 +187,17 @@ pub fn ref_config(g: &Gguf) -> RefConfig {
         theta: f("rope.freq_base", 10_000.0),
         eps: f("attention.layer_norm_rms_epsilon", 1e-5),
         half_split: a == "qwen2",
+        freq_div: {
+            let hd = u("embedding_length") / u("attention.head_count");
+            let linear = match g.metadata.get(&format!("{a}.rope.scaling.type")) {
+                Some(t) if t.as_str() == Some("linear") => f("rope.scaling.factor", 1.0),
+                _ => 1.0,
+            };
+            match g.tensors.iter().find(|t| t.name == "rope_freqs.weight") {
+                Some(t) => values(g, t).iter().map(|v| v * linear).collect(),
+                None => vec![linear; hd / 2],
+            }
+        },
     }
 }
 
@@ -199,11 +213,13 @@ fn rmsnorm(x: &[f64], g: &[f64], eps: f64) -> Vec<f64> {
     x.iter().zip(g).map(|(v, g)| v * r * g).collect()
 }
 
-/// RoPE at position `pos` over heads of `d`: pairs (2i, 2i+1), or (i, i + d/2).
-fn rope(x: &mut [f64], pos: usize, d: usize, theta: f64, half_split: bool) {
+/// RoPE at position `pos` over heads of `d`: pairs (2i, 2i+1), or (i, i + d/2); pair i
+/// turns at θ^(−2i/d) / div[i].
+fn rope(x: &mut [f64], pos: usize, d: usize, c: &RefConfig) {
+    let (theta, half_split) = (c.theta, c.half_split);
     for head in x.chunks_exact_mut(d) {
         for i in 0..d / 2 {
-            let a = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
+            let a = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64) / c.freq_div[i];
             let (p, q) = if half_split {
                 (i, i + d / 2)
             } else {
@@ -256,8 +272,8 @@ pub fn reference_logits(g: &Gguf, tokens: &[u32]) -> Vec<Vec<f64>> {
         for (pos, x) in xs.iter().enumerate() {
             let h = rmsnorm(x, &an, c.eps);
             let (mut q, mut k) = (add(matvec(&wq, &h), &bq), add(matvec(&wk, &h), &bk));
-            rope(&mut q, pos, hd, c.theta, c.half_split);
-            rope(&mut k, pos, hd, c.theta, c.half_split);
+            rope(&mut q, pos, hd, &c);
+            rope(&mut k, pos, hd, &c);
             qs.push(q);
             ks.push(k);
             vs.push(add(matvec(&wv, &h), &bv));

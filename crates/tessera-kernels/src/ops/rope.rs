@@ -32,10 +32,19 @@ pub struct Rope {
     pub style: RopeStyle,
     pub heads: usize,
     pub d: usize,
-    pub theta: f64,
+    /// Angular frequency of pair i (`θ^(−2i/d)` unscaled), `d/2` of them.
+    pub freqs: Vec<f64>,
     pub positions: Vec<usize>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+}
+
+/// The standard frequencies `θ^(−2i/d)`, i < d/2 (models with RoPE scaling adjust them
+/// before building a table with [`Rope::with_frequencies`]).
+pub fn base_frequencies(d: usize, theta: f64) -> Vec<f64> {
+    (0..d / 2)
+        .map(|i| theta.powf(-2.0 * i as f64 / d as f64))
+        .collect()
 }
 
 impl Rope {
@@ -47,22 +56,41 @@ impl Rope {
         d: usize,
         theta: f64,
     ) -> Result<Self> {
-        if d == 0
-            || !d.is_multiple_of(2)
-            || heads == 0
-            || theta.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
-        {
+        if theta.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+            return Err(Error::invalid("rope", format!("θ {theta} must be > 1")));
+        }
+        Self::with_frequencies(style, positions, heads, d, &base_frequencies(d, theta))
+    }
+
+    /// The table for given per-pair frequencies (angle = pos·freqs[i]).
+    pub fn with_frequencies(
+        style: RopeStyle,
+        positions: &[usize],
+        heads: usize,
+        d: usize,
+        freqs: &[f64],
+    ) -> Result<Self> {
+        if d == 0 || !d.is_multiple_of(2) || heads == 0 {
             return Err(Error::invalid(
                 "rope",
-                format!("head dim {d} must be even and > 0, heads {heads} > 0, θ {theta} > 1"),
+                format!("head dim {d} must be even and > 0, heads {heads} > 0"),
+            ));
+        }
+        if freqs.len() != d / 2 || !freqs.iter().all(|f| f.is_finite() && *f > 0.0) {
+            return Err(Error::invalid(
+                "rope",
+                format!(
+                    "{} frequencies for head dim {d}, each finite and > 0",
+                    freqs.len()
+                ),
             ));
         }
         let half = d / 2;
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
         for &p in positions {
-            for i in 0..half {
-                let angle = p as f64 * theta.powf(-2.0 * i as f64 / d as f64);
+            for f in freqs {
+                let angle = p as f64 * f;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
@@ -71,7 +99,7 @@ impl Rope {
             style,
             heads,
             d,
-            theta,
+            freqs: freqs.to_vec(),
             positions: positions.to_vec(),
             cos,
             sin,
@@ -183,7 +211,7 @@ impl<const NEOX: bool> RowOpDesc for RopeDesc<NEOX> {
         let pos = k.positions[row / k.heads] as f64;
         let mut out = x[0].clone();
         for i in 0..k.d / 2 {
-            let angle = pos * k.theta.powf(-2.0 * i as f64 / k.d as f64);
+            let angle = pos * k.freqs[i];
             let (a, b) = k.pair(i);
             out[a] = x[0][a] * angle.cos() - x[0][b] * angle.sin();
             out[b] = x[0][a] * angle.sin() + x[0][b] * angle.cos();
@@ -197,5 +225,30 @@ impl<const NEOX: bool> RowOpDesc for RopeDesc<NEOX> {
             (col / 2 * 2, 1)
         };
         Some(vec![i, i + h])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frequencies_and_scaled_tables() {
+        let f = base_frequencies(8, 10_000.0);
+        assert_eq!(f.len(), 4);
+        assert_eq!(f[0], 1.0);
+        assert!((f[2] - 10_000f64.powf(-0.5)).abs() < 1e-15);
+        // Halving every frequency is the same table as halving every position.
+        let half: Vec<f64> = f.iter().map(|x| x / 2.0).collect();
+        let a = Rope::with_frequencies(RopeStyle::HalfSplit, &[6, 40], 2, 8, &half).unwrap();
+        let b = Rope::new(RopeStyle::HalfSplit, &[3, 20], 2, 8, 10_000.0).unwrap();
+        assert_eq!((a.cos, a.sin), (b.cos, b.sin));
+        // Wrong count, non-finite or non-positive frequencies, bad θ: errors.
+        let ok =
+            |fr: &[f64]| Rope::with_frequencies(RopeStyle::Interleaved, &[0], 1, 8, fr).is_ok();
+        assert!(!ok(&f[..3]));
+        assert!(!ok(&[1.0, f64::NAN, 0.1, 0.01]));
+        assert!(!ok(&[1.0, 0.0, 0.1, 0.01]));
+        assert!(Rope::new(RopeStyle::Interleaved, &[0], 1, 8, 1.0).is_err());
     }
 }
