@@ -8,8 +8,9 @@ use tessera_kernels::registry::{self, ProblemCase};
 use tessera_perf::bench::{self, BenchOptions, BenchSpec};
 use tessera_perf::{calibrate, report};
 
+/// Which benchmarks to run (shared by `bench` and `regress`).
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub struct Selection {
     /// Ops to benchmark (default with --all: every op).
     ops: Vec<String>,
     /// Every registered op.
@@ -27,6 +28,12 @@ pub struct BenchArgs {
     /// Tuning overrides, e.g. `--set kc=256 --set threads=1`.
     #[arg(long = "set", value_parser = parse_kv)]
     set: Vec<(String, usize)>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    sel: Selection,
     /// Time budget per benchmark in milliseconds.
     #[arg(long, default_value_t = 1500)]
     budget_ms: u64,
@@ -42,15 +49,8 @@ fn parse_kv(s: &str) -> Result<(String, usize), String> {
     Ok((k.to_string(), v.parse().map_err(|e| format!("{s}: {e}"))?))
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
-    let ops = if args.all || args.ops.is_empty() {
-        if !args.all {
-            bail!("name an op (see `tessera ops`) or pass --all");
-        }
-        registry::all()
-    } else {
-        super::selected_ops(&args.ops)?
-    };
+/// Measures this machine's ceilings, printing them.
+pub fn calibrate() -> calibrate::Ceilings {
     let threads = tessera_kernels::pool::global().threads();
     eprintln!("calibrating ({threads} threads)...");
     let ceilings = calibrate::measure(threads);
@@ -58,13 +58,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "ceilings: f32 FMA {:.1} GFLOP/s, bf16 dot {:.1} GFLOP/s, DRAM {:.1} GB/s",
         ceilings.fma_gflops, ceilings.bf16_gflops, ceilings.dram_gbps
     );
-    let opts = BenchOptions {
-        budget: Duration::from_millis(args.budget_ms),
-        ..Default::default()
+    ceilings
+}
+
+/// Runs every selected benchmark (`default_variant` when the selection names none),
+/// printing each row to stderr as it completes unless `quiet`.
+pub fn collect(
+    sel: &Selection,
+    default_variant: Option<&str>,
+    ceilings: &calibrate::Ceilings,
+    opts: &BenchOptions,
+    quiet: bool,
+) -> Result<Vec<bench::BenchResult>> {
+    let ops = if sel.all || sel.ops.is_empty() {
+        if !sel.all {
+            bail!("name an op (see `tessera ops`) or pass --all");
+        }
+        registry::all()
+    } else {
+        super::selected_ops(&sel.ops)?
     };
+    let variant_filter = sel.variant.as_deref().or(default_variant);
     let mut results = Vec::new();
     for op in ops {
-        let problems: Vec<(String, Box<dyn ProblemCase>)> = match &args.shape {
+        let problems: Vec<(String, Box<dyn ProblemCase>)> = match &sel.shape {
             Some(s) => vec![(
                 s.clone(),
                 op.parse_problem(s)
@@ -79,16 +96,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for &dtype in op
             .dtypes()
             .iter()
-            .filter(|d| args.dtype.is_none_or(|x| x == **d))
+            .filter(|d| sel.dtype.is_none_or(|x| x == **d))
         {
             for variant in op
                 .variants(dtype)
                 .iter()
-                .filter(|v| args.variant.as_ref().is_none_or(|x| *x == v.label))
+                .filter(|v| variant_filter.is_none_or(|x| x == v.label))
             {
                 for (_, problem) in &problems {
                     let mut config = problem.tune_space().defaults();
-                    for (k, v) in &args.set {
+                    for (k, v) in &sel.set {
                         let name = problem
                             .tune_space()
                             .0
@@ -108,22 +125,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         config: &config,
                         bf16_dot: variant.label.contains("dpbf16"),
                     };
-                    let r = bench::run(&spec, &ceilings, &opts)?;
-                    if !args.json {
-                        eprint!(
+                    let r = bench::run(&spec, ceilings, opts)?;
+                    if !quiet {
+                        eprintln!(
                             "{}",
                             report::bench_table(std::slice::from_ref(&r))
                                 .lines()
                                 .nth(2)
                                 .unwrap_or_default()
                         );
-                        eprintln!();
                     }
                     results.push(r);
                 }
             }
         }
     }
+    Ok(results)
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let ceilings = calibrate();
+    let opts = BenchOptions {
+        budget: Duration::from_millis(args.budget_ms),
+        ..Default::default()
+    };
+    let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;
     if args.json {
         let doc = serde_json::json!({
             "cpu": tessera_core::CpuFeatures::get().summary(),

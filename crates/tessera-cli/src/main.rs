@@ -4,6 +4,7 @@
 mod bench_cmd;
 mod profile_cmd;
 mod quant_cmd;
+mod regress_cmd;
 mod run_cmd;
 
 use anyhow::{bail, Result};
@@ -33,6 +34,9 @@ enum Command {
     Score(run_cmd::ScoreArgs),
     /// Prefill and decode tokens/s on a model (median of several runs).
     BenchModel(run_cmd::BenchModelArgs),
+    /// Run a benchmark suite and save it as a baseline, or compare it with one
+    /// (normalised by same-run calibration; exit 1 on a significant slowdown).
+    Regress(regress_cmd::RegressArgs),
     /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
     /// its float64 reference; exit status 1 on any failure.
     Verify {
@@ -68,6 +72,7 @@ fn main() -> Result<()> {
         Command::BenchModel(args) => run_cmd::bench_model(args),
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Regress(args) => regress_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),
         Command::QuantError(args) => quant_cmd::run(args),
         Command::Ops => {

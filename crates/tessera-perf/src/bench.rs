@@ -63,6 +63,9 @@ pub struct BenchResult {
     /// The DRAM bandwidth the roofline used: for memory-bound runs, measured just before
     /// and after this benchmark (mean of the two); else the run's calibration.
     pub dram_gbps: f64,
+    /// The compute peak the roofline used: for compute-bound runs, measured just before
+    /// and after this benchmark (mean of the two); else the run's calibration.
+    pub peak_gflops: f64,
     pub bound: &'static str,
     /// Instances rotated (1 when compute-bound).
     pub rotation: usize,
@@ -111,6 +114,8 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     } else {
         ceilings.dram_gbps
     };
+    let peak_probe = || crate::calibrate::compute_now(ceilings.threads, spec.bf16_dot);
+    let peak_before = if mem_bound { peak } else { peak_probe() };
     let mut samples = Vec::new();
     let start = Instant::now();
     let mut i = 0;
@@ -138,6 +143,11 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     } else {
         ceilings.dram_gbps
     };
+    let peak = if mem_bound {
+        peak
+    } else {
+        0.5 * (peak_before + peak_probe())
+    };
     let median = stats::median(&samples);
     let gflops = cost.flops / median / 1e9;
     let gbps = cost.bytes / median / 1e9;
@@ -162,6 +172,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
                 gflops / attainable
             },
         dram_gbps: dram,
+        peak_gflops: peak,
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
     })

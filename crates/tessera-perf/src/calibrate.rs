@@ -147,6 +147,13 @@ fn run_compute(threads: usize, bf16: bool) -> f64 {
     })
 }
 
+/// The FMA (or bf16-dot) peak now, ~40 ms: benchmarks bracket compute-bound timings with
+/// it, as memory-bound ones are bracketed by [`dram_read_now`], because a shared host's
+/// available compute also drifts (the peak read 289–497 GFLOP/s across one day).
+pub fn compute_now(threads: usize, bf16: bool) -> f64 {
+    run_compute(threads.clamp(1, pool::global().threads()), bf16)
+}
+
 fn median_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
     let v: Vec<f64> = (0..reps).map(|_| f()).collect();
     crate::stats::median(&v)

@@ -7,5 +7,6 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod regress;
 pub mod report;
 pub mod stats;

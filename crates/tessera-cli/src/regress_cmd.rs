@@ -1,0 +1,254 @@
+//! `tessera regress`: run a benchmark suite and either save it as a named baseline or
+//! compare it with one (see `tessera_perf::regress` for the statistics). Exit status 1
+//! only for a significant slowdown beyond the threshold.
+
+use crate::bench_cmd::{self, Selection};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tessera_perf::bench::BenchOptions;
+use tessera_perf::regress::{self, Baseline, Comparison, Entry, Verdict, BASELINE_FORMAT};
+use tessera_perf::report::table;
+
+#[derive(Args, Debug)]
+pub struct RegressArgs {
+    #[command(flatten)]
+    sel: Selection,
+    /// Save this run as baseline NAME.
+    #[arg(long, conflicts_with = "baseline")]
+    save_baseline: Option<String>,
+    /// Compare this run with baseline NAME.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Where baselines live.
+    #[arg(long, default_value = ".tessera/baselines")]
+    baseline_dir: PathBuf,
+    /// Smallest relative change that counts (0.05 = 5%).
+    #[arg(long, default_value_t = 0.05)]
+    threshold: f64,
+    /// Time budget per benchmark and round in milliseconds.
+    #[arg(long, default_value_t = 400)]
+    budget_ms: u64,
+    /// Passes over the whole suite; their scatter measures the host's drift.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also write the comparison as JUnit XML (one test case per benchmark).
+    #[arg(long)]
+    junit: Option<PathBuf>,
+}
+
+fn baseline_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+        bail!("baseline name '{name}' must be a plain file name");
+    }
+    Ok(dir.join(format!("{name}.json")))
+}
+
+fn git_commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub fn run(a: RegressArgs) -> Result<()> {
+    if a.save_baseline.is_none() && a.baseline.is_none() {
+        bail!("pass --save-baseline NAME or --baseline NAME");
+    }
+    if !(0.0..1.0).contains(&a.threshold) {
+        bail!("--threshold must be in [0, 1)");
+    }
+    let threads = tessera_kernels::pool::global().threads();
+    let fingerprint = regress::fingerprint(threads);
+    // Read the baseline first: a missing or foreign one should fail before the suite runs.
+    let base = match &a.baseline {
+        Some(name) => {
+            let path = baseline_path(&a.baseline_dir, name)?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading baseline {}", path.display()))?;
+            let b: Baseline = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a tessera baseline", path.display()))?;
+            if b.format != BASELINE_FORMAT {
+                bail!(
+                    "{}: format {} (this build reads {BASELINE_FORMAT}); save a new baseline",
+                    path.display(),
+                    b.format
+                );
+            }
+            if b.fingerprint != fingerprint {
+                bail!(
+                    "{} was made on another machine:\n  baseline: {}\n  here:     {fingerprint}",
+                    path.display(),
+                    b.fingerprint
+                );
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    let ceilings = bench_cmd::calibrate();
+    let opts = BenchOptions {
+        budget: Duration::from_millis(a.budget_ms),
+        ..Default::default()
+    };
+    let best = tessera_core::Isa::best().name();
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let mut entries: Vec<Entry> = Vec::new();
+    for round in 0..a.rounds {
+        eprintln!("round {}/{}", round + 1, a.rounds);
+        let results = bench_cmd::collect(&a.sel, Some(best), &ceilings, &opts, a.json)?;
+        if results.is_empty() {
+            bail!("the selection ran no benchmark");
+        }
+        for r in &results {
+            let key = Entry::key(r);
+            match entries.iter_mut().find(|e| e.key == key) {
+                Some(e) => e.rounds.push(Entry::normalized(r)),
+                None => entries.push(Entry {
+                    key,
+                    bound: r.bound.to_string(),
+                    median_s: r.median_s,
+                    rounds: vec![Entry::normalized(r)],
+                }),
+            }
+        }
+    }
+    if let Some(name) = &a.save_baseline {
+        let path = baseline_path(&a.baseline_dir, name)?;
+        std::fs::create_dir_all(&a.baseline_dir)?;
+        let b = Baseline {
+            format: BASELINE_FORMAT,
+            fingerprint,
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            git_commit: git_commit(),
+            entries,
+        };
+        std::fs::write(&path, serde_json::to_string(&b)?)?;
+        eprintln!("saved {} results as {}", b.entries.len(), path.display());
+        return Ok(());
+    }
+    let base = base.expect("checked above");
+    let mut rows = Vec::new();
+    for e in &entries {
+        let cmp = base
+            .entries
+            .iter()
+            .find(|b| b.key == e.key)
+            .map(|b| regress::compare(&b.rounds, &e.rounds, a.threshold));
+        rows.push((e, cmp));
+    }
+    report(&a, &base, &rows)?;
+    let slower = rows
+        .iter()
+        .filter(|(_, c)| c.as_ref().is_some_and(|c| c.verdict == Verdict::Slower))
+        .count();
+    if slower > 0 {
+        eprintln!(
+            "{slower} significant slowdown(s) beyond {:.0}%",
+            100.0 * a.threshold
+        );
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn verdict_name(c: &Option<Comparison>) -> &'static str {
+    match c.as_ref().map(|c| c.verdict) {
+        Some(Verdict::Faster) => "faster",
+        Some(Verdict::Slower) => "SLOWER",
+        Some(Verdict::Same) => "same",
+        Some(Verdict::Unsure) => "unsure",
+        None => "new (no baseline)",
+    }
+}
+
+fn report(a: &RegressArgs, base: &Baseline, rows: &[(&Entry, Option<Comparison>)]) -> Result<()> {
+    if a.json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|(e, c)| serde_json::json!({"key": e.key, "bound": e.bound, "median_s": e.median_s, "comparison": c}))
+            .collect();
+        let doc = serde_json::json!({
+            "baseline_commit": base.git_commit, "commit": git_commit(),
+            "threshold": a.threshold, "results": list,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        let body: Vec<Vec<String>> = rows
+            .iter()
+            .map(|(e, c)| {
+                let f =
+                    |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| format!("{v:.prec$}"));
+                vec![
+                    e.key.clone(),
+                    f(c.as_ref().map(|c| c.ratio), 3),
+                    c.as_ref().map_or("-".into(), |c| {
+                        format!("[{:.3}, {:.3}]", c.ci_low, c.ci_high)
+                    }),
+                    f(c.as_ref().map(|c| c.p_value), 4),
+                    verdict_name(c).into(),
+                ]
+            })
+            .collect();
+        print!(
+            "baseline {} vs this run (normalised by same-run calibration; threshold {:.0}%)\n{}",
+            base.git_commit,
+            100.0 * a.threshold,
+            table(
+                &["benchmark", "ratio", "95% CI", "p (MWU)", "verdict"],
+                &body
+            )
+        );
+    }
+    if let Some(path) = &a.junit {
+        std::fs::write(path, junit(rows)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// JUnit XML: one test case per benchmark, failed when slower.
+fn junit(rows: &[(&Entry, Option<Comparison>)]) -> String {
+    let failures = rows
+        .iter()
+        .filter(|(_, c)| c.as_ref().is_some_and(|c| c.verdict == Verdict::Slower))
+        .count();
+    let mut x = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"tessera-regress\" tests=\"{}\" failures=\"{failures}\">\n",
+        rows.len()
+    );
+    for (e, c) in rows {
+        let (op, rest) = e.key.split_once('/').unwrap_or((&e.key, ""));
+        x += &format!(
+            "  <testcase classname=\"{}\" name=\"{}\">",
+            xml_escape(op),
+            xml_escape(rest)
+        );
+        match c {
+            Some(c) if c.verdict == Verdict::Slower => {
+                x += &format!(
+                    "<failure message=\"{:.3}x slower (95% CI {:.3}-{:.3}, p {:.2e})\"/>",
+                    c.ratio, c.ci_low, c.ci_high, c.p_value
+                );
+            }
+            _ => x += &format!("<system-out>{}</system-out>", verdict_name(c)),
+        }
+        x += "</testcase>\n";
+    }
+    x + "</testsuite>\n"
+}
