@@ -15,7 +15,7 @@ pub struct Selection {
     ops: Vec<String>,
     /// Every registered op.
     #[arg(long)]
-    all: bool,
+    pub all: bool,
     /// A problem in the op's syntax (e.g. 2048x2048x2048 for gemm) instead of the named set.
     #[arg(long)]
     shape: Option<String>,
@@ -40,6 +40,13 @@ pub struct BenchArgs {
     /// Print JSON (ceilings and every sample) instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+impl Selection {
+    /// Nothing asked for (no op named, no --all).
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && !self.all
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, usize), String> {

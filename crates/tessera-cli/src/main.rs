@@ -5,6 +5,7 @@ mod bench_cmd;
 mod profile_cmd;
 mod quant_cmd;
 mod regress_cmd;
+mod roofline_cmd;
 mod run_cmd;
 
 use anyhow::{bail, Result};
@@ -37,6 +38,8 @@ enum Command {
     /// Run a benchmark suite and save it as a baseline, or compare it with one
     /// (normalised by same-run calibration; exit 1 on a significant slowdown).
     Regress(regress_cmd::RegressArgs),
+    /// This machine's ceilings (cached per machine) and an SVG roofline with kernels on it.
+    Roofline(roofline_cmd::RooflineArgs),
     /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
     /// its float64 reference; exit status 1 on any failure.
     Verify {
@@ -73,6 +76,7 @@ fn main() -> Result<()> {
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Regress(args) => regress_cmd::run(args),
+        Command::Roofline(args) => roofline_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),
         Command::QuantError(args) => quant_cmd::run(args),
         Command::Ops => {

@@ -190,6 +190,11 @@ fn dram_read(threads: usize) -> f64 {
     dram_read_now(threads, 7)
 }
 
+/// A vectorised sum (the bandwidth probes' read loop), public for the cache probes.
+pub fn sum_slice(v: &[f32]) -> f32 {
+    sum(v)
+}
+
 fn sum(v: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if Isa::best() == Isa::Avx512 {

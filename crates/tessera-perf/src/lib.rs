@@ -9,4 +9,5 @@ pub mod bench;
 pub mod calibrate;
 pub mod regress;
 pub mod report;
+pub mod roofline;
 pub mod stats;
