@@ -7,6 +7,7 @@ mod quant_cmd;
 mod regress_cmd;
 mod roofline_cmd;
 mod run_cmd;
+mod tune_cmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -40,6 +41,9 @@ enum Command {
     Regress(regress_cmd::RegressArgs),
     /// This machine's ceilings (cached per machine) and an SVG roofline with kernels on it.
     Roofline(roofline_cmd::RooflineArgs),
+    /// Search tunable spaces (each candidate verified against float64 before it is
+    /// timed) and save the winners to the tuning cache the kernels read.
+    Tune(tune_cmd::TuneArgs),
     /// Check every registered kernel (every dtype, every ISA variant this CPU runs) against
     /// its float64 reference; exit status 1 on any failure.
     Verify {
@@ -68,6 +72,7 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    tune_cmd::install_cache();
     match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Pull(args) => run_cmd::pull(args),
@@ -77,6 +82,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => bench_cmd::run(args),
         Command::Regress(args) => regress_cmd::run(args),
         Command::Roofline(args) => roofline_cmd::run(args),
+        Command::Tune(args) => tune_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),
         Command::QuantError(args) => quant_cmd::run(args),
         Command::Ops => {

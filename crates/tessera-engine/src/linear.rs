@@ -4,7 +4,7 @@
 use crate::gguf::{Gguf, TensorInfo};
 use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
-use tessera_kernels::ops::gemm::{default_blocking, gemm_with, GemmParams};
+use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::qmatmul;
 use tessera_kernels::quant::{
     blocks_from_bytes, BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
@@ -90,9 +90,10 @@ impl Linear for DenseLinear {
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
         let wt = TensorView::contiguous(&self.w, &[self.rows, self.cols])?.transposed(0, 1)?;
         let isa = Isa::best();
+        let m = x.dims().first().copied().unwrap_or(0);
         Ok(gemm_with(
             isa,
-            default_blocking(isa),
+            tuned_blocking(isa, DType::F32, m, self.rows, self.cols),
             x,
             &wt,
             y,

@@ -5,3 +5,4 @@ pub mod pool;
 pub mod quant;
 pub mod registry;
 pub mod simd;
+pub mod tuning;

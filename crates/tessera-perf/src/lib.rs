@@ -11,3 +11,4 @@ pub mod regress;
 pub mod report;
 pub mod roofline;
 pub mod stats;
+pub mod tune;

@@ -165,6 +165,11 @@ pub trait Instance: Send {
 pub trait ProblemCase: fmt::Display + Send + Sync {
     fn cost(&self, dtype: DType) -> Cost;
     fn tune_space(&self) -> TuneSpace;
+    /// The dims a tuned configuration is keyed by (bucketed), for ops whose kernels look
+    /// tuned values up at run time; None: not tunable at run time.
+    fn tune_dims(&self) -> Option<Vec<usize>> {
+        None
+    }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>>;
 }
 

@@ -18,6 +18,7 @@ mod spec;
 pub use driver::Blocking;
 pub use spec::{GemmOp, GemmProblem, TOL_BF16, TOL_F16, TOL_F32};
 
+use crate::registry::{TuneConfig, TuneParam, TuneSpace};
 use driver::{MatMut, MicroKernel, Operands};
 use pack::{Mat, PackSource};
 use pool::SharedMut;
@@ -73,7 +74,67 @@ pub fn default_blocking(isa: Isa) -> Blocking {
     }
 }
 
-/// `C = α·A·B + β·C` on the best ISA with default blocking.
+/// The tunable blocking space (defaults from [`default_blocking`] on the best ISA), shared
+/// by the registry's problems and the run-time lookup of tuned values.
+pub fn tune_space() -> TuneSpace {
+    let d = default_blocking(Isa::best());
+    TuneSpace(vec![
+        TuneParam {
+            name: "mc",
+            default: d.mc,
+            choices: vec![48, 72, 96, 144, 192, 288],
+        },
+        TuneParam {
+            name: "kc",
+            default: d.kc,
+            choices: vec![128, 192, 256, 384, 512],
+        },
+        TuneParam {
+            name: "nc",
+            default: d.nc,
+            choices: vec![256, 512, 1024, 2048, 4096],
+        },
+        TuneParam {
+            name: "threads",
+            default: d.threads,
+            choices: (1..=d.threads).collect(),
+        },
+    ])
+}
+
+/// The blocking from a tuning configuration (missing values: the ISA's defaults).
+pub fn blocking_from(isa: Isa, cfg: &TuneConfig) -> Blocking {
+    let d = default_blocking(isa);
+    Blocking {
+        mc: cfg.get("mc").unwrap_or(d.mc),
+        kc: cfg.get("kc").unwrap_or(d.kc),
+        nc: cfg.get("nc").unwrap_or(d.nc),
+        threads: cfg.get("threads").unwrap_or(d.threads),
+    }
+}
+
+/// The blocking `tessera tune` chose for this shape on this machine, else the default.
+pub fn tuned_blocking(
+    isa: Isa,
+    dtype: tessera_core::DType,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Blocking {
+    match crate::tuning::lookup(
+        "gemm",
+        &dtype.to_string(),
+        isa.name(),
+        &[m, n, k],
+        &tune_space(),
+    ) {
+        Some(cfg) => blocking_from(isa, &cfg),
+        None => default_blocking(isa),
+    }
+}
+
+/// `C = α·A·B + β·C` on the best ISA, with the tuned blocking for this shape (defaults
+/// when none was tuned).
 pub fn gemm<T: GemmInput>(
     a: &TensorView<'_, T>,
     b: &TensorView<'_, T>,
@@ -81,7 +142,14 @@ pub fn gemm<T: GemmInput>(
     p: GemmParams,
 ) -> Result<()> {
     let isa = Isa::best();
-    gemm_with(isa, default_blocking(isa), a, b, c, p)
+    let (cd, ad) = (c.dims(), a.dims());
+    let blocking = match (cd.len(), ad.len()) {
+        (r, ra) if r >= 2 && ra >= 2 => {
+            tuned_blocking(isa, T::DTYPE, cd[r - 2], cd[r - 1], ad[ra - 1])
+        }
+        _ => default_blocking(isa), // gemm_with reports the rank error
+    };
+    gemm_with(isa, blocking, a, b, c, p)
 }
 
 /// Shapes after validation: (batches, m, n, k) and per-operand batch strides in matrices.

@@ -1,10 +1,10 @@
 //! GEMM's registry entry: problems, instances, tolerances.
 
-use super::{gemm_with, Blocking, GemmInput, GemmParams};
+use super::{gemm_with, GemmInput, GemmParams};
 use crate::ops::common::{bytes, poison, random};
 use crate::registry::{
     parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
-    TuneParam, TuneSpace, Variant,
+    TuneSpace, Variant,
 };
 use half::{bf16, f16};
 use rand::Rng as _;
@@ -205,29 +205,10 @@ impl ProblemCase for GemmProblem {
         }
     }
     fn tune_space(&self) -> TuneSpace {
-        let d = super::default_blocking(Isa::best());
-        TuneSpace(vec![
-            TuneParam {
-                name: "mc",
-                default: d.mc,
-                choices: vec![48, 72, 96, 144, 192, 288],
-            },
-            TuneParam {
-                name: "kc",
-                default: d.kc,
-                choices: vec![128, 192, 256, 384, 512],
-            },
-            TuneParam {
-                name: "nc",
-                default: d.nc,
-                choices: vec![256, 512, 1024, 2048, 4096],
-            },
-            TuneParam {
-                name: "threads",
-                default: d.threads,
-                choices: (1..=d.threads).collect(),
-            },
-        ])
+        super::tune_space()
+    }
+    fn tune_dims(&self) -> Option<Vec<usize>> {
+        Some(vec![self.m, self.n, self.k])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         Ok(match dtype {
@@ -309,13 +290,7 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
         }
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
-        let d = super::default_blocking(v.isa());
-        let blocking = Blocking {
-            mc: cfg.get("mc").unwrap_or(d.mc),
-            kc: cfg.get("kc").unwrap_or(d.kc),
-            nc: cfg.get("nc").unwrap_or(d.nc),
-            threads: cfg.get("threads").unwrap_or(d.threads),
-        };
+        let blocking = super::blocking_from(v.isa(), cfg);
         let a = TensorView::new(&self.a, self.la)?;
         let b = TensorView::new(&self.b, self.lb)?;
         let mut c = TensorViewMut::new(&mut self.c, self.lc)?;

@@ -21,7 +21,7 @@ mod vnni;
 pub use packed::{PackedWeights, QuantActs};
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 
-use super::gemm::{default_blocking, gemm_with, GemmParams};
+use super::gemm::{gemm_with, tuned_blocking, GemmParams};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK};
@@ -224,7 +224,7 @@ fn prefill<B: BlockFormat>(
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
     let (k, n, m) = (w.cols(), w.rows(), x.dims()[0]);
-    let mut blocking = default_blocking(isa);
+    let mut blocking = tuned_blocking(isa, tessera_core::DType::F32, m, PANEL_ROWS.min(n), k);
     blocking.threads = threads.max(1);
     let mut panel = vec![0f32; PANEL_ROWS.min(n) * k];
     let yl = *y.layout();
