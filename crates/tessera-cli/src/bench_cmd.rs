@@ -158,7 +158,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;
     if args.json {
+        let threads = tessera_kernels::pool::global().threads();
         let doc = serde_json::json!({
+            "fingerprint": tessera_perf::regress::fingerprint(threads),
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "git_commit": crate::regress_cmd::git_commit(),
             "cpu": tessera_core::CpuFeatures::get().summary(),
             "best_isa": Isa::best().name(),
             "ceilings": ceilings,

@@ -48,7 +48,8 @@ fn baseline_path(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir.join(format!("{name}.json")))
 }
 
-fn git_commit() -> String {
+/// The checkout's short commit, or "unknown" outside a git work tree.
+pub fn git_commit() -> String {
     std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
