@@ -9,7 +9,6 @@
 use crate::calibrate::{self, Ceilings};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
-use tessera_core::{CpuFeatures, Isa};
 use tessera_kernels::pool;
 
 /// Every ceiling, GFLOP/s (GOP/s for int8) and GB/s.
@@ -45,7 +44,9 @@ fn int8_dot_avx512(iters: usize) -> i32 {
 /// The int8 dot-product peak in GOP/s (one multiply-add = 2 ops); 0 without VNNI.
 pub fn int8_peak(threads: usize) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if Isa::best() == Isa::Avx512 && CpuFeatures::get().avx512_vnni {
+    if tessera_core::Isa::best() == tessera_core::Isa::Avx512
+        && tessera_core::CpuFeatures::get().avx512_vnni
+    {
         let iters = 2_000_000;
         let mut best = 0f64;
         for _ in 0..5 {
