@@ -1,0 +1,131 @@
+//! Tessera's CUDA backend (first part): kernels kept as `.cu` sources, one per op, and
+//! compiled at run time by NVRTC through `cudarc` with dynamic loading, so `cargo build`
+//! needs no CUDA toolkit and a machine without CUDA still builds and runs everything else.
+//!
+//! cudarc panics when a CUDA library is missing, so every entry point checks
+//! [`nvrtc_available`] first and turns absence into [`CudaError::NotAvailable`].
+//!
+//! Status: these kernels are compile-checked (CUBIN for sm_80 and sm_90) but have not
+//! run on a GPU yet; nothing in the engine dispatches to them.
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::PathBuf;
+
+/// The kernel sources, by op name.
+pub const KERNELS: [(&str, &str); 5] = [
+    ("rms_norm", include_str!("../kernels/rms_norm.cu")),
+    ("rope", include_str!("../kernels/rope.cu")),
+    ("swiglu", include_str!("../kernels/swiglu.cu")),
+    ("softmax", include_str!("../kernels/softmax.cu")),
+    ("embedding", include_str!("../kernels/embedding.cu")),
+];
+
+/// Architectures every kernel must compile for: Ampere and Hopper.
+pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA not available: {0}")]
+    NotAvailable(String),
+    #[error("NVRTC failed to compile {kernel} for {arch}: {message}\n{log}")]
+    Compile {
+        kernel: String,
+        arch: String,
+        message: String,
+        log: String,
+    },
+}
+
+/// Whether the NVRTC library can be loaded (never panics).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    require_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present (checked); both pointers are valid.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    r.result()
+        .map_err(|e| CudaError::NotAvailable(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+fn require_nvrtc() -> Result<(), CudaError> {
+    if nvrtc_available() {
+        Ok(())
+    } else {
+        Err(CudaError::NotAvailable(
+            "libnvrtc not found (install the nvidia-cuda-nvrtc 13.0 wheel and put its lib \
+             directory on LD_LIBRARY_PATH)"
+                .into(),
+        ))
+    }
+}
+
+/// Extra include directories (`TESSERA_CUDA_INCLUDE`, colon-separated), e.g. the
+/// nvidia-cuda-runtime wheel's `include/` for `cuda_bf16.h`.
+fn include_paths() -> Vec<PathBuf> {
+    std::env::var_os("TESSERA_CUDA_INCLUDE")
+        .map(|v| std::env::split_paths(&v).collect())
+        .unwrap_or_default()
+}
+
+/// Compiles `source` to a CUBIN for `arch` (a real architecture such as `sm_90`, which
+/// also makes NVRTC check inline PTX).
+pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    require_nvrtc()?;
+    let fail = |message: String, log: String| CudaError::Compile {
+        kernel: kernel.into(),
+        arch: arch.into(),
+        message,
+        log,
+    };
+    let src = CString::new(source).map_err(|e| fail(e.to_string(), String::new()))?;
+    let name = CString::new(format!("{kernel}.cu")).expect("no NUL in a kernel name");
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| fail(format!("{e:?}"), String::new()))?;
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    options.extend(
+        include_paths()
+            .iter()
+            .map(|p| format!("--include-path={}", p.display())),
+    );
+    // SAFETY: prog was created above and is destroyed once, at the end.
+    let compiled = unsafe { result::compile_program(prog, &options) };
+    let out = match compiled {
+        Err(e) => {
+            // SAFETY: prog is live.
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| {
+                    // SAFETY: NVRTC writes the log NUL-terminated into this buffer.
+                    unsafe { CStr::from_ptr(l.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .unwrap_or_default();
+            Err(fail(format!("{e:?}"), log))
+        }
+        Ok(()) => {
+            let mut size = 0usize;
+            // SAFETY: prog compiled successfully; size is a valid out-pointer.
+            unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| fail(format!("nvrtcGetCUBINSize: {e:?}"), String::new()))
+                .and_then(|()| {
+                    let mut cubin = vec![0u8; size];
+                    // SAFETY: cubin has the size NVRTC reported.
+                    unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) }
+                        .result()
+                        .map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"), String::new()))?;
+                    Ok(cubin)
+                })
+        }
+    };
+    // SAFETY: prog is live and not used after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
