@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// Print JSON (ceilings and every sample) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also time peers in the same run: the float64 reference (naive) for every op,
+    /// and numpy/OpenBLAS for f32 GEMM when python3 has numpy.
+    #[arg(long)]
+    peers: bool,
 }
 
 impl Selection {
@@ -157,6 +161,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ..Default::default()
     };
     let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;
+    let peers = if args.peers {
+        peer_rows(&args.sel, &results)?
+    } else {
+        Vec::new()
+    };
     if args.json {
         let threads = tessera_kernels::pool::global().threads();
         let doc = serde_json::json!({
@@ -167,10 +176,98 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "best_isa": Isa::best().name(),
             "ceilings": ceilings,
             "results": results,
+            "peers": peers.iter().map(|p| serde_json::json!({
+                "op": p.op, "problem": p.problem, "dtype": p.dtype, "variant": p.variant,
+                "ours_s": p.ours_s, "naive_s": p.naive_s, "numpy_s": p.numpy_s,
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", report::bench_table(&results));
+        if !peers.is_empty() {
+            print!("{}", peer_table(&peers));
+        }
     }
     Ok(())
+}
+
+/// One result and its peers' times (None: not applicable or not installed).
+struct PeerRow {
+    op: String,
+    problem: String,
+    dtype: String,
+    variant: String,
+    ours_s: f64,
+    naive_s: Option<f64>,
+    numpy_s: Option<f64>,
+}
+
+/// Times the peers of every result (problems re-parsed from their names).
+fn peer_rows(sel: &Selection, results: &[bench::BenchResult]) -> Result<Vec<PeerRow>> {
+    let threads = tessera_kernels::pool::global().threads();
+    let mut rows = Vec::new();
+    for r in results {
+        let Some(op) = registry::find(&r.op) else {
+            continue;
+        };
+        let problem = match &sel.shape {
+            Some(s) => op.parse_problem(s)?,
+            None => match op
+                .bench_problems()
+                .into_iter()
+                .find(|(_, p)| p.to_string() == r.problem)
+            {
+                Some((_, p)) => p,
+                None => continue,
+            },
+        };
+        let dtype: DType = r.dtype.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        eprintln!("peers for {} {} {}...", r.op, r.problem, r.dtype);
+        let numpy_s = match (r.op.as_str(), dtype, problem.tune_dims()) {
+            ("gemm", DType::F32, Some(d)) => {
+                tessera_perf::peers::numpy_gemm_s(d[0], d[1], d[2], threads)
+            }
+            _ => None,
+        };
+        rows.push(PeerRow {
+            op: r.op.clone(),
+            problem: r.problem.clone(),
+            dtype: r.dtype.clone(),
+            variant: r.variant.clone(),
+            ours_s: r.median_s,
+            naive_s: tessera_perf::peers::naive_s(problem.as_ref(), dtype),
+            numpy_s,
+        });
+    }
+    Ok(rows)
+}
+
+fn peer_table(rows: &[PeerRow]) -> String {
+    let cell = |peer: Option<f64>, ours: f64| match peer {
+        Some(s) => format!("{} ({:.2}× ours)", report::format_time(s), s / ours),
+        None => "-".into(),
+    };
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            vec![
+                format!("{} {} {} {}", p.op, p.problem, p.dtype, p.variant),
+                report::format_time(p.ours_s),
+                cell(p.naive_s, p.ours_s),
+                cell(p.numpy_s, p.ours_s),
+            ]
+        })
+        .collect();
+    format!(
+        "\npeers, same run (a peer's time / ours: > 1 means we are faster)\n{}",
+        report::table(
+            &[
+                "benchmark",
+                "ours",
+                "naive float64 reference",
+                "numpy (OpenBLAS)"
+            ],
+            &body
+        )
+    )
 }

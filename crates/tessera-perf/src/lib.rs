@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod peers;
 pub mod regress;
 pub mod report;
 pub mod roofline;

@@ -103,7 +103,7 @@ pub fn bench_table(results: &[BenchResult]) -> String {
     )
 }
 
-fn format_time(s: f64) -> String {
+pub fn format_time(s: f64) -> String {
     if s >= 1e-3 {
         format!("{:.3} ms", s * 1e3)
     } else {
