@@ -129,3 +129,75 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, 
     let _ = unsafe { result::destroy_program(prog) };
     out
 }
+
+/// The on-disk CUBIN cache: `$TESSERA_CUDA_CACHE`, else `$TESSERA_CACHE/cuda`, else
+/// `$XDG_CACHE_HOME/tessera/cuda`, else `~/.cache/tessera/cuda`.
+pub fn default_cache_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("TESSERA_CUDA_CACHE")
+        .or_else(|| env("TESSERA_CACHE").map(|p| p.join("cuda")))
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("tessera/cuda")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache/tessera/cuda")))
+        .unwrap_or_else(|| std::env::temp_dir().join("tessera-cuda"))
+}
+
+/// FNV-1a 64 over the parts, with separators (a cache key, not a security boundary).
+fn key(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain(b"\0") {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Whether the CUBIN came from the cache or was compiled now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Cache,
+    Compiled,
+}
+
+/// [`compile_cubin`] through a disk cache in `dir`, keyed by the source, architecture,
+/// NVRTC version and include paths. Entries are written to a unique temporary file and
+/// renamed into place, so concurrent processes never read a partial CUBIN (the last
+/// writer of identical bytes wins); an unreadable or non-ELF entry is recompiled.
+pub fn compile_cached(
+    dir: &std::path::Path,
+    kernel: &str,
+    source: &str,
+    arch: &str,
+) -> Result<(Vec<u8>, Origin), CudaError> {
+    let (major, minor) = nvrtc_version()?;
+    let version = format!("{major}.{minor}");
+    let includes = format!("{:?}", include_paths());
+    let h = key(&[
+        source.as_bytes(),
+        arch.as_bytes(),
+        version.as_bytes(),
+        includes.as_bytes(),
+    ]);
+    let path = dir.join(format!("{kernel}-{arch}-{h:016x}.cubin"));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if bytes.starts_with(b"\x7fELF") {
+            return Ok((bytes, Origin::Cache));
+        }
+    }
+    let cubin = compile_cubin(kernel, source, arch)?;
+    // Caching is best effort: a read-only or full disk costs a recompile next time.
+    if std::fs::create_dir_all(dir).is_ok() {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{kernel}-{}-{seq}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok((cubin, Origin::Compiled))
+}

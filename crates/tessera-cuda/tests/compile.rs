@@ -45,3 +45,58 @@ fn broken_source_is_a_compile_error_with_the_log() {
         e => panic!("unexpected {e}"),
     }
 }
+
+#[test]
+fn cubin_cache_hits_recompiles_corrupt_entries_and_survives_races() {
+    use tessera_cuda::{compile_cached, Origin};
+    if !nvrtc_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tessera-cubin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (name, src) = KERNELS[0];
+    let (first, o1) = compile_cached(&dir, name, src, "sm_80").expect("compiles");
+    assert_eq!(o1, Origin::Compiled);
+    let (again, o2) = compile_cached(&dir, name, src, "sm_80").expect("cached");
+    assert_eq!((o2, &again), (Origin::Cache, &first));
+    // Another arch or another source is another entry.
+    assert_eq!(
+        compile_cached(&dir, name, src, "sm_90").unwrap().1,
+        Origin::Compiled
+    );
+    let edited = format!("{src}\n// edited");
+    assert_eq!(
+        compile_cached(&dir, name, &edited, "sm_80").unwrap().1,
+        Origin::Compiled
+    );
+    // A corrupt entry is recompiled, not returned.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        std::fs::write(entry.unwrap().path(), b"garbage").unwrap();
+    }
+    assert_eq!(
+        compile_cached(&dir, name, src, "sm_80").unwrap().1,
+        Origin::Compiled
+    );
+    // Threads compiling the same kernel at once all get a valid CUBIN.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| compile_cached(&dir, name, src, "sm_90").unwrap().0))
+            .collect();
+        for h in hs {
+            assert!(h.join().unwrap().starts_with(b"\x7fELF"));
+        }
+    });
+    let leftovers = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
+        .count();
+    assert_eq!(leftovers, 0, "temporary files left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
