@@ -85,7 +85,8 @@ pub fn compile_cubin(kernel: &str, source: &str, arch: &str) -> Result<Vec<u8>, 
         log,
     };
     let src = CString::new(source).map_err(|e| fail(e.to_string(), String::new()))?;
-    let name = CString::new(format!("{kernel}.cu")).expect("no NUL in a kernel name");
+    let name =
+        CString::new(format!("{kernel}.cu")).map_err(|e| fail(e.to_string(), String::new()))?;
     let prog = result::create_program(&src, Some(&name))
         .map_err(|e| fail(format!("{e:?}"), String::new()))?;
     let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];

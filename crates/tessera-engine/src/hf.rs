@@ -6,7 +6,7 @@
 //! GGUF way by [`WeightSource`] and translated here, so the Llama loader is shared.
 //! HF Llama keeps q/k rows in their original order, so these models use half-split RoPE.
 
-use crate::linear::{DenseLinear, Linear};
+use crate::linear::{widen, DenseLinear, Linear};
 use crate::llama::Config;
 use crate::rope_scaling::RopeScaling;
 use crate::weights::WeightSource;
@@ -17,6 +17,7 @@ use safetensors::SafeTensors;
 use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use tessera_core::DType;
 use tessera_kernels::ops::rope::RopeStyle;
 
 /// One memory-mapped safetensors file and its validated header.
@@ -129,17 +130,14 @@ impl HfCheckpoint {
         let (start, end) = info.data_offsets;
         // read_metadata checked that the offsets lie inside the file after the header.
         let bytes = &shard.map[8 + shard.header_len..][start..end];
-        let conv: fn(&[u8]) -> f32 = match info.dtype {
-            Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        let dtype = match info.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
             d => return Err(err(format!("{hf_name}: dtype {d:?} is not supported"))),
         };
-        let width = info.dtype.bitsize() / 8;
-        Ok((
-            bytes.chunks_exact(width).map(conv).collect(),
-            info.shape.clone(),
-        ))
+        let values = widen(dtype, bytes).map_err(|e| err(format!("{hf_name}: {e}")))?;
+        Ok((values, info.shape.clone()))
     }
 }
 

@@ -44,12 +44,78 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
-/// Per layer, a pool of keys and one of values.
+/// A storage element: rows convert from and to f32 on the way in and out.
+trait KvElem: Copy {
+    const ZERO: Self;
+    fn store(dst: &mut [Self], src: &[f32]);
+    fn load(src: &[Self], dst: &mut [f32]);
+}
+
+impl KvElem for f32 {
+    const ZERO: Self = 0.0;
+    fn store(dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl KvElem for f16 {
+    const ZERO: Self = f16::ZERO;
+    fn store(dst: &mut [f16], src: &[f32]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// Per layer, a pool of keys and one of values, `per` elements each.
+#[derive(Debug)]
+struct Pool<T> {
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+}
+
+impl<T: KvElem> Pool<T> {
+    fn new(layers: usize, per: usize) -> Self {
+        Pool {
+            k: vec![vec![T::ZERO; per]; layers],
+            v: vec![vec![T::ZERO; per]; layers],
+        }
+    }
+    /// Stores one position's K and V rows at element offset `at` of `layer`.
+    fn write(&mut self, layer: usize, at: usize, kr: &[f32], vr: &[f32]) {
+        T::store(&mut self.k[layer][at..at + kr.len()], kr);
+        T::store(&mut self.v[layer][at..at + vr.len()], vr);
+    }
+    /// Widens `k.len()` elements of `layer` from element offset `at` into `k` and `v`.
+    fn read(&self, layer: usize, at: usize, k: &mut [f32], v: &mut [f32]) {
+        T::load(&self.k[layer][at..at + k.len()], k);
+        T::load(&self.v[layer][at..at + v.len()], v);
+    }
+}
+
 #[derive(Debug)]
 enum Pools {
-    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
-    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
+    F32(Pool<f32>),
+    F16(Pool<f16>),
 }
+
+/// Runs `$e` with `$p` bound to the pool, whichever element type it stores.
+macro_rules! with_pool {
+    ($pools:expr, $p:ident => $e:expr) => {
+        match $pools {
+            Pools::F32($p) => $e,
+            Pools::F16($p) => $e,
+        }
+    };
+}
+
+/// Largest cache the constructor allocates (keys and values, every layer): beyond it a
+/// request is an error instead of an allocation failure.
+const MAX_BYTES: usize = 64 << 30;
 
 #[derive(Debug)]
 pub struct KvCache {
@@ -73,25 +139,27 @@ impl KvCache {
     /// A cache storing keys and values as `dtype`.
     pub fn with_dtype(cfg: &Config, capacity: usize, dtype: KvDtype) -> Result<Self> {
         let num_blocks = capacity.div_ceil(BLOCK);
-        let per = (num_blocks * BLOCK)
-            .checked_mul(cfg.kv_dim())
-            .filter(|&b| b <= 1 << 32)
+        let elt = match dtype {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        };
+        let per = (num_blocks * BLOCK).checked_mul(cfg.kv_dim());
+        let total = per.and_then(|p| p.checked_mul(2 * elt * cfg.n_layers));
+        let per = per
+            .filter(|_| total.is_some_and(|t| t <= MAX_BYTES))
             .ok_or_else(|| {
-                Error::Model(format!("KV cache of {capacity} positions is too large"))
+                Error::Model(format!(
+                    "KV cache of {capacity} positions is too large (over {} GiB)",
+                    MAX_BYTES >> 30
+                ))
             })?;
         Ok(KvCache {
             kv_dim: cfg.kv_dim(),
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
             pools: match dtype {
-                KvDtype::F32 => Pools::F32(
-                    vec![vec![0.0; per]; cfg.n_layers],
-                    vec![vec![0.0; per]; cfg.n_layers],
-                ),
-                KvDtype::F16 => Pools::F16(
-                    vec![vec![f16::ZERO; per]; cfg.n_layers],
-                    vec![vec![f16::ZERO; per]; cfg.n_layers],
-                ),
+                KvDtype::F32 => Pools::F32(Pool::new(cfg.n_layers, per)),
+                KvDtype::F16 => Pools::F16(Pool::new(cfg.n_layers, per)),
             },
             num_blocks,
             free: (0..num_blocks as u32).rev().collect(),
@@ -142,16 +210,7 @@ impl KvCache {
         let kd = self.kv_dim;
         for (i, (kr, vr)) in k.chunks_exact(kd).zip(v.chunks_exact(kd)).enumerate() {
             let at = self.slot(pos0 + i);
-            match &mut self.pools {
-                Pools::F32(kp, vp) => {
-                    kp[layer][at..at + kd].copy_from_slice(kr);
-                    vp[layer][at..at + kd].copy_from_slice(vr);
-                }
-                Pools::F16(kp, vp) => {
-                    kp[layer][at..at + kd].convert_from_f32_slice(kr);
-                    vp[layer][at..at + kd].convert_from_f32_slice(vr);
-                }
-            }
+            with_pool!(&mut self.pools, p => p.write(layer, at, kr, vr));
         }
     }
 
@@ -168,16 +227,8 @@ impl KvCache {
             }
             let (src, dst) = (b as usize * BLOCK * kd, pos * kd);
             let len = n * kd;
-            match &self.pools {
-                Pools::F32(kp, vp) => {
-                    k[dst..dst + len].copy_from_slice(&kp[layer][src..src + len]);
-                    v[dst..dst + len].copy_from_slice(&vp[layer][src..src + len]);
-                }
-                Pools::F16(kp, vp) => {
-                    kp[layer][src..src + len].convert_to_f32_slice(&mut k[dst..dst + len]);
-                    vp[layer][src..src + len].convert_to_f32_slice(&mut v[dst..dst + len]);
-                }
-            }
+            let (kdst, vdst) = (&mut k[dst..dst + len], &mut v[dst..dst + len]);
+            with_pool!(&self.pools, p => p.read(layer, src, kdst, vdst));
             pos += n;
         }
     }
@@ -199,24 +250,10 @@ impl KvCache {
             context_lens: &lens,
         };
         let isa = Isa::best();
-        match &self.pools {
-            Pools::F32(kp, vp) => paged_attention(
-                isa,
-                q,
-                &self.view(&kp[layer], &vp[layer]),
-                &seqs,
-                out,
-                params,
-            )?,
-            Pools::F16(kp, vp) => paged_attention(
-                isa,
-                q,
-                &self.view(&kp[layer], &vp[layer]),
-                &seqs,
-                out,
-                params,
-            )?,
-        }
+        with_pool!(&self.pools, p => {
+            let view = self.view(&p.k[layer], &p.v[layer]);
+            paged_attention(isa, q, &view, &seqs, out, params)?
+        });
         Ok(())
     }
 

@@ -206,16 +206,16 @@ pub fn load(g: &Gguf, t: &TensorInfo) -> Result<Box<dyn Linear>> {
 
 /// A float tensor's values widened to f32.
 pub fn floats(t: &TensorInfo, bytes: &[u8]) -> Result<Vec<f32>> {
-    let conv: fn(&[u8]) -> f32 = match t.dtype {
+    widen(t.dtype, bytes).map_err(|e| Error::Model(format!("{}: {e}", t.name)))
+}
+
+/// Little-endian f32/f16/bf16 bytes widened to f32 (GGUF and safetensors alike).
+pub fn widen(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
+    let conv: fn(&[u8]) -> f32 = match dtype {
         DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
         DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        d => {
-            return Err(Error::Model(format!(
-                "{}: expected a float tensor, got {d}",
-                t.name
-            )))
-        }
+        d => return Err(Error::Model(format!("expected a float tensor, got {d}"))),
     };
-    Ok(bytes.chunks_exact(t.dtype.size_bytes()).map(conv).collect())
+    Ok(bytes.chunks_exact(dtype.size_bytes()).map(conv).collect())
 }

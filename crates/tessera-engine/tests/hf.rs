@@ -214,29 +214,20 @@ fn as_gguf(tensors: &[Tensor], dtype: DType, arch: &str, scaling: Scaling) -> Ve
             bytes: encode(DType::F32, 1, div.len(), &div),
         });
     }
-    let mut keys: Vec<(String, Value)> = [
-        ("block_count", Value::U32(LAYERS as u32)),
-        ("context_length", Value::U32(256)),
-        ("embedding_length", Value::U32(DIM as u32)),
-        ("feed_forward_length", Value::U32(FFN as u32)),
-        ("attention.head_count", Value::U32(HEADS as u32)),
-        ("attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("rope.freq_base", Value::F32(10_000.0)),
-        ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (format!("{arch}.{k}"), v))
-    .collect();
+    let shape = ModelShape {
+        layers: LAYERS,
+        dim: DIM,
+        ffn: FFN,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+    };
+    let mut meta = llama_metadata(arch, &shape);
     if let Scaling::Linear(f) = scaling {
-        keys.push((
-            format!("{arch}.rope.scaling.type"),
-            Value::String("linear".into()),
-        ));
-        keys.push((format!("{arch}.rope.scaling.factor"), Value::F32(f as f32)));
+        let s = |k: &str| format!("{arch}.rope.scaling.{k}");
+        meta.push((s("type"), Value::String("linear".into())));
+        meta.push((s("factor"), Value::F32(f as f32)));
     }
-    let mut meta = vec![("general.architecture", Value::String(arch.into()))];
-    meta.extend(keys.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    gguf_bytes(&meta, &raw)
+    gguf_bytes_owned(&meta, &raw)
 }
 
 fn gguf_name(hf: &str) -> String {
@@ -397,6 +388,23 @@ fn qwen2_gguf_matches_float64_reference() {
     let got = model.forward(&tokens[20..], &mut cache).expect("decode");
     assert!(rel(&got, &want[20]) < LOGIT_TOL, "{}", rel(&got, &want[20]));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn mistral_sliding_window_caps_the_context() {
+    let mut j: serde_json::Value = serde_json::from_str(&config_json(false)).unwrap();
+    j["model_type"] = "mistral".into();
+    j["sliding_window"] = 128.into();
+    let c = tessera_engine::hf::config_from_json(&j).expect("valid");
+    assert_eq!(
+        c.context, 128,
+        "attention beyond the window would differ from the model"
+    );
+    j["sliding_window"] = serde_json::Value::Null;
+    assert_eq!(
+        tessera_engine::hf::config_from_json(&j).unwrap().context,
+        256
+    );
 }
 
 #[test]

@@ -60,18 +60,14 @@ fn model_bytes(tied: bool) -> Vec<u8> {
     if !tied {
         t.push(mat("output.weight".into(), VOCAB, DIM, DType::Q4_0, 0.5));
     }
-    let meta = [
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(LAYERS as u32)),
-        ("llama.context_length", Value::U32(256)),
-        ("llama.embedding_length", Value::U32(DIM as u32)),
-        ("llama.feed_forward_length", Value::U32(FFN as u32)),
-        ("llama.attention.head_count", Value::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("llama.rope.freq_base", Value::F32(10_000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-    ];
-    gguf_bytes(&meta, &t)
+    let shape = ModelShape {
+        layers: LAYERS,
+        dim: DIM,
+        ffn: FFN,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+    };
+    gguf_bytes_owned(&llama_metadata("llama", &shape), &t)
 }
 
 fn temp(name: &str) -> std::path::PathBuf {

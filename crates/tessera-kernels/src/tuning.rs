@@ -30,6 +30,11 @@ pub fn install(entries: Vec<TunedEntry>) {
     *TABLE.write().unwrap_or_else(|p| p.into_inner()) = entries;
 }
 
+/// Whether any tuned configuration is installed (lets callers skip building the key).
+pub fn is_empty() -> bool {
+    TABLE.read().unwrap_or_else(|p| p.into_inner()).is_empty()
+}
+
 /// Dims rounded up to powers of two: problems within a factor of two share a tuning.
 pub fn bucket(dims: &[usize]) -> String {
     let parts: Vec<String> = dims

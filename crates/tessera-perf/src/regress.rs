@@ -137,6 +137,19 @@ pub const DEFAULT_ROUND_SD: f64 = 0.05;
 /// above 1 + threshold (and the rank test agrees), same when it lies within 1 ± threshold,
 /// unsure otherwise.
 pub fn compare(base: &[Vec<f64>], new: &[Vec<f64>], threshold: f64) -> Comparison {
+    // A baseline file is user-editable: empty rounds get no verdict, not a panic.
+    if [base, new]
+        .iter()
+        .any(|r| r.is_empty() || r.iter().any(Vec::is_empty))
+    {
+        return Comparison {
+            ratio: f64::NAN,
+            ci_low: f64::NAN,
+            ci_high: f64::NAN,
+            p_value: f64::NAN,
+            verdict: Verdict::Unsure,
+        };
+    }
     let pool = |r: &[Vec<f64>]| r.concat();
     let (pb, pn) = (pool(base), pool(new));
     let p = mann_whitney_p(&pb, &pn);
@@ -257,6 +270,9 @@ mod tests {
         // A planted 2× slowdown still stands out of the same drift.
         let slow = rounds(&[1.8, 2.0, 2.2], 8);
         assert_eq!(compare(&base, &slow, 0.05).verdict, Verdict::Slower);
+        // Empty rounds (an edited baseline) give no verdict rather than a panic.
+        assert_eq!(compare(&[], &slow, 0.05).verdict, Verdict::Unsure);
+        assert_eq!(compare(&[vec![]], &slow, 0.05).verdict, Verdict::Unsure);
     }
 }
 

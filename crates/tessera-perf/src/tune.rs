@@ -84,7 +84,7 @@ fn every_config(space: &TuneSpace) -> Vec<TuneConfig> {
 fn random_config(space: &TuneSpace, rng: &mut registry::Rng) -> TuneConfig {
     use rand::Rng as _;
     let mut c = space.defaults();
-    for p in &space.0 {
+    for p in space.0.iter().filter(|p| !p.choices.is_empty()) {
         c.set(p.name, p.choices[rng.random_range(0..p.choices.len())]);
     }
     c

@@ -102,6 +102,42 @@ pub fn gguf_bytes(meta: &[(&str, Value)], tensors: &[RawTensor]) -> Vec<u8> {
     b
 }
 
+/// Shape of a small test model.
+pub struct ModelShape {
+    pub layers: usize,
+    pub dim: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+}
+
+/// The GGUF metadata of a Llama-family model of `arch` and `shape` (context 256,
+/// θ 10000, ε 1e-5), `general.architecture` first.
+pub fn llama_metadata(arch: &str, shape: &ModelShape) -> Vec<(String, Value)> {
+    let mut meta = vec![(
+        "general.architecture".to_string(),
+        Value::String(arch.into()),
+    )];
+    let keys = [
+        ("block_count", Value::U32(shape.layers as u32)),
+        ("context_length", Value::U32(256)),
+        ("embedding_length", Value::U32(shape.dim as u32)),
+        ("feed_forward_length", Value::U32(shape.ffn as u32)),
+        ("attention.head_count", Value::U32(shape.heads as u32)),
+        ("attention.head_count_kv", Value::U32(shape.kv_heads as u32)),
+        ("rope.freq_base", Value::F32(10_000.0)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+    ];
+    meta.extend(keys.into_iter().map(|(k, v)| (format!("{arch}.{k}"), v)));
+    meta
+}
+
+/// `gguf_bytes` over owned metadata keys.
+pub fn gguf_bytes_owned(meta: &[(String, Value)], tensors: &[RawTensor]) -> Vec<u8> {
+    let borrowed: Vec<(&str, Value)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    gguf_bytes(&borrowed, tensors)
+}
+
 /// Quantized bytes of a row-major f32 matrix in `dtype`.
 pub fn encode(dtype: DType, rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {
     fn q<B: BlockFormat>(rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {

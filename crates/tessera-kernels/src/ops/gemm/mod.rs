@@ -121,6 +121,11 @@ pub fn tuned_blocking(
     n: usize,
     k: usize,
 ) -> Blocking {
+    // The common case (nothing tuned) skips building the space and key on every call:
+    // dense decode calls this once per layer per token.
+    if crate::tuning::is_empty() {
+        return default_blocking(isa);
+    }
     match crate::tuning::lookup(
         "gemm",
         &dtype.to_string(),
