@@ -114,7 +114,7 @@ pub fn collect(
                 .iter()
                 .filter(|v| variant_filter.is_none_or(|x| x == v.label))
             {
-                for (_, problem) in &problems {
+                for (_, problem) in problems.iter().filter(|(_, p)| p.supports(dtype)) {
                     let mut config = problem.tune_space().defaults();
                     for (k, v) in &sel.set {
                         let name = problem

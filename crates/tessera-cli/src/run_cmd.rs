@@ -19,7 +19,9 @@ pub struct ModelArgs {
     /// tokenizer.json); default: the default model, pulled on first use.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Re-encode float weights at load: q4_0, q4_1, q5_0, q5_1 or q8_0.
+    /// Re-encode float weights at load: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k,
+    /// q5_k or q6_k (a matrix whose rows are not whole 256-weight super-blocks takes the
+    /// nearest 32-weight format instead, as llama.cpp does; the load line lists formats).
     #[arg(long)]
     quantize: Option<String>,
 }
@@ -135,8 +137,13 @@ fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
     let t = std::time::Instant::now();
     let (model, tok) = tessera_engine::open(&path, &opts)
         .with_context(|| format!("opening {}", path.display()))?;
+    let formats: Vec<String> = model
+        .weight_formats()
+        .iter()
+        .map(|(d, n, b)| format!("{n} {d} ({:.1} MiB)", *b as f64 / (1 << 20) as f64))
+        .collect();
     log(&format!(
-        "loaded {} ({} layers, dim {}, {} heads / {} KV) in {:.2} s",
+        "loaded {} ({} layers, dim {}, {} heads / {} KV; matrices: {}) in {:.2} s",
         path.file_name()
             .map(|f| f.to_string_lossy())
             .unwrap_or_default(),
@@ -144,6 +151,7 @@ fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
         model.cfg.dim,
         model.cfg.heads,
         model.cfg.kv_heads,
+        formats.join(", "),
         t.elapsed().as_secs_f64()
     ));
     Ok((model, tok))

@@ -78,7 +78,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
                 continue;
             };
             for problem in &problems {
-                if problem.tune_space().size() <= 1 {
+                if problem.tune_space().size() <= 1 || !problem.supports(dtype) {
                     continue;
                 }
                 let t = Target {

@@ -10,6 +10,7 @@ use std::fmt;
 
 /// A runtime element type tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(non_camel_case_types)] // ggml's names (Q4_K), which users search for
 pub enum DType {
     F64,
     F32,
@@ -25,6 +26,15 @@ pub enum DType {
     Q5_0,
     Q5_1,
     Q8_0,
+    /// ggml K-quants: 256-weight super-blocks of 16- or 32-weight sub-blocks whose
+    /// scales are themselves quantized against f16 super-scales.
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    /// 256 8-bit values with an f32 scale and 16-value sums (llama.cpp's activations).
+    Q8_K,
 }
 
 impl DType {
@@ -41,6 +51,12 @@ impl DType {
             DType::Q5_0 => 22,
             DType::Q5_1 => 24,
             DType::Q8_0 => 34,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+            DType::Q8_K => 292,
         }
     }
 
@@ -48,6 +64,9 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
+                256
+            }
             _ => 1,
         }
     }
@@ -77,11 +96,17 @@ impl DType {
             DType::Q5_0 => "q5_0",
             DType::Q5_1 => "q5_1",
             DType::Q8_0 => "q8_0",
+            DType::Q2_K => "q2_k",
+            DType::Q3_K => "q3_k",
+            DType::Q4_K => "q4_k",
+            DType::Q5_K => "q5_k",
+            DType::Q6_K => "q6_k",
+            DType::Q8_K => "q8_k",
         }
     }
 
     /// All tags, for parsing and listing.
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 19] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -95,6 +120,12 @@ impl DType {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
     ];
 }
 

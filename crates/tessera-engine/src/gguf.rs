@@ -110,6 +110,12 @@ fn dtype_of(id: u32) -> Option<DType> {
         6 => DType::Q5_0,
         7 => DType::Q5_1,
         8 => DType::Q8_0,
+        10 => DType::Q2_K,
+        11 => DType::Q3_K,
+        12 => DType::Q4_K,
+        13 => DType::Q5_K,
+        14 => DType::Q6_K,
+        15 => DType::Q8_K,
         30 => DType::BF16,
         _ => return None,
     })

@@ -6,10 +6,8 @@ use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::qmatmul;
-use tessera_kernels::quant::{
-    blocks_from_bytes, BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
-    QuantMatrix,
-};
+use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, QuantMatrix};
+use tessera_kernels::with_block_format;
 
 /// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`.
 pub trait Linear: Send + Sync + std::fmt::Debug {
@@ -59,8 +57,8 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
                 self.w.cols()
             )));
         }
-        for (b, o) in self.w.row(r).iter().zip(out.chunks_exact_mut(32)) {
-            b.dequantize(o.try_into().expect("32-element chunk"));
+        for (b, o) in self.w.row(r).iter().zip(out.chunks_exact_mut(B::BLOCK)) {
+            b.dequantize(o);
         }
         Ok(())
     }
@@ -186,12 +184,12 @@ pub fn load(g: &Gguf, t: &TensorInfo) -> Result<Box<dyn Linear>> {
             w: QuantMatrix::from_blocks(rows, cols, blocks)?,
         }))
     }
+    if let Some(l) =
+        with_block_format!(t.dtype, B => Some(quant::<B>(rows, cols, bytes)), _ => None)
+    {
+        return l;
+    }
     match t.dtype {
-        DType::Q4_0 => quant::<BlockQ4_0>(rows, cols, bytes),
-        DType::Q4_1 => quant::<BlockQ4_1>(rows, cols, bytes),
-        DType::Q5_0 => quant::<BlockQ5_0>(rows, cols, bytes),
-        DType::Q5_1 => quant::<BlockQ5_1>(rows, cols, bytes),
-        DType::Q8_0 => quant::<BlockQ8_0>(rows, cols, bytes),
         DType::F32 | DType::F16 | DType::BF16 => Ok(Box::new(DenseLinear {
             w: floats(t, bytes)?,
             rows,

@@ -20,7 +20,7 @@ use crate::profile::{self, OpCost};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
-use tessera_core::{Isa, TensorView, TensorViewMut};
+use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::attention::{attention, AttentionParams};
 use tessera_kernels::ops::paged_attention::PagedParams;
 use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
@@ -164,6 +164,25 @@ fn norm_of(src: &dyn WeightSource, name: &str, dim: usize, eps: f32) -> Result<R
         )));
     }
     Ok(RmsNorm { gamma, eps })
+}
+
+impl Llama {
+    /// How many weight matrices are stored in each format, and their bytes (what a
+    /// user checks after `--quantize`, which may fall back per matrix).
+    pub fn weight_formats(&self) -> Vec<(DType, usize, usize)> {
+        let mut all: Vec<&dyn Linear> = vec![self.embed.as_ref()];
+        for l in &self.layers {
+            all.extend([&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].map(|b| b.as_ref()));
+        }
+        all.extend(self.output.as_deref());
+        let mut by = std::collections::BTreeMap::<DType, (usize, usize)>::new();
+        for l in all {
+            let e = by.entry(l.dtype()).or_default();
+            e.0 += 1;
+            e.1 += l.weight_bytes();
+        }
+        by.into_iter().map(|(d, (n, b))| (d, n, b)).collect()
+    }
 }
 
 /// The builder's view of a source: shape-checked matrices, optional biases.

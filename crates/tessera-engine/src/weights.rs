@@ -4,15 +4,15 @@
 //! Llama code never knows which format it was loaded from.
 //!
 //! [`LoadOptions::quantize`] re-encodes float matrices into a block format at load, the
-//! same way for every source.
+//! same way for every source ([`quantize_target`] says which format a matrix whose rows
+//! a K-quant cannot hold gets instead).
 
 use crate::gguf::Gguf;
 use crate::linear::{self, Linear, QuantLinear};
 use crate::{Error, Result};
 use tessera_core::DType;
-use tessera_kernels::quant::{
-    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix,
-};
+use tessera_kernels::quant::{BlockFormat, QuantMatrix};
+use tessera_kernels::with_block_format;
 
 /// A model file's tensors by canonical (GGUF) name.
 pub trait WeightSource {
@@ -54,13 +54,34 @@ pub struct LoadOptions {
 }
 
 /// Block formats `--quantize` accepts, by their lower-case names.
-pub const QUANTIZE_FORMATS: [DType; 5] = [
+pub const QUANTIZE_FORMATS: [DType; 10] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
     DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
 ];
+
+/// The format a matrix gets when `target` cannot hold it: a K-quant needs rows that are
+/// whole 256-weight super-blocks, so narrower rows (SmolLM2's 576) take the 32-weight
+/// format nearest in size, as llama.cpp's quantizer falls back (Q4_K → Q5_0, Q5_K → Q5_1,
+/// Q6_K → Q8_0; Q2_K/Q3_K → Q4_0, llama.cpp's IQ4_NL not being a format here).
+pub fn quantize_target(target: DType, cols: usize) -> DType {
+    if cols.is_multiple_of(target.block_size()) {
+        return target;
+    }
+    match target {
+        DType::Q2_K | DType::Q3_K => DType::Q4_0,
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        _ => DType::Q8_0,
+    }
+}
 
 /// Parses a `--quantize` name (`q8_0`, `q4_1`, …).
 pub fn parse_quantize(name: &str) -> Result<DType> {
@@ -92,13 +113,26 @@ pub fn load_matrix(
             rows, cols, w,
         )?)))
     }
-    let quantized = match target {
-        DType::Q4_0 => q::<BlockQ4_0>(rows, cols, w),
-        DType::Q4_1 => q::<BlockQ4_1>(rows, cols, w),
-        DType::Q5_0 => q::<BlockQ5_0>(rows, cols, w),
-        DType::Q5_1 => q::<BlockQ5_1>(rows, cols, w),
-        DType::Q8_0 => q::<BlockQ8_0>(rows, cols, w),
-        other => Err(Error::Model(format!("cannot quantize to {other}"))),
-    };
+    let target = quantize_target(target, cols);
+    let quantized = with_block_format!(target,
+        B => q::<B>(rows, cols, w),
+        _ => Err(Error::Model(format!("cannot quantize to {target}")))
+    );
     quantized.map_err(|e| Error::Model(format!("{name}: quantizing to {target}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_quant_targets_fall_back_on_rows_they_cannot_hold() {
+        assert_eq!(quantize_target(DType::Q4_K, 512), DType::Q4_K);
+        assert_eq!(quantize_target(DType::Q4_K, 576), DType::Q5_0);
+        assert_eq!(quantize_target(DType::Q5_K, 576), DType::Q5_1);
+        assert_eq!(quantize_target(DType::Q6_K, 576), DType::Q8_0);
+        assert_eq!(quantize_target(DType::Q2_K, 64), DType::Q4_0);
+        assert_eq!(quantize_target(DType::Q4_1, 64), DType::Q4_1);
+        assert!(parse_quantize("Q4_K").is_ok() && parse_quantize("q8_k").is_err());
+    }
 }

@@ -18,7 +18,54 @@ const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const LAYERS: usize = 2;
 
+/// The formats of a test model's matrices: a mix, as real files have.
+struct Formats {
+    dim: usize,
+    ffn: usize,
+    embd: DType,
+    /// q, k, v, o, gate, up, down.
+    layer: [DType; 7],
+    output: DType,
+}
+
+const MIXED_32: Formats = Formats {
+    dim: DIM,
+    ffn: FFN,
+    embd: DType::Q8_0,
+    layer: [
+        DType::Q4_1,
+        DType::Q4_0,
+        DType::Q8_0,
+        DType::F32,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_1,
+    ],
+    output: DType::Q4_0,
+};
+
+/// Every K-quant, on rows of 256 and 512 weights (K-quants need whole super-blocks).
+const MIXED_K: Formats = Formats {
+    dim: 256,
+    ffn: 512,
+    embd: DType::Q6_K,
+    layer: [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q2_K,
+        DType::Q5_K,
+    ],
+    output: DType::Q6_K,
+};
+
 fn model_bytes(tied: bool) -> Vec<u8> {
+    model_bytes_with(tied, &MIXED_32)
+}
+
+fn model_bytes_with(tied: bool, f: &Formats) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut mat = |name: String, rows: usize, cols: usize, dtype: DType, scale: f32| {
         let w: Vec<f32> = (0..rows * cols)
@@ -35,35 +82,30 @@ fn model_bytes(tied: bool) -> Vec<u8> {
             bytes: encode(dtype, rows, cols, &w),
         }
     };
-    let kv = DIM / HEADS * KV_HEADS;
-    let mut t = vec![mat(
-        "token_embd.weight".into(),
-        VOCAB,
-        DIM,
-        DType::Q8_0,
-        1.0,
-    )];
+    let (dim, ffn) = (f.dim, f.ffn);
+    let kv = dim / HEADS * KV_HEADS;
+    let mut t = vec![mat("token_embd.weight".into(), VOCAB, dim, f.embd, 1.0)];
     for l in 0..LAYERS {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
-        // A mix of formats, as real files have.
-        t.push(mat(n("attn_norm"), 1, DIM, DType::F32, 1.0));
-        t.push(mat(n("attn_q"), DIM, DIM, DType::Q4_1, 0.3));
-        t.push(mat(n("attn_k"), kv, DIM, DType::Q4_0, 0.3));
-        t.push(mat(n("attn_v"), kv, DIM, DType::Q8_0, 0.3));
-        t.push(mat(n("attn_output"), DIM, DIM, DType::F32, 0.2));
-        t.push(mat(n("ffn_norm"), 1, DIM, DType::F32, 1.0));
-        t.push(mat(n("ffn_gate"), FFN, DIM, DType::Q4_1, 0.3));
-        t.push(mat(n("ffn_up"), FFN, DIM, DType::Q8_0, 0.3));
-        t.push(mat(n("ffn_down"), DIM, FFN, DType::Q4_1, 0.2));
+        let [q, k, v, o, gate, up, down] = f.layer;
+        t.push(mat(n("attn_norm"), 1, dim, DType::F32, 1.0));
+        t.push(mat(n("attn_q"), dim, dim, q, 0.3));
+        t.push(mat(n("attn_k"), kv, dim, k, 0.3));
+        t.push(mat(n("attn_v"), kv, dim, v, 0.3));
+        t.push(mat(n("attn_output"), dim, dim, o, 0.2));
+        t.push(mat(n("ffn_norm"), 1, dim, DType::F32, 1.0));
+        t.push(mat(n("ffn_gate"), ffn, dim, gate, 0.3));
+        t.push(mat(n("ffn_up"), ffn, dim, up, 0.3));
+        t.push(mat(n("ffn_down"), dim, ffn, down, 0.2));
     }
-    t.push(mat("output_norm.weight".into(), 1, DIM, DType::F32, 1.0));
+    t.push(mat("output_norm.weight".into(), 1, dim, DType::F32, 1.0));
     if !tied {
-        t.push(mat("output.weight".into(), VOCAB, DIM, DType::Q4_0, 0.5));
+        t.push(mat("output.weight".into(), VOCAB, dim, f.output, 0.5));
     }
     let shape = ModelShape {
         layers: LAYERS,
-        dim: DIM,
-        ffn: FFN,
+        dim,
+        ffn,
         heads: HEADS,
         kv_heads: KV_HEADS,
     };
@@ -81,9 +123,18 @@ const LOGIT_TOL: f64 = 1e-5;
 
 #[test]
 fn logits_match_float64_reference() {
+    check_against_reference(&MIXED_32, "32");
+}
+
+#[test]
+fn k_quant_model_logits_match_float64_reference() {
+    check_against_reference(&MIXED_K, "k");
+}
+
+fn check_against_reference(formats: &Formats, label: &str) {
     for tied in [true, false] {
-        let path = temp(&format!("synthetic-{tied}.gguf"));
-        write(&path, &model_bytes(tied));
+        let path = temp(&format!("synthetic-{label}-{tied}.gguf"));
+        write(&path, &model_bytes_with(tied, formats));
         let g = Gguf::open(&path).expect("valid file");
         let model = Llama::load(&g).expect("loads");
         let tokens: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % VOCAB as u32).collect();

@@ -6,10 +6,8 @@
 use std::path::Path;
 use tessera_core::DType;
 use tessera_engine::gguf::{Gguf, TensorInfo, Value};
-use tessera_kernels::quant::{
-    blocks_from_bytes, BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
-    QuantMatrix,
-};
+use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, QuantMatrix};
+use tessera_kernels::with_block_format;
 
 fn put_str(b: &mut Vec<u8>, s: &str) {
     b.extend((s.len() as u64).to_le_bytes());
@@ -60,6 +58,11 @@ fn ggml_id(d: DType) -> u32 {
         DType::Q5_0 => 6,
         DType::Q5_1 => 7,
         DType::Q8_0 => 8,
+        DType::Q2_K => 10,
+        DType::Q3_K => 11,
+        DType::Q4_K => 12,
+        DType::Q5_K => 13,
+        DType::Q6_K => 14,
         other => panic!("writer does not need {other}"),
     }
 }
@@ -146,13 +149,10 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {
         unsafe { std::slice::from_raw_parts(m.blocks().as_ptr() as *const u8, m.size_bytes()) }
             .to_vec()
     }
-    match dtype {
-        DType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::Q4_0 => q::<BlockQ4_0>(rows, cols, w),
-        DType::Q4_1 => q::<BlockQ4_1>(rows, cols, w),
-        DType::Q8_0 => q::<BlockQ8_0>(rows, cols, w),
-        other => panic!("encode does not need {other}"),
+    if dtype == DType::F32 {
+        return w.iter().flat_map(|v| v.to_le_bytes()).collect();
     }
+    with_block_format!(dtype, B => q::<B>(rows, cols, w), _ => panic!("encode does not need {dtype}"))
 }
 
 /// A tensor's defined values as f64, row-major (independent of the engine's Linear).
@@ -179,12 +179,9 @@ pub fn values(g: &Gguf, t: &TensorInfo) -> Vec<f64> {
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
             .collect(),
-        DType::Q4_0 => deq::<BlockQ4_0>(t, bytes),
-        DType::Q4_1 => deq::<BlockQ4_1>(t, bytes),
-        DType::Q5_0 => deq::<BlockQ5_0>(t, bytes),
-        DType::Q5_1 => deq::<BlockQ5_1>(t, bytes),
-        DType::Q8_0 => deq::<BlockQ8_0>(t, bytes),
-        other => panic!("reference does not need {other}"),
+        other => {
+            with_block_format!(other, B => deq::<B>(t, bytes), _ => panic!("reference does not need {other}"))
+        }
     }
 }
 

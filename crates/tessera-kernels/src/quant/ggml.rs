@@ -1,5 +1,6 @@
-//! ggml block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, bit-exact with GGUF files as llama.cpp writes
-//! them: 32 weights per block, an f16 scale `d` (and for Q4_1 an f16 minimum `m`).
+//! The [`BlockFormat`] trait, and ggml's 32-weight formats Q4_0, Q4_1, Q5_0, Q5_1 and
+//! Q8_0, bit-exact with GGUF files as llama.cpp writes them: 32 weights per block, an f16
+//! scale `d` (and for Q4_1/Q5_1 an f16 minimum `m`). The K-quants are in `super::kquants`.
 //!
 //! Quantization follows llama.cpp's reference quantizer step for step (scale from the
 //! block's extreme value in f32, reciprocal from the *unrounded* scale, truncating
@@ -15,27 +16,45 @@
 use half::f16;
 use tessera_core::DType;
 
-/// Weights per block in every format here.
+/// Weights per block of the 32-weight formats, and per chunk of the integer kernels.
 pub const QK: usize = 32;
 
 /// A ggml block format: plain-old-data, every bit pattern valid.
+///
+/// Slices passed to [`BlockFormat::quantize`] and [`BlockFormat::dequantize`] hold exactly
+/// [`BlockFormat::BLOCK`] values (they panic otherwise, like slice indexing);
+/// [`super::QuantMatrix`] is the checked interface.
 pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DType;
+    /// Weights per block: 32, or 256 for the K-quants' super-blocks.
+    const BLOCK: usize;
     /// o in value = (u − o)·d + m for the bytes [`BlockFormat::unsigned`] gives.
     const OFFSET: i32;
     /// Whether the format has a minimum m (else m = 0).
     const HAS_MIN: bool = false;
     /// Whether u fits in 4 bits (packable two weights per byte).
     const NIBBLES: bool = false;
+    /// Whether the two 16-weight halves of a 32-weight chunk have their own scales
+    /// (Q2_K, Q3_K and Q6_K's 16-weight sub-blocks).
+    const SPLIT16: bool = false;
     /// Quantizes one block as llama.cpp's reference quantizer does.
-    fn quantize(x: &[f32; QK]) -> Self;
-    /// The 32 values the block defines.
-    fn dequantize(&self, out: &mut [f32; QK]);
+    fn quantize(x: &[f32]) -> Self;
+    /// The values the block defines.
+    fn dequantize(&self, out: &mut [f32]);
     /// Whether the f16 scale (and minimum) are finite.
     fn scale_is_finite(&self) -> bool;
-    /// The block as unsigned bytes u in element order with (d, m): value = (u − OFFSET)·d
-    /// + m (Q8_0 stores u = q + 128). For integer kernels.
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32);
+    /// 32-weight chunk `c` (< BLOCK/32) as unsigned bytes u in element order, with (d, m)
+    /// for each 16-weight half: value = (u − OFFSET)·d + m (Q8_0 stores u = q + 128).
+    /// For the integer kernels; d and m are exact products of the stored fields.
+    fn unsigned(&self, c: usize, u: &mut [u8; QK]) -> [(f32, f32); 2];
+}
+
+/// `x` as one 32-weight block (the legacy formats' whole block).
+fn block32(x: &[f32]) -> &[f32; QK] {
+    x.try_into().expect("a 32-weight block")
+}
+fn block32_mut(x: &mut [f32]) -> &mut [f32; QK] {
+    x.try_into().expect("a 32-weight block")
 }
 
 /// The 32 nibbles of a 4-bit block in element order.
@@ -113,16 +132,18 @@ fn trunc_i8(v: f32) -> i32 {
 
 impl BlockFormat for BlockQ4_0 {
     const DTYPE: DType = DType::Q4_0;
+    const BLOCK: usize = QK;
     const OFFSET: i32 = 8;
     const NIBBLES: bool = true;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+    fn unsigned(&self, _: usize, u: &mut [u8; QK]) -> [(f32, f32); 2] {
         nibbles(&self.qs, u);
-        (self.d.to_f32(), 0.0)
+        [(self.d.to_f32(), 0.0); 2]
     }
-    fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32]) -> Self {
+        let x = block32(x);
         // The signed value of largest magnitude maps to −8 (the first one on ties).
         let (mut amax, mut max) = (0f32, 0f32);
         for &v in x {
@@ -144,7 +165,8 @@ impl BlockFormat for BlockQ4_0 {
             qs,
         }
     }
-    fn dequantize(&self, out: &mut [f32; QK]) {
+    fn dequantize(&self, out: &mut [f32]) {
+        let out = block32_mut(out);
         let d = self.d.to_f32();
         for (j, &q) in self.qs.iter().enumerate() {
             out[j] = ((q & 0xF) as i32 - 8) as f32 * d;
@@ -155,17 +177,19 @@ impl BlockFormat for BlockQ4_0 {
 
 impl BlockFormat for BlockQ4_1 {
     const DTYPE: DType = DType::Q4_1;
+    const BLOCK: usize = QK;
     const OFFSET: i32 = 0;
     const HAS_MIN: bool = true;
     const NIBBLES: bool = true;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.m.is_finite()
     }
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+    fn unsigned(&self, _: usize, u: &mut [u8; QK]) -> [(f32, f32); 2] {
         nibbles(&self.qs, u);
-        (self.d.to_f32(), self.m.to_f32())
+        [(self.d.to_f32(), self.m.to_f32()); 2]
     }
-    fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32]) -> Self {
+        let x = block32(x);
         let (mut min, mut max) = (f32::MAX, -f32::MAX);
         for &v in x {
             if v < min {
@@ -189,7 +213,8 @@ impl BlockFormat for BlockQ4_1 {
             qs,
         }
     }
-    fn dequantize(&self, out: &mut [f32; QK]) {
+    fn dequantize(&self, out: &mut [f32]) {
+        let out = block32_mut(out);
         let (d, m) = (self.d.to_f32(), self.m.to_f32());
         for (j, &q) in self.qs.iter().enumerate() {
             out[j] = (q & 0xF) as f32 * d + m;
@@ -200,17 +225,19 @@ impl BlockFormat for BlockQ4_1 {
 
 impl BlockFormat for BlockQ8_0 {
     const DTYPE: DType = DType::Q8_0;
+    const BLOCK: usize = QK;
     const OFFSET: i32 = 128;
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+    fn unsigned(&self, _: usize, u: &mut [u8; QK]) -> [(f32, f32); 2] {
         for (o, &q) in u.iter_mut().zip(&self.qs) {
             *o = (q as u8) ^ 0x80; // q + 128
         }
-        (self.d.to_f32(), 0.0)
+        [(self.d.to_f32(), 0.0); 2]
     }
-    fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32]) -> Self {
+        let x = block32(x);
         let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -221,7 +248,8 @@ impl BlockFormat for BlockQ8_0 {
             qs,
         }
     }
-    fn dequantize(&self, out: &mut [f32; QK]) {
+    fn dequantize(&self, out: &mut [f32]) {
+        let out = block32_mut(out);
         let d = self.d.to_f32();
         for (o, &q) in out.iter_mut().zip(&self.qs) {
             *o = q as f32 * d;
@@ -252,8 +280,10 @@ fn unpack5(qh: &[u8; 4], qs: &[u8; QK / 2], u: &mut [u8; QK]) {
 
 impl BlockFormat for BlockQ5_0 {
     const DTYPE: DType = DType::Q5_0;
+    const BLOCK: usize = QK;
     const OFFSET: i32 = 16;
-    fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32]) -> Self {
+        let x = block32(x);
         // As Q4_0 with 32 levels: the extreme value maps to −16.
         let (mut amax, mut max) = (0f32, 0f32);
         for &v in x {
@@ -272,9 +302,10 @@ impl BlockFormat for BlockQ5_0 {
             qs,
         }
     }
-    fn dequantize(&self, out: &mut [f32; QK]) {
+    fn dequantize(&self, out: &mut [f32]) {
+        let out = block32_mut(out);
         let mut u = [0u8; QK];
-        let (d, _) = self.unsigned(&mut u);
+        let [(d, _), _] = self.unsigned(0, &mut u);
         for (o, &q) in out.iter_mut().zip(&u) {
             *o = (q as i32 - 16) as f32 * d;
         }
@@ -282,17 +313,19 @@ impl BlockFormat for BlockQ5_0 {
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
     }
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+    fn unsigned(&self, _: usize, u: &mut [u8; QK]) -> [(f32, f32); 2] {
         unpack5(&self.qh, &self.qs, u);
-        (self.d.to_f32(), 0.0)
+        [(self.d.to_f32(), 0.0); 2]
     }
 }
 
 impl BlockFormat for BlockQ5_1 {
     const DTYPE: DType = DType::Q5_1;
+    const BLOCK: usize = QK;
     const OFFSET: i32 = 0;
     const HAS_MIN: bool = true;
-    fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32]) -> Self {
+        let x = block32(x);
         let (mut min, mut max) = (f32::MAX, -f32::MAX);
         for &v in x {
             if v < min {
@@ -315,9 +348,10 @@ impl BlockFormat for BlockQ5_1 {
             qs,
         }
     }
-    fn dequantize(&self, out: &mut [f32; QK]) {
+    fn dequantize(&self, out: &mut [f32]) {
+        let out = block32_mut(out);
         let mut u = [0u8; QK];
-        let (d, m) = self.unsigned(&mut u);
+        let [(d, m), _] = self.unsigned(0, &mut u);
         for (o, &q) in out.iter_mut().zip(&u) {
             *o = q as f32 * d + m;
         }
@@ -325,8 +359,8 @@ impl BlockFormat for BlockQ5_1 {
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.m.is_finite()
     }
-    fn unsigned(&self, u: &mut [u8; QK]) -> (f32, f32) {
+    fn unsigned(&self, _: usize, u: &mut [u8; QK]) -> [(f32, f32); 2] {
         unpack5(&self.qh, &self.qs, u);
-        (self.d.to_f32(), self.m.to_f32())
+        [(self.d.to_f32(), self.m.to_f32()); 2]
     }
 }

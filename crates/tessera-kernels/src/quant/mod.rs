@@ -1,17 +1,94 @@
-//! Quantized weight formats: ggml blocks ([`ggml`]) and FP8 ([`fp8`]).
+//! Quantized weight formats: ggml's 32-weight blocks ([`ggml`]) and 256-weight K-quants
+//! ([`kquants`]), and FP8 ([`fp8`]).
 //!
 //! A [`QuantMatrix`] is a `[rows, cols]` weight matrix stored row by row in a block
-//! format, exactly as a GGUF tensor lays it out (each row `cols / 32` blocks), so a
+//! format, exactly as a GGUF tensor lays it out (each row `cols / BLOCK` blocks), so a
 //! memory-mapped tensor can be viewed in place with [`blocks_from_bytes`] and the matmul
 //! kernels (`ops::qmatmul`) read the blocks directly, dequantizing in registers.
 
 pub mod error;
 pub mod fp8;
 pub mod ggml;
+mod kquantize;
+pub mod kquants;
 
 pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KQuant, QK_K};
 
-use tessera_core::{Error, Result};
+/// Runs `$body` with `$B` bound to the block type of a block-format [`DType`]
+/// (`tessera_core::DType`), or evaluates `$other` for any other dtype: the one place
+/// that maps a runtime tag to a compile-time format.
+#[macro_export]
+macro_rules! with_block_format {
+    ($dtype:expr, $B:ident => $body:expr, _ => $other:expr) => {{
+        use tessera_core::DType as D;
+        use $crate::quant as q;
+        match $dtype {
+            D::Q4_0 => {
+                type $B = q::BlockQ4_0;
+                $body
+            }
+            D::Q4_1 => {
+                type $B = q::BlockQ4_1;
+                $body
+            }
+            D::Q5_0 => {
+                type $B = q::BlockQ5_0;
+                $body
+            }
+            D::Q5_1 => {
+                type $B = q::BlockQ5_1;
+                $body
+            }
+            D::Q8_0 => {
+                type $B = q::BlockQ8_0;
+                $body
+            }
+            D::Q2_K => {
+                type $B = q::BlockQ2K;
+                $body
+            }
+            D::Q3_K => {
+                type $B = q::BlockQ3K;
+                $body
+            }
+            D::Q4_K => {
+                type $B = q::BlockQ4K;
+                $body
+            }
+            D::Q5_K => {
+                type $B = q::BlockQ5K;
+                $body
+            }
+            D::Q6_K => {
+                type $B = q::BlockQ6K;
+                $body
+            }
+            D::Q8_K => {
+                type $B = q::BlockQ8K;
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
+/// Every block-format dtype, in [`DType::ALL`] order.
+pub const BLOCK_DTYPES: [DType; 11] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::Q8_K,
+];
+
+use tessera_core::{DType, Error, Result};
 
 /// Views raw little-endian bytes (e.g. a memory-mapped GGUF tensor) as blocks, in place.
 /// Errors when the length is not a whole number of blocks or the bytes are misaligned
@@ -45,17 +122,21 @@ pub fn blocks_from_bytes<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
     Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const B, bytes.len() / size) })
 }
 
-fn check_cols(cols: usize) -> Result<()> {
-    if cols == 0 || !cols.is_multiple_of(QK) {
+fn check_cols<B: BlockFormat>(cols: usize) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(B::BLOCK) {
         return Err(Error::shape(
             "quant",
-            format!("{cols} columns: must be a positive multiple of {QK}"),
+            format!(
+                "{cols} columns: {} needs a positive multiple of {}",
+                B::DTYPE,
+                B::BLOCK
+            ),
         ));
     }
     Ok(())
 }
 
-/// A `[rows, cols]` matrix of blocks, row-major; `cols` is a multiple of [`QK`].
+/// A `[rows, cols]` matrix of blocks, row-major; `cols` is a multiple of the block size.
 #[derive(Clone, Debug)]
 pub struct QuantMatrix<B> {
     rows: usize,
@@ -65,28 +146,28 @@ pub struct QuantMatrix<B> {
 
 impl<B: BlockFormat> QuantMatrix<B> {
     /// Quantizes row-major f32 data. Errors on a length/shape mismatch, `cols` not a
-    /// multiple of 32, or a block whose scale overflows f16 (|weights| ≳ 5e5) — which
+    /// multiple of the block size, or a block whose scale overflows f16 (|weights| ≳ 5e5) — which
     /// would silently turn finite weights into ∞/NaN.
     pub fn quantize(rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
-        check_cols(cols)?;
+        check_cols::<B>(cols)?;
         if rows.checked_mul(cols) != Some(data.len()) {
             return Err(Error::shape(
                 "quantize",
                 format!("{rows}×{cols} matrix from {} values", data.len()),
             ));
         }
-        let mut blocks = Vec::with_capacity(data.len() / QK);
-        for (i, chunk) in data.chunks_exact(QK).enumerate() {
-            let x: &[f32; QK] = chunk.try_into().expect("chunks_exact(QK)");
+        let bs = B::BLOCK;
+        let mut blocks = Vec::with_capacity(data.len() / bs);
+        for (i, x) in data.chunks_exact(bs).enumerate() {
             let b = B::quantize(x);
             if x.iter().all(|v| v.is_finite()) && !b.scale_is_finite() {
                 return Err(Error::invalid(
                     "quantize",
                     format!(
                         "block {i} (row {}, columns {}..{}): scale overflows f16 in {}",
-                        i * QK / cols,
-                        i * QK % cols,
-                        i * QK % cols + QK,
+                        i * bs / cols,
+                        i * bs % cols,
+                        i * bs % cols + bs,
                         B::DTYPE
                     ),
                 ));
@@ -96,16 +177,16 @@ impl<B: BlockFormat> QuantMatrix<B> {
         Ok(QuantMatrix { rows, cols, blocks })
     }
 
-    /// Wraps existing blocks (from a file); their count must be `rows · cols / 32`.
+    /// Wraps existing blocks (from a file); their count must be `rows · cols / BLOCK`.
     pub fn from_blocks(rows: usize, cols: usize, blocks: Vec<B>) -> Result<Self> {
-        check_cols(cols)?;
-        if rows.checked_mul(cols / QK) != Some(blocks.len()) {
+        check_cols::<B>(cols)?;
+        if rows.checked_mul(cols / B::BLOCK) != Some(blocks.len()) {
             return Err(Error::shape(
                 "quant",
                 format!(
                     "{rows}×{cols} {} matrix needs {rows}·{} blocks, got {}",
                     B::DTYPE,
-                    cols / QK,
+                    cols / B::BLOCK,
                     blocks.len()
                 ),
             ));
@@ -124,7 +205,7 @@ impl<B: BlockFormat> QuantMatrix<B> {
     }
     /// The blocks of row `r` (panics if r ≥ rows, like slice indexing).
     pub fn row(&self, r: usize) -> &[B] {
-        let per = self.cols / QK;
+        let per = self.cols / B::BLOCK;
         &self.blocks[r * per..(r + 1) * per]
     }
     /// Bytes of block storage.
@@ -135,8 +216,8 @@ impl<B: BlockFormat> QuantMatrix<B> {
     /// The row-major f32 values the blocks define.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
-        for (b, o) in self.blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            b.dequantize(o.try_into().expect("chunks_exact_mut(QK)"));
+        for (b, o) in self.blocks.iter().zip(out.chunks_exact_mut(B::BLOCK)) {
+            b.dequantize(o);
         }
         out
     }

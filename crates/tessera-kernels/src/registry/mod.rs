@@ -171,6 +171,11 @@ pub trait ProblemCase: fmt::Display + Send + Sync {
         None
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>>;
+    /// Whether the problem exists for `dtype` (a block format needs K to be a whole
+    /// number of its blocks); harnesses skip the pairs that do not.
+    fn supports(&self, _dtype: DType) -> bool {
+        true
+    }
 }
 
 impl fmt::Debug for dyn ProblemCase + '_ {

@@ -24,7 +24,7 @@ pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 use super::gemm::{gemm_with, tuned_blocking, GemmParams};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
-use crate::quant::{BlockFormat, QuantMatrix, QK};
+use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
 use tessera_core::{CpuFeatures, Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
@@ -195,13 +195,16 @@ fn row_dots<B: BlockFormat>(isa: Isa, w: &[B], x: &[&[f32]], out: &mut [f32]) {
 multiversion! {
     fn row_dots_portable<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
         let mut acc = [[0f32; QK]; M_CHUNK];
-        let mut dq = [0f32; QK];
+        let mut buf = [0f32; QK_K];
+        let dq = &mut buf[..B::BLOCK];
         for (b, blk) in w.iter().enumerate() {
-            blk.dequantize(&mut dq);
+            blk.dequantize(dq);
             for (a, xr) in acc.iter_mut().zip(x) {
-                let xb: &[f32; QK] = xr[b * QK..][..QK].try_into().expect("QK-wide block");
-                for j in 0..QK {
-                    a[j] += dq[j] * xb[j];
+                let xb = &xr[b * B::BLOCK..][..B::BLOCK];
+                for (wc, xc) in dq.chunks_exact(QK).zip(xb.chunks_exact(QK)) {
+                    for j in 0..QK {
+                        a[j] += wc[j] * xc[j];
+                    }
                 }
             }
         }
@@ -232,7 +235,7 @@ fn prefill<B: BlockFormat>(
     while n0 < n {
         let np = PANEL_ROWS.min(n - n0);
         let pw = &mut panel[..np * k];
-        let per_row = k / QK;
+        let (bs, per_row) = (B::BLOCK, k / B::BLOCK);
         let blocks = &w.blocks()[n0 * per_row..(n0 + np) * per_row];
         let dst = SharedMut(pw.as_mut_ptr());
         pool::global().run(np.div_ceil(ROWS_PER_TASK), threads.max(1), |t| {
@@ -242,9 +245,12 @@ fn prefill<B: BlockFormat>(
                 .enumerate()
             {
                 // SAFETY: task t writes only its own rows of the panel: block i of them
-                // is the 32 floats at (rows.start·per_row + i)·QK < np·k.
+                // is the bs floats at (rows.start·per_row + i)·bs < np·k.
                 let out = unsafe {
-                    &mut *(dst.get().add((rows.start * per_row + i) * QK) as *mut [f32; QK])
+                    std::slice::from_raw_parts_mut(
+                        dst.get().add((rows.start * per_row + i) * bs),
+                        bs,
+                    )
                 };
                 blk.dequantize(out);
             }

@@ -1,24 +1,28 @@
-//! Load-time repacking of 4- and 8-bit block weights for the integer (VNNI) path, and the
-//! per-call 8-bit quantization of the activations.
+//! Load-time repacking of block weights for the integer (VNNI) path, and the per-call
+//! 8-bit quantization of the activations.
 //!
-//! Every format becomes `value = (u − offset)·d + m` with u an unsigned byte
-//! ([`BlockFormat::unsigned`]): Q4_0 (offset 8), Q4_1 (offset 0, minimum m), Q5_0 (16),
-//! Q5_1 (0, minimum), Q8_0 (stored u = q + 128, offset 128).
-//! With activations x ≈ d_x·q_x (per 32-block, q_x ∈ −127..=127, s_x = Σq_x):
+//! Every format becomes `value = (u − offset)·d + m` with u an unsigned byte and (d, m)
+//! per 32-weight chunk, or per 16-weight half for the K-quants with 16-weight
+//! sub-blocks ([`BlockFormat::unsigned`], [`BlockFormat::SPLIT16`]): Q4_0 (offset 8),
+//! Q4_1 (offset 0, minimum m), Q5_0 (16), Q5_1 (0, minimum), Q8_0 (stored u = q + 128,
+//! offset 128), Q2_K (0, minimum), Q3_K (4), Q4_K/Q5_K (0, minimum), Q6_K (32),
+//! Q8_K (128). With activations x ≈ d_x·q_x (per 32-block, q_x ∈ −127..=127, s_x = Σq_x):
 //!
 //!   Σ value·x = d_x·(d·(Σ u·q_x − offset·s_x) + m·s_x),
 //!
 //! and `vpdpbusd` computes Σ u·q_x four bytes per lane, starting from lanes preloaded with
-//! −offset·s_x, so the integer correction costs nothing per block. Q4_1's minimum term is
-//! added per lane from that lane's own Σq_x (m·Σq is exact in f32) with one FMA: adding
-//! it once per block instead would cancel against d·Σu·q_x (m ≈ −range/2) and amplify
-//! their separate roundings — seen as 1e-4 relative errors on single outputs.
+//! −offset·(the lane's own Σq_x), so the integer correction costs nothing per block. The d and m terms are
+//! applied per lane (4 elements), from that lane's own Σq_x, with one FMA: adding m once
+//! per block instead would cancel against d·Σu·q_x (m ≈ −range/2) and amplify their
+//! separate roundings — seen as 1e-4 relative errors on single outputs. Per-lane scaling
+//! is also what lets 16-weight sub-blocks keep their own scales at no extra cost.
 //!
-//! Layout, chosen so one load feeds two blocks and scales need no f16 conversion:
-//! 4-bit rows store block pairs as 32 bytes whose low nibbles are block 2p's 32 weights
-//! and high nibbles block 2p+1's, in element order (an odd last block has zero high
-//! nibbles); 5- and 8-bit rows store each block's 32 bytes contiguously. Scales and minima are
-//! widened to f32 arrays, one per block. The original blocks stay in the `QuantMatrix`.
+//! Layout, chosen so one load feeds two chunks and scales need no f16 conversion:
+//! 4-bit rows store chunk pairs as 32 bytes whose low nibbles are chunk 2p's 32 weights
+//! and high nibbles chunk 2p+1's, in element order (an odd last chunk has zero high
+//! nibbles); wider rows store each chunk's 32 bytes contiguously. Scales and minima are
+//! widened to f32 arrays, one per chunk (two, one per half, for SPLIT16 formats). The
+//! original blocks stay in the `QuantMatrix`.
 
 use crate::multiversion;
 use crate::quant::{BlockFormat, QuantMatrix, QK};
@@ -31,12 +35,14 @@ pub struct PackedWeights {
     pub(super) cols: usize,
     /// Per row: `cols/2` bytes (4-bit, block pairs) or `cols` bytes (8-bit).
     pub(super) quants: Vec<u8>,
-    /// Per row, per block: d.
+    /// Per row, per chunk (per half-chunk when `split16`): d.
     pub(super) scales: Vec<f32>,
-    /// Per row, per block: m (Q4_1 only; empty otherwise).
+    /// Like `scales`, m (formats with a minimum only; empty otherwise).
     pub(super) mins: Vec<f32>,
     pub(super) offset: i32,
     pub(super) four_bit: bool,
+    /// Two scales per chunk, one per 16-weight half.
+    pub(super) split16: bool,
     pub(super) dtype: DType,
 }
 
@@ -47,18 +53,24 @@ impl PackedWeights {
         let (rows, cols) = (w.rows(), w.cols());
         let nb = cols / QK;
         let four_bit = B::NIBBLES;
+        let halves = if B::SPLIT16 { 2 } else { 1 };
         let row_bytes = if four_bit { nb.div_ceil(2) * QK } else { cols };
         let mut quants = vec![0u8; rows * row_bytes];
-        let mut scales = Vec::with_capacity(rows * nb);
+        let mut scales = Vec::with_capacity(rows * nb * halves);
         let mut mins = Vec::new();
         let mut u = [0u8; QK];
         for r in 0..rows {
             let dst = &mut quants[r * row_bytes..(r + 1) * row_bytes];
-            for (b, blk) in w.row(r).iter().enumerate() {
-                let (d, m) = blk.unsigned(&mut u);
-                scales.push(d);
-                if B::HAS_MIN {
-                    mins.push(m);
+            let chunks = w
+                .row(r)
+                .iter()
+                .flat_map(|blk| (0..B::BLOCK / QK).map(move |c| (blk, c)));
+            for (b, (blk, c)) in chunks.enumerate() {
+                for (d, m) in &blk.unsigned(c, &mut u)[..halves] {
+                    scales.push(*d);
+                    if B::HAS_MIN {
+                        mins.push(*m);
+                    }
                 }
                 if four_bit {
                     let pair = &mut dst[(b / 2) * QK..][..QK];
@@ -78,6 +90,7 @@ impl PackedWeights {
             mins,
             offset: B::OFFSET,
             four_bit,
+            split16: B::SPLIT16,
             dtype: B::DTYPE,
         }
     }
@@ -95,6 +108,10 @@ impl PackedWeights {
     pub fn offset(&self) -> i32 {
         self.offset
     }
+    /// Scale entries per chunk (1, or 2 for split formats).
+    pub(super) fn halves(&self) -> usize {
+        1 + self.split16 as usize
+    }
     pub(super) fn row_bytes(&self) -> usize {
         if self.four_bit {
             (self.cols / QK).div_ceil(2) * QK
@@ -111,9 +128,10 @@ pub struct QuantActs {
     pub(super) q: Vec<i8>,
     /// d_x replicated over the 8 lanes that hold its block's partial sums.
     pub(super) d8: Vec<[f32; 8]>,
-    /// Lane 0: −offset·s_x; lanes 1..8: 0 (the dpbusd starting values).
+    /// Lane l: −offset·Σq_x over the lane's 4 elements (the dpbusd starting values; per
+    /// lane, so each lane's sum is complete before its own scale multiplies it).
     pub(super) init: Vec<[i32; 8]>,
-    /// Σq_x over each lane's 4 consecutive elements, as f32 (for Q4_1's minimum term).
+    /// Σq_x over each lane's 4 consecutive elements, as f32 (for the minimum term).
     pub(super) lane_sums: Vec<[f32; 8]>,
 }
 
@@ -134,17 +152,16 @@ impl QuantActs {
             let finite = xb.iter().all(|v| v.is_finite());
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut s = 0i32;
             for (q, &v) in a.q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
                 *q = (v * id).round() as i8;
-                s += *q as i32;
             }
             let d = if finite { d } else { f32::NAN };
             a.d8[b] = [d; 8];
-            a.init[b][0] = -offset * s;
             let q = &a.q[b * QK..(b + 1) * QK];
-            a.lane_sums[b] =
-                std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as f32).sum());
+            let sums: [i32; 8] =
+                std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum());
+            a.init[b] = sums.map(|s| -offset * s);
+            a.lane_sums[b] = sums.map(|s| s as f32);
         }
         a
     }
@@ -167,6 +184,7 @@ multiversion! {
         let rb = w.row_bytes();
         let quants = &w.quants[row * rb..(row + 1) * rb];
         let mut u = [0u8; QK];
+        let hv = w.halves();
         for (o, a) in out.iter_mut().zip(acts) {
             let mut acc = [0f32; 8];
             for b in 0..nb {
@@ -178,9 +196,11 @@ multiversion! {
                 } else {
                     u.copy_from_slice(&quants[b * QK..(b + 1) * QK]);
                 }
-                let (d, m) = (w.scales[row * nb + b], w.mins.get(row * nb + b).copied().unwrap_or(0.0));
                 let q = &a.q[b * QK..(b + 1) * QK];
                 for l in 0..8 {
+                    // Lane l covers elements 4l..4l+4: half l / 4.
+                    let at = (row * nb + b) * hv + (l / 4) * (hv - 1);
+                    let (d, m) = (w.scales[at], w.mins.get(at).copied().unwrap_or(0.0));
                     let mut s = a.init[b][l];
                     for j in 4 * l..4 * l + 4 {
                         s += u[j] as i32 * q[j] as i32;

@@ -3,9 +3,7 @@
 use super::qmatmul;
 use crate::ops::common::{bytes, poison};
 use crate::pool;
-use crate::quant::{
-    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix, QK,
-};
+use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
 use crate::registry::{
     parse_dims, Backend, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
     TuneConfig, TuneParam, TuneSpace, Variant,
@@ -72,13 +70,7 @@ impl OpSpec for QMatmulOp {
         "x·Wᵀ with W in a ggml block format, dequantized in registers"
     }
     fn dtypes(&self) -> &'static [DType] {
-        &[
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q8_0,
-        ]
+        &BLOCK_DTYPES
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
         // f32-activation kernels per ISA, then the integer path: VNNI where present and
@@ -115,6 +107,11 @@ impl OpSpec for QMatmulOp {
             (16, 9, 160, false),
             (17, 13, 64, true), // first prefill-path size
             (40, 300, 96, false),
+            // K a multiple of 256 (the K-quants' super-block) too.
+            (1, 5, 256, false),
+            (2, 33, 768, true),
+            (7, 17, 512, false),
+            (19, 40, 256, false),
         ];
         v.push((
             rng.random_range(1..24),
@@ -147,6 +144,14 @@ impl OpSpec for QMatmulOp {
             ("decode lm head", p(1, 49152, 576)),
             ("batch8 up", p(8, 1536, 576)),
             ("prefill up", p(512, 1536, 576)),
+            // The K-quants need K a multiple of 256: the same layers with K = 512
+            // (SmolLM2's 576 is not), and a 7B-class 4096² projection.
+            ("decode q/o k512", p(1, 576, 512)),
+            ("decode up k512", p(1, 1536, 512)),
+            ("decode lm head k512", p(1, 49152, 512)),
+            ("decode 4096²", p(1, 4096, 4096)),
+            ("batch8 up k512", p(8, 1536, 512)),
+            ("prefill up k512", p(512, 1536, 512)),
         ]
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
@@ -183,17 +188,16 @@ impl ProblemCase for QMatmulProblem {
         }])
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
-        match dtype {
-            DType::Q4_0 => Ok(Box::new(QInstance::<BlockQ4_0>::new(self.clone(), rng)?)),
-            DType::Q4_1 => Ok(Box::new(QInstance::<BlockQ4_1>::new(self.clone(), rng)?)),
-            DType::Q5_0 => Ok(Box::new(QInstance::<BlockQ5_0>::new(self.clone(), rng)?)),
-            DType::Q5_1 => Ok(Box::new(QInstance::<BlockQ5_1>::new(self.clone(), rng)?)),
-            DType::Q8_0 => Ok(Box::new(QInstance::<BlockQ8_0>::new(self.clone(), rng)?)),
-            d => Err(Error::DType {
+        crate::with_block_format!(dtype,
+            B => Ok(Box::new(QInstance::<B>::new(self.clone(), rng)?)),
+            _ => Err(Error::DType {
                 op: "qmatmul",
-                dtype: d.to_string(),
-            }),
-        }
+                dtype: dtype.to_string(),
+            })
+        )
+    }
+    fn supports(&self, dtype: DType) -> bool {
+        self.k.is_multiple_of(dtype.block_size())
     }
 }
 
@@ -215,10 +219,15 @@ struct QInstance<B> {
 
 impl<B: BlockFormat> QInstance<B> {
     fn new(p: QMatmulProblem, rng: &mut Rng) -> Result<Self> {
-        if !p.k.is_multiple_of(QK) {
+        if !p.k.is_multiple_of(B::BLOCK) {
             return Err(Error::invalid(
                 "qmatmul",
-                format!("K = {} is not a multiple of {QK}", p.k),
+                format!(
+                    "K = {} is not a multiple of {} ({})",
+                    p.k,
+                    B::BLOCK,
+                    B::DTYPE
+                ),
             ));
         }
         let wf: Vec<f32> = (0..p.n * p.k)
@@ -233,11 +242,13 @@ impl<B: BlockFormat> QInstance<B> {
         let mut w_exact = Vec::with_capacity(p.n * p.k);
         let mut u = [0u8; QK];
         for b in w.blocks() {
-            let (d, m) = b.unsigned(&mut u);
-            w_exact.extend(
-                u.iter()
-                    .map(|&u| (u as i32 - B::OFFSET) as f64 * d as f64 + m as f64),
-            );
+            for c in 0..B::BLOCK / QK {
+                let halves = b.unsigned(c, &mut u);
+                w_exact.extend(u.iter().enumerate().map(|(j, &u)| {
+                    let (d, m) = halves[j / 16];
+                    (u as i32 - B::OFFSET) as f64 * d as f64 + m as f64
+                }));
+            }
         }
         Ok(QInstance {
             w_deq: w.dequantize().into_iter().map(f64::from).collect(),

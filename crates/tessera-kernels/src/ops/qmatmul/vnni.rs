@@ -9,20 +9,23 @@ use std::arch::x86_64::*;
 /// `out[i] = Σ_k W[row, k]·x̂_i[k]` for up to M_CHUNK quantized activation rows.
 ///
 /// # Safety
-/// The CPU must support AVX-512F/BW/DQ and AVX512_VNNI; `row < w.rows`; every `acts[i]` was
+/// The CPU must support AVX-512F/BW/DQ/VL and AVX512_VNNI; `row < w.rows`; every `acts[i]` was
 /// built for `w.cols` columns and `w`'s offset.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
     let nb = w.cols / QK;
     let pairs = nb.div_ceil(2);
     let rb = w.row_bytes();
     let quants = &w.quants[row * rb..(row + 1) * rb];
-    let scales = &w.scales[row * nb..(row + 1) * nb];
+    let per_row = nb * w.halves();
+    let scales = &w.scales[row * per_row..(row + 1) * per_row];
     let mins = if w.mins.is_empty() {
         &[][..]
     } else {
-        &w.mins[row * nb..(row + 1) * nb]
+        &w.mins[row * per_row..(row + 1) * per_row]
     };
+    // Lane i of a chunk pair belongs to half i / 4 of the pair's four halves.
+    let quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     let nib = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); M_CHUNK];
     for p in 0..pairs {
@@ -44,9 +47,17 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
                 }
             }
         };
+        // The pair's scales spread over its 16 lanes: 8 lanes per chunk, or 4 per half.
         let pair = |v: &[f32]| {
-            let hi = if two { v[2 * p + 1] } else { 0.0 };
-            _mm512_insertf32x8::<1>(_mm512_set1_ps(v[2 * p]), _mm256_set1_ps(hi))
+            if w.split16 {
+                let n = if two { 4 } else { 2 };
+                // SAFETY: halves 4p..4p+n exist (n = 2 for an odd last chunk).
+                let q = unsafe { _mm_maskz_loadu_ps((1 << n) - 1, v.as_ptr().add(4 * p)) };
+                _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(q))
+            } else {
+                let hi = if two { v[2 * p + 1] } else { 0.0 };
+                _mm512_insertf32x8::<1>(_mm512_set1_ps(v[2 * p]), _mm256_set1_ps(hi))
+            }
         };
         let dw = pair(scales);
         let mw = (!mins.is_empty()).then(|| pair(mins));
