@@ -105,6 +105,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8K>() == DType::Q8_K.size_bytes(
 /// The 6-bit (scale, minimum) of Q4_K/Q5_K sub-block j from the 12 packed bytes: the
 /// first four pairs whole in bytes 0..8, the last four split into a nibble in bytes
 /// 8..12 and two high bits on top of bytes 0..8.
+#[inline(always)]
 pub(super) fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -118,6 +119,7 @@ pub(super) fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 
 /// The 6-bit scale of Q3_K sub-block j (0..64; the value is it − 32): low nibble from
 /// bytes 0..8, two high bits from bytes 8..12.
+#[inline(always)]
 pub(super) fn scale_q3k(j: usize, q: &[u8; 12]) -> i32 {
     let low = if j < 8 { q[j] & 0xF } else { q[j - 8] >> 4 };
     (low | (((q[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i32
@@ -208,9 +210,11 @@ impl BlockFormat for BlockQ2K {
 }
 
 impl KQuant for BlockQ2K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         plane2(&self.qs, c, u);
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         let (d, dmin) = (self.d.to_f32(), self.dmin.to_f32());
         self.scales
@@ -230,10 +234,12 @@ impl BlockFormat for BlockQ3K {
 }
 
 impl KQuant for BlockQ3K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         plane2(&self.qs, c, u);
         or_bit(&self.hmask, c, 2, u);
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         let d = self.d.to_f32();
         std::array::from_fn(|j| (d * (scale_q3k(j, &self.scales) - 32) as f32, 0.0))
@@ -241,6 +247,7 @@ impl KQuant for BlockQ3K {
 }
 
 /// Q4_K/Q5_K's (d·sc, −dmin·mn) per half (each 32-weight sub-block's twice).
+#[inline(always)]
 fn k4_scales(d: f16, dmin: f16, scales: &[u8; 12]) -> [(f32, f32); 16] {
     let (d, dmin) = (d.to_f32(), dmin.to_f32());
     std::array::from_fn(|h| {
@@ -261,9 +268,11 @@ impl BlockFormat for BlockQ4K {
 }
 
 impl KQuant for BlockQ4K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         plane4(&self.qs, c, u);
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         k4_scales(self.d, self.dmin, &self.scales)
     }
@@ -280,10 +289,12 @@ impl BlockFormat for BlockQ5K {
 }
 
 impl KQuant for BlockQ5K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         plane4(&self.qs, c, u);
         or_bit(&self.qh, c, 4, u);
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         k4_scales(self.d, self.dmin, &self.scales)
     }
@@ -300,6 +311,7 @@ impl BlockFormat for BlockQ6K {
 }
 
 impl KQuant for BlockQ6K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         // Chunk c = 4h + k: low nibbles from ql[64h + 32·(k mod 2)..] (high nibbles for
         // k ≥ 2), top two bits from bits 2k of qh[32h..].
@@ -310,6 +322,7 @@ impl KQuant for BlockQ6K {
             *u = ((l >> (4 * (k / 2))) & 0xF) | (((hb >> (2 * k)) & 3) << 4);
         }
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         let d = self.d.to_f32();
         self.scales.map(|s| (d * s as f32, 0.0))
@@ -326,11 +339,13 @@ impl BlockFormat for BlockQ8K {
 }
 
 impl KQuant for BlockQ8K {
+    #[inline]
     fn codes(&self, c: usize, u: &mut [u8; QK]) {
         for (o, &q) in u.iter_mut().zip(&self.qs[QK * c..][..QK]) {
             *o = (q as u8) ^ 0x80; // q + 128
         }
     }
+    #[inline(always)]
     fn half_scales(&self) -> [(f32, f32); 16] {
         [(self.d, 0.0); 16]
     }

@@ -1,13 +1,56 @@
-//! AVX-512 small-M kernel: each block's 32 weights are expanded to two zmm of f32 with
-//! the format's own arithmetic (so values are bit-identical to `dequantize`), then FMA'd
-//! into two accumulators per activation row.
+//! AVX-512 small-M kernel: each 32-weight chunk of a block is expanded to two zmm of f32
+//! with the format's own arithmetic (so values are bit-identical to `dequantize`), then
+//! FMA'd into two accumulators per activation row. A 32-weight format is one chunk; a
+//! K-quant super-block is eight, its sub-block scales decoded once per super-block
+//! ([`Expand::prepare`], `super::avx512_k`).
 
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+use crate::quant::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::any::TypeId;
 use std::arch::x86_64::*;
 
-/// Two zmm of one block's weights (elements 0..16 and 16..32).
-trait Expand {
+/// A block's weights as zmm of 16 consecutive weights, a step of them at a time.
+pub(super) trait Expand {
+    /// Steps per block.
+    const STEPS: usize;
+    /// What is decoded once per block (the K-quants' sub-block scales).
+    type Prep;
+    /// One step's zmm, in element order (2 for a 32-weight format, 4 for a K-quant
+    /// chunk pair, which shares its loads).
+    type Out: AsRef<[__m512]>;
+    /// # Safety
+    /// AVX-512F must be available.
+    unsafe fn prepare(&self) -> Self::Prep;
+    /// # Safety
+    /// AVX-512F must be available; s < STEPS.
+    unsafe fn step(&self, prep: &Self::Prep, s: usize) -> Self::Out;
+}
+
+/// [`Expand`] for a 32-weight format from its one-block `expand`.
+macro_rules! one_chunk {
+    ($t:ty) => {
+        impl Expand for $t {
+            const STEPS: usize = 1;
+            type Prep = ();
+            type Out = [__m512; 2];
+            #[inline(always)]
+            unsafe fn prepare(&self) {}
+            #[inline(always)]
+            unsafe fn step(&self, _: &(), _: usize) -> [__m512; 2] {
+                // SAFETY: forwarded contract.
+                unsafe { self.expand() }
+            }
+        }
+    };
+}
+one_chunk!(BlockQ4_0);
+one_chunk!(BlockQ4_1);
+one_chunk!(BlockQ5_0);
+one_chunk!(BlockQ5_1);
+one_chunk!(BlockQ8_0);
+
+/// Two zmm of a 32-weight block (elements 0..16 and 16..32).
+trait ExpandOne {
     /// # Safety
     /// AVX-512F must be available.
     unsafe fn expand(&self) -> [__m512; 2];
@@ -36,7 +79,7 @@ unsafe fn nibbles(qs: &[u8; QK / 2]) -> (__m512i, __m512i) {
     }
 }
 
-impl Expand for BlockQ4_0 {
+impl ExpandOne for BlockQ4_0 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
         // SAFETY: AVX-512F per the caller.
@@ -49,7 +92,7 @@ impl Expand for BlockQ4_0 {
     }
 }
 
-impl Expand for BlockQ4_1 {
+impl ExpandOne for BlockQ4_1 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
         // SAFETY: AVX-512F per the caller.
@@ -80,7 +123,7 @@ unsafe fn fives(qh: &[u8; 4], qs: &[u8; QK / 2]) -> (__m512i, __m512i) {
     }
 }
 
-impl Expand for BlockQ5_0 {
+impl ExpandOne for BlockQ5_0 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
         // SAFETY: AVX-512F per the caller.
@@ -93,7 +136,7 @@ impl Expand for BlockQ5_0 {
     }
 }
 
-impl Expand for BlockQ5_1 {
+impl ExpandOne for BlockQ5_1 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
         // SAFETY: AVX-512F per the caller.
@@ -107,7 +150,7 @@ impl Expand for BlockQ5_1 {
     }
 }
 
-impl Expand for BlockQ8_0 {
+impl ExpandOne for BlockQ8_0 {
     #[inline(always)]
     unsafe fn expand(&self) -> [__m512; 2] {
         // SAFETY: qs is 32 readable bytes; AVX-512F per the caller.
@@ -138,13 +181,14 @@ pub(super) unsafe fn row_dots<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [
         )*};
     }
     cast_run!(BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0);
+    cast_run!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K);
     false
 }
 
 /// Dispatches on the number of activation rows so each count gets a kernel with its
 /// loops fully unrolled and no per-block bounds checks.
 #[target_feature(enable = "avx512f,fma,f16c")]
-unsafe fn dots<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
+unsafe fn dots<B: Expand + BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
     // SAFETY: forwarded contract (every arm); the slice patterns fix the row count.
     unsafe {
         match x {
@@ -158,20 +202,32 @@ unsafe fn dots<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
 }
 
 #[target_feature(enable = "avx512f,fma,f16c")]
-unsafe fn dots_m<B: Expand, const M: usize>(w: &[B], x: [&[f32]; M], out: &mut [f32]) {
-    let k = w.len() * QK;
+unsafe fn dots_m<B: Expand + BlockFormat, const M: usize>(
+    w: &[B],
+    x: [&[f32]; M],
+    out: &mut [f32],
+) {
+    let k = w.len() * B::BLOCK;
     assert!(x.iter().all(|r| r.len() >= k) && out.len() >= M);
     let xp = x.map(|r| r.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; M];
-    for (b, blk) in w.iter().enumerate() {
+    let mut at = 0;
+    for blk in w {
         // SAFETY: AVX-512F enabled on this function.
-        let wv = unsafe { blk.expand() };
-        for i in 0..M {
-            // SAFETY: each x row holds ≥ k = 32·blocks floats (asserted above).
-            unsafe {
-                let p = xp[i].add(b * QK);
-                acc[i][0] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(p), acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(p.add(16)), acc[i][1]);
+        let prep = unsafe { blk.prepare() };
+        for s in 0..B::STEPS {
+            // SAFETY: AVX-512F enabled on this function; s < STEPS.
+            let wv = unsafe { blk.step(&prep, s) };
+            for (j, wv) in wv.as_ref().iter().enumerate() {
+                for i in 0..M {
+                    // SAFETY: the steps of all blocks cover exactly k = BLOCK·blocks
+                    // floats of each x row (asserted above), 16 at a time.
+                    unsafe {
+                        let v = _mm512_loadu_ps(xp[i].add(at));
+                        acc[i][j % 2] = _mm512_fmadd_ps(*wv, v, acc[i][j % 2]);
+                    }
+                }
+                at += 16;
             }
         }
     }

@@ -270,3 +270,5 @@ fn prefill<B: BlockFormat>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k;
