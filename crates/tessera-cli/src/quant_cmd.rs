@@ -7,7 +7,8 @@ use tessera_kernels::registry;
 
 #[derive(Args, Debug)]
 pub struct QuantErrorArgs {
-    /// Weight matrix ROWSxCOLS (COLS a multiple of 32).
+    /// Weight matrix ROWSxCOLS (formats whose block does not divide COLS are skipped:
+    /// K-quants need a multiple of 256).
     #[arg(long, default_value = "1536x576")]
     shape: String,
     /// Random weights: uniform, normal or outliers (ignored with --file).

@@ -35,6 +35,11 @@ pub enum DType {
     Q6_K,
     /// 256 8-bit values with an f32 scale and 16-value sums (llama.cpp's activations).
     Q8_K,
+    /// AWQ/GPTQ-style 4-bit groups of 32, 64 or 128 weights, each with an f16 scale and
+    /// a 4-bit zero point.
+    Int4G32,
+    Int4G64,
+    Int4G128,
 }
 
 impl DType {
@@ -57,6 +62,9 @@ impl DType {
             DType::Q5_K => 176,
             DType::Q6_K => 210,
             DType::Q8_K => 292,
+            DType::Int4G32 => 20,
+            DType::Int4G64 => 36,
+            DType::Int4G128 => 68,
         }
     }
 
@@ -64,6 +72,9 @@ impl DType {
     pub const fn block_size(self) -> usize {
         match self {
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Int4G32 => 32,
+            DType::Int4G64 => 64,
+            DType::Int4G128 => 128,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => {
                 256
             }
@@ -102,11 +113,14 @@ impl DType {
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
             DType::Q8_K => "q8_k",
+            DType::Int4G32 => "int4_g32",
+            DType::Int4G64 => "int4_g64",
+            DType::Int4G128 => "int4_g128",
         }
     }
 
     /// All tags, for parsing and listing.
-    pub const ALL: [DType; 19] = [
+    pub const ALL: [DType; 22] = [
         DType::F64,
         DType::F32,
         DType::F16,
@@ -126,6 +140,9 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q8_K,
+        DType::Int4G32,
+        DType::Int4G64,
+        DType::Int4G128,
     ];
 }
 

@@ -54,7 +54,7 @@ pub struct LoadOptions {
 }
 
 /// Block formats `--quantize` accepts, by their lower-case names.
-pub const QUANTIZE_FORMATS: [DType; 10] = [
+pub const QUANTIZE_FORMATS: [DType; 13] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -65,12 +65,16 @@ pub const QUANTIZE_FORMATS: [DType; 10] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::Int4G32,
+    DType::Int4G64,
+    DType::Int4G128,
 ];
 
 /// The format a matrix gets when `target` cannot hold it: a K-quant needs rows that are
 /// whole 256-weight super-blocks, so narrower rows (SmolLM2's 576) take the 32-weight
 /// format nearest in size, as llama.cpp's quantizer falls back (Q4_K → Q5_0, Q5_K → Q5_1,
-/// Q6_K → Q8_0; Q2_K/Q3_K → Q4_0, llama.cpp's IQ4_NL not being a format here).
+/// Q6_K → Q8_0; Q2_K/Q3_K → Q4_0, llama.cpp's IQ4_NL not being a format here); a 4-bit
+/// group of 64 or 128 falls back to groups of 32.
 pub fn quantize_target(target: DType, cols: usize) -> DType {
     if cols.is_multiple_of(target.block_size()) {
         return target;
@@ -79,6 +83,7 @@ pub fn quantize_target(target: DType, cols: usize) -> DType {
         DType::Q2_K | DType::Q3_K => DType::Q4_0,
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
+        DType::Int4G64 | DType::Int4G128 => DType::Int4G32,
         _ => DType::Q8_0,
     }
 }
@@ -133,6 +138,8 @@ mod tests {
         assert_eq!(quantize_target(DType::Q6_K, 576), DType::Q8_0);
         assert_eq!(quantize_target(DType::Q2_K, 64), DType::Q4_0);
         assert_eq!(quantize_target(DType::Q4_1, 64), DType::Q4_1);
+        assert_eq!(quantize_target(DType::Int4G128, 576), DType::Int4G32);
+        assert_eq!(quantize_target(DType::Int4G64, 576), DType::Int4G64);
         assert!(parse_quantize("Q4_K").is_ok() && parse_quantize("q8_k").is_err());
     }
 }

@@ -5,7 +5,7 @@
 //! dequantized weights, so it isolates the format's error from any kernel's rounding.
 
 use super::fp8::Fp8;
-use super::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QuantMatrix};
+use super::{BlockFormat, QuantMatrix, BLOCK_DTYPES};
 use tessera_core::{Error, Result};
 
 /// One format's line of the report.
@@ -110,13 +110,18 @@ pub fn report(rows: usize, cols: usize, w: &[f32], x: &[f32]) -> Result<Vec<Form
     }
     let exact = matmul(rows, cols, w, x);
     let bits = |dt: tessera_core::DType| 8.0 * dt.size_bytes() as f64 / dt.block_size() as f64;
-    use tessera_core::DType::*;
-    let candidates: Vec<(&'static str, f64, Vec<f32>)> = vec![
-        ("q4_0", bits(Q4_0), ggml::<BlockQ4_0>(rows, cols, w)?),
-        ("q4_1", bits(Q4_1), ggml::<BlockQ4_1>(rows, cols, w)?),
-        ("q5_0", bits(Q5_0), ggml::<BlockQ5_0>(rows, cols, w)?),
-        ("q5_1", bits(Q5_1), ggml::<BlockQ5_1>(rows, cols, w)?),
-        ("q8_0", bits(Q8_0), ggml::<BlockQ8_0>(rows, cols, w)?),
+    // Every block format whose block divides the rows (K-quants need 256, groups up to
+    // 128); Q8_K is llama.cpp's activation format, not a weight format.
+    let mut candidates: Vec<(&'static str, f64, Vec<f32>)> = Vec::new();
+    for dt in BLOCK_DTYPES {
+        if dt == tessera_core::DType::Q8_K || !cols.is_multiple_of(dt.block_size()) {
+            continue;
+        }
+        let deq =
+            crate::with_block_format!(dt, B => ggml::<B>(rows, cols, w)?, _ => unreachable!());
+        candidates.push((dt.name(), bits(dt), deq));
+    }
+    candidates.extend([
         (
             "fp8 e4m3 /channel",
             8.0 + 32.0 / cols as f64,
@@ -127,7 +132,7 @@ pub fn report(rows: usize, cols: usize, w: &[f32], x: &[f32]) -> Result<Vec<Form
             8.0 + 32.0 / cols as f64,
             fp8_per_channel(Fp8::E5M2, rows, cols, w),
         ),
-    ];
+    ]);
     Ok(candidates
         .into_iter()
         .map(|(format, bits_per_weight, deq)| FormatError {
@@ -193,6 +198,28 @@ mod tests {
             assert!(e.matmul_rel > 0.0 && e.matmul_rel < 0.2, "{e:?}");
         }
         assert!(super::report(rows, cols, &w[1..], &x).is_err());
-        assert!(super::report(rows, 33, &w[..rows * 33], &x[..66]).is_err());
+        // Rows of 33 fit no block format: only the per-channel formats are reported.
+        let odd = super::report(rows, 33, &w[..rows * 33], &x[..66]).expect("valid");
+        assert!(odd.iter().all(|e| e.format.starts_with("fp8")), "{odd:?}");
+        // Rows of 256 add the K-quants and every group size.
+        let w: Vec<f32> = (0..4 * 256)
+            .map(|i| ((i * 7919 % 1009) as f32 / 1009.0) - 0.5)
+            .collect();
+        let r = super::report(4, 256, &w, &w[..256]).expect("valid");
+        for f in [
+            "q2_k",
+            "q3_k",
+            "q4_k",
+            "q5_k",
+            "q6_k",
+            "int4_g32",
+            "int4_g128",
+        ] {
+            assert!(r.iter().any(|e| e.format == f), "{f} listed");
+        }
+        let get = |f: &str| r.iter().find(|e| e.format == f).expect("listed").clone();
+        assert!(get("q6_k").weight_rel < get("q4_k").weight_rel);
+        assert!(get("q4_k").weight_rel < get("q2_k").weight_rel);
+        assert!(get("int4_g32").weight_rel <= get("int4_g128").weight_rel);
     }
 }

@@ -1,5 +1,5 @@
-//! Quantized weight formats: ggml's 32-weight blocks ([`ggml`]) and 256-weight K-quants
-//! ([`kquants`]), and FP8 ([`fp8`]).
+//! Quantized weight formats: ggml's 32-weight blocks ([`ggml`]), 256-weight K-quants
+//! ([`kquants`]), AWQ/GPTQ-style 4-bit groups ([`group`]), and FP8 ([`fp8`]).
 //!
 //! A [`QuantMatrix`] is a `[rows, cols]` weight matrix stored row by row in a block
 //! format, exactly as a GGUF tensor lays it out (each row `cols / BLOCK` blocks), so a
@@ -9,10 +9,12 @@
 pub mod error;
 pub mod fp8;
 pub mod ggml;
+pub mod group;
 mod kquantize;
 pub mod kquants;
 
 pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+pub use group::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KQuant, QK_K};
 
 /// Runs `$body` with `$B` bound to the block type of a block-format [`DType`]
@@ -68,13 +70,25 @@ macro_rules! with_block_format {
                 type $B = q::BlockQ8K;
                 $body
             }
+            D::Int4G32 => {
+                type $B = q::BlockInt4G32;
+                $body
+            }
+            D::Int4G64 => {
+                type $B = q::BlockInt4G64;
+                $body
+            }
+            D::Int4G128 => {
+                type $B = q::BlockInt4G128;
+                $body
+            }
             _ => $other,
         }
     }};
 }
 
 /// Every block-format dtype, in [`DType::ALL`] order.
-pub const BLOCK_DTYPES: [DType; 11] = [
+pub const BLOCK_DTYPES: [DType; 14] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -86,6 +100,9 @@ pub const BLOCK_DTYPES: [DType; 11] = [
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_K,
+    DType::Int4G32,
+    DType::Int4G64,
+    DType::Int4G128,
 ];
 
 use tessera_core::{DType, Error, Result};

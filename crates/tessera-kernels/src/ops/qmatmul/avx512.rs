@@ -5,6 +5,7 @@
 //! ([`Expand::prepare`], `super::avx512_k`).
 
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+use crate::quant::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 use crate::quant::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::any::TypeId;
 use std::arch::x86_64::*;
@@ -48,6 +49,38 @@ one_chunk!(BlockQ4_1);
 one_chunk!(BlockQ5_0);
 one_chunk!(BlockQ5_1);
 one_chunk!(BlockQ8_0);
+
+/// [`Expand`] for the 4-bit group formats: one (scale, −zero·scale) per group, each
+/// 32-weight chunk 16 nibble bytes as in Q4_1 (`q·d + m`, q·d exact, one rounding).
+macro_rules! group_chunks {
+    ($($t:ty),*) => {$(
+        impl Expand for $t {
+            const STEPS: usize = <$t as BlockFormat>::BLOCK / QK;
+            type Prep = (__m512, __m512);
+            type Out = [__m512; 2];
+            #[inline(always)]
+            unsafe fn prepare(&self) -> (__m512, __m512) {
+                // SAFETY: AVX-512F/F16C per the caller.
+                unsafe {
+                    let d = splat_f16(self.scale);
+                    let z = _mm512_set1_ps(-(self.zero as f32));
+                    (d, _mm512_mul_ps(z, d))
+                }
+            }
+            #[inline(always)]
+            unsafe fn step(&self, &(d, m): &(__m512, __m512), s: usize) -> [__m512; 2] {
+                let qs: &[u8; QK / 2] = self.qs[16 * s..16 * (s + 1)].try_into().expect("16 bytes");
+                // SAFETY: AVX-512F per the caller.
+                unsafe {
+                    let (lo, hi) = nibbles(qs);
+                    let f = |q| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+                    [f(lo), f(hi)]
+                }
+            }
+        }
+    )*};
+}
+group_chunks!(BlockInt4G32, BlockInt4G64, BlockInt4G128);
 
 /// Two zmm of a 32-weight block (elements 0..16 and 16..32).
 trait ExpandOne {
@@ -182,6 +215,7 @@ pub(super) unsafe fn row_dots<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [
     }
     cast_run!(BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0);
     cast_run!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K);
+    cast_run!(BlockInt4G32, BlockInt4G64, BlockInt4G128);
     false
 }
 
