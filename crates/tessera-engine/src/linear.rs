@@ -5,8 +5,8 @@ use crate::gguf::{Gguf, TensorInfo};
 use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
-use tessera_kernels::ops::qmatmul::qmatmul;
-use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, QuantMatrix};
+use tessera_kernels::ops::qmatmul::{qmatmul, qmatmul_i8};
+use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
 
 /// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`.
@@ -64,6 +64,51 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
     fn dtype(&self) -> DType {
         B::DTYPE
+    }
+    fn weight_bytes(&self) -> usize {
+        self.w.size_bytes()
+    }
+}
+
+/// Per-channel INT8 weights (`--quantize i8`), f32 activations.
+#[derive(Debug)]
+pub struct Int8Linear {
+    w: Int8Matrix,
+}
+
+impl Int8Linear {
+    pub fn new(w: Int8Matrix) -> Self {
+        Int8Linear { w }
+    }
+}
+
+impl Linear for Int8Linear {
+    fn in_features(&self) -> usize {
+        self.w.cols()
+    }
+    fn out_features(&self) -> usize {
+        self.w.rows()
+    }
+    fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
+        let pool = tessera_kernels::pool::global();
+        Ok(qmatmul_i8(Isa::best(), pool.threads(), &self.w, x, y)?)
+    }
+    fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        if r >= self.w.rows() || out.len() != self.w.cols() {
+            return Err(Error::Model(format!(
+                "row {r} of a {}×{} matrix",
+                self.w.rows(),
+                self.w.cols()
+            )));
+        }
+        let s = self.w.scales()[r];
+        for (o, &q) in out.iter_mut().zip(self.w.row(r)) {
+            *o = q as f32 * s;
+        }
+        Ok(())
+    }
+    fn dtype(&self) -> DType {
+        DType::I8
     }
     fn weight_bytes(&self) -> usize {
         self.w.size_bytes()

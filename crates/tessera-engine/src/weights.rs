@@ -54,7 +54,7 @@ pub struct LoadOptions {
 }
 
 /// Block formats `--quantize` accepts, by their lower-case names.
-pub const QUANTIZE_FORMATS: [DType; 13] = [
+pub const QUANTIZE_FORMATS: [DType; 14] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -68,6 +68,7 @@ pub const QUANTIZE_FORMATS: [DType; 13] = [
     DType::Int4G32,
     DType::Int4G64,
     DType::Int4G128,
+    DType::I8,
 ];
 
 /// The format a matrix gets when `target` cannot hold it: a K-quant needs rows that are
@@ -119,6 +120,12 @@ pub fn load_matrix(
         )?)))
     }
     let target = quantize_target(target, cols);
+    if target == DType::I8 {
+        return Ok(Box::new(linear::Int8Linear::new(
+            tessera_kernels::quant::Int8Matrix::quantize(rows, cols, w)
+                .map_err(|e| Error::Model(format!("{name}: quantizing to i8: {e}")))?,
+        )));
+    }
     let quantized = with_block_format!(target,
         B => q::<B>(rows, cols, w),
         _ => Err(Error::Model(format!("cannot quantize to {target}")))

@@ -254,7 +254,40 @@ fn check(dir: &Path, tensors: &[Tensor], opts: LoadOptions, gguf_dtype: DType) {
     check_scaled(dir, tensors, opts, gguf_dtype, Scaling::None);
 }
 
+/// `t` with its matrix replaced by the values `target` stores for it (row-wise formats,
+/// so they commute with the q/k row permutation).
+fn defined_by(t: &Tensor, target: DType) -> Tensor {
+    let values = match (&t.shape[..], target) {
+        (&[r, c], DType::I8) => tessera_kernels::quant::Int8Matrix::quantize(r, c, &t.values)
+            .expect("quantizable")
+            .dequantize(),
+        (&[r, c], DType::Int4G32) => tessera_kernels::quant::QuantMatrix::<
+            tessera_kernels::quant::BlockInt4G32,
+        >::quantize(r, c, &t.values)
+        .expect("quantizable")
+        .dequantize(),
+        _ => t.values.clone(),
+    };
+    Tensor {
+        name: t.name.clone(),
+        shape: t.shape.clone(),
+        values,
+    }
+}
+
 fn check_scaled(
+    dir: &Path,
+    tensors: &[Tensor],
+    opts: LoadOptions,
+    gguf_dtype: DType,
+    scaling: Scaling,
+) {
+    check_with_reference(dir, tensors, opts, gguf_dtype, scaling)
+}
+
+/// The checkpoint in `dir` loaded with `opts` against the float64 forward of a GGUF
+/// holding `tensors` in `gguf_dtype` (which the engine must also match).
+fn check_with_reference(
     dir: &Path,
     tensors: &[Tensor],
     opts: LoadOptions,
@@ -338,6 +371,15 @@ fn hf_llama_and_qwen2_match_float64_reference() {
             quantize: Some(DType::Q8_0),
         };
         check(&dir, &tensors, q8, DType::Q8_0);
+        // Formats GGUF cannot hold (per-channel INT8, 4-bit groups): the reference is an
+        // f32 GGUF of the weights those formats define.
+        for target in [DType::I8, DType::Int4G32] {
+            let defined: Vec<Tensor> = tensors.iter().map(|t| defined_by(t, target)).collect();
+            let opts = LoadOptions {
+                quantize: Some(target),
+            };
+            check_with_reference(&dir, &defined, opts, DType::F32, Scaling::None);
+        }
         open_with_tokenizer(&dir);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -34,4 +34,5 @@ verify_ops! {
     embedding => "embedding",
     argmax => "argmax",
     qmatmul => "qmatmul",
+    qmatmul_i8 => "qmatmul_i8",
 }

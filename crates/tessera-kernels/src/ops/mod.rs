@@ -37,6 +37,7 @@ pub fn registered() -> Vec<&'static dyn OpSpec> {
         const { &RowOpSpec::<swiglu::SwiGlu>::new() },
         &embedding::EmbeddingOp,
         &qmatmul::QMatmulOp,
+        &qmatmul::QMatmulI8Op,
         const { &RowOpSpec::<argmax::Argmax>::new() },
     ]
 }

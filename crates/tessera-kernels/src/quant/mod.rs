@@ -10,11 +10,13 @@ pub mod error;
 pub mod fp8;
 pub mod ggml;
 pub mod group;
+pub mod int8;
 mod kquantize;
 pub mod kquants;
 
 pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 pub use group::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
+pub use int8::Int8Matrix;
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KQuant, QK_K};
 
 /// Runs `$body` with `$B` bound to the block type of a block-format [`DType`]

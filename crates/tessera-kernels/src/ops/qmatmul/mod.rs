@@ -13,13 +13,17 @@
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
+mod int8;
 mod packed;
 mod spec;
+mod spec_int8;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
+pub use int8::{qmatmul_i8, qmatmul_w8a8};
 pub use packed::{PackedWeights, QuantActs};
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
+pub use spec_int8::{I8Problem, QMatmulI8Op};
 
 use super::gemm::{gemm_with, tuned_blocking, GemmParams};
 use crate::multiversion;
@@ -52,7 +56,12 @@ pub fn qmatmul<B: BlockFormat>(
         return Ok(());
     }
     if m > SMALL_M {
-        return prefill(isa, threads, w, x, y);
+        let dequant = |r: usize, out: &mut [f32]| {
+            for (b, o) in w.row(r).iter().zip(out.chunks_exact_mut(B::BLOCK)) {
+                b.dequantize(o);
+            }
+        };
+        return prefill(isa, threads, (w.rows(), w.cols()), dequant, x, y);
     }
     let k = w.cols();
     let (xs, ld) = contiguous_rows(x);
@@ -74,6 +83,26 @@ pub fn qmatmul_int8(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
+    int8_path(isa, threads, w, x, y, ActScales::PerBlock)
+}
+
+/// How activations are quantized to 8 bits for the integer path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActScales {
+    /// One scale per 32-value block (as ggml's Q8_0): the more accurate choice.
+    PerBlock,
+    /// One scale per row (W8A8 as SmoothQuant and TensorRT-LLM define it).
+    PerRow,
+}
+
+fn int8_path(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+    act: ActScales,
+) -> Result<()> {
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
@@ -84,7 +113,7 @@ pub fn qmatmul_int8(
     let k = w.cols();
     let (xs, ld) = contiguous_rows(x);
     let acts: Vec<QuantActs> = (0..m)
-        .map(|i| QuantActs::new(&xs[i * ld..][..k], w.offset()))
+        .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
     let vnni = isa == Isa::Avx512 && CpuFeatures::get().avx512_vnni;
     for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
@@ -218,15 +247,17 @@ multiversion! {
     }
 }
 
-/// M > SMALL_M: dequantize panels of weight rows and run the f32 GEMM on each.
-fn prefill<B: BlockFormat>(
+/// M > SMALL_M: dequantize panels of weight rows (`dequant(r, out)` writes row r) and run
+/// the f32 GEMM on each.
+fn prefill(
     isa: Isa,
     threads: usize,
-    w: &QuantMatrix<B>,
+    (n, k): (usize, usize),
+    dequant: impl Fn(usize, &mut [f32]) + Sync,
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    let (k, n, m) = (w.cols(), w.rows(), x.dims()[0]);
+    let m = x.dims()[0];
     let mut blocking = tuned_blocking(isa, tessera_core::DType::F32, m, PANEL_ROWS.min(n), k);
     blocking.threads = threads.max(1);
     let mut panel = vec![0f32; PANEL_ROWS.min(n) * k];
@@ -234,25 +265,13 @@ fn prefill<B: BlockFormat>(
     let mut n0 = 0;
     while n0 < n {
         let np = PANEL_ROWS.min(n - n0);
-        let pw = &mut panel[..np * k];
-        let (bs, per_row) = (B::BLOCK, k / B::BLOCK);
-        let blocks = &w.blocks()[n0 * per_row..(n0 + np) * per_row];
-        let dst = SharedMut(pw.as_mut_ptr());
+        let dst = SharedMut(panel.as_mut_ptr());
         pool::global().run(np.div_ceil(ROWS_PER_TASK), threads.max(1), |t| {
-            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(np);
-            for (i, blk) in blocks[rows.start * per_row..rows.end * per_row]
-                .iter()
-                .enumerate()
-            {
-                // SAFETY: task t writes only its own rows of the panel: block i of them
-                // is the bs floats at (rows.start·per_row + i)·bs < np·k.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        dst.get().add((rows.start * per_row + i) * bs),
-                        bs,
-                    )
-                };
-                blk.dequantize(out);
+            for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(np) {
+                // SAFETY: task t writes only its own rows i of the panel, the k floats
+                // at i·k < np·k.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * k), k) };
+                dequant(n0 + i, out);
             }
         });
         let wt = TensorView::contiguous(&panel[..np * k], &[np, k])?.transposed(0, 1)?;

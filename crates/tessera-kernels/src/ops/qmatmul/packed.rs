@@ -24,8 +24,9 @@
 //! widened to f32 arrays, one per chunk (two, one per half, for SPLIT16 formats). The
 //! original blocks stay in the `QuantMatrix`.
 
+use super::ActScales;
 use crate::multiversion;
-use crate::quant::{BlockFormat, QuantMatrix, QK};
+use crate::quant::{BlockFormat, Int8Matrix, QuantMatrix, QK};
 use tessera_core::DType;
 
 /// Weights repacked for the integer path.
@@ -95,6 +96,31 @@ impl PackedWeights {
         }
     }
 
+    /// Packs per-channel INT8 weights: u = q + 128 (offset 128), each row's scale
+    /// repeated per 32-weight chunk, so the same kernels run W8A8.
+    pub fn from_int8(w: &Int8Matrix) -> Self {
+        let (rows, cols) = (w.rows(), w.cols());
+        let quants = (0..rows)
+            .flat_map(|r| w.row(r).iter().map(|&q| (q as u8) ^ 0x80))
+            .collect();
+        let scales = w
+            .scales()
+            .iter()
+            .flat_map(|&s| std::iter::repeat_n(s, cols / QK))
+            .collect();
+        PackedWeights {
+            rows,
+            cols,
+            quants,
+            scales,
+            mins: Vec::new(),
+            offset: 128,
+            four_bit: false,
+            split16: false,
+            dtype: DType::I8,
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -139,7 +165,14 @@ impl QuantActs {
     /// Quantizes `x` (length a multiple of 32) for weights with this `offset`. Non-finite
     /// input makes its block's scale NaN, so the outputs it reaches are NaN.
     pub fn new(x: &[f32], offset: i32) -> Self {
+        Self::with_scales(x, offset, ActScales::PerBlock)
+    }
+
+    /// As [`QuantActs::new`], with one scale per block or one for the whole row.
+    pub fn with_scales(x: &[f32], offset: i32, act: ActScales) -> Self {
         let nb = x.len() / QK;
+        let row_amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let row_finite = x.iter().all(|v| v.is_finite());
         let padded = nb.div_ceil(2) * 2;
         let mut a = QuantActs {
             q: vec![0; padded * QK],
@@ -148,8 +181,13 @@ impl QuantActs {
             lane_sums: vec![[0.0; 8]; padded],
         };
         for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let finite = xb.iter().all(|v| v.is_finite());
+            let (amax, finite) = match act {
+                ActScales::PerBlock => (
+                    xb.iter().fold(0f32, |m, v| m.max(v.abs())),
+                    xb.iter().all(|v| v.is_finite()),
+                ),
+                ActScales::PerRow => (row_amax, row_finite),
+            };
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             for (q, &v) in a.q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {

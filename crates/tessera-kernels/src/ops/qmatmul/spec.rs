@@ -99,76 +99,93 @@ impl OpSpec for QMatmulOp {
         }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
-        let mut v: Vec<(usize, usize, usize, bool)> = vec![
-            (1, 1, 32, false),
-            (1, 7, 64, false),
-            (3, 33, 96, true),
-            (5, 127, 32, false),
-            (16, 9, 160, false),
-            (17, 13, 64, true), // first prefill-path size
-            (40, 300, 96, false),
-            // K a multiple of 256 (the K-quants' super-block) too.
-            (1, 5, 256, false),
-            (2, 33, 768, true),
-            (7, 17, 512, false),
-            (19, 40, 256, false),
-        ];
-        v.push((
-            rng.random_range(1..24),
-            rng.random_range(1..200),
-            32 * rng.random_range(1..9),
-            false,
-        ));
-        v.into_iter()
-            .map(|(m, n, k, strided)| {
-                Box::new(QMatmulProblem { m, n, k, strided }) as Box<dyn ProblemCase>
-            })
+        test_shapes(rng)
+            .into_iter()
+            .map(|p| Box::new(p) as Box<dyn ProblemCase>)
             .collect()
     }
     fn bench_problems(&self) -> Vec<BenchProblem> {
-        // SmolLM2-135M's decode projections (q/o 576², k/v 576→192, MLP 576↔1536, LM head)
-        // and a 512-token prefill of the MLP up-projection.
-        let p = |m, n, k| {
-            Box::new(QMatmulProblem {
-                m,
-                n,
-                k,
-                strided: false,
-            }) as Box<dyn ProblemCase>
-        };
-        vec![
-            ("decode q/o", p(1, 576, 576)),
-            ("decode k/v", p(1, 192, 576)),
-            ("decode up", p(1, 1536, 576)),
-            ("decode down", p(1, 576, 1536)),
-            ("decode lm head", p(1, 49152, 576)),
-            ("batch8 up", p(8, 1536, 576)),
-            ("prefill up", p(512, 1536, 576)),
-            // The K-quants need K a multiple of 256: the same layers with K = 512
-            // (SmolLM2's 576 is not), and a 7B-class 4096² projection.
-            ("decode q/o k512", p(1, 576, 512)),
-            ("decode up k512", p(1, 1536, 512)),
-            ("decode lm head k512", p(1, 49152, 512)),
-            ("decode 4096²", p(1, 4096, 4096)),
-            ("batch8 up k512", p(8, 1536, 512)),
-            ("prefill up k512", p(512, 1536, 512)),
-        ]
+        bench_shapes()
+            .into_iter()
+            .map(|(name, p)| (name, Box::new(p) as Box<dyn ProblemCase>))
+            .collect()
     }
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>> {
-        let d = parse_dims("qmatmul", s, 3, "MxNxK (K a multiple of 32)")?;
-        if d[2] % QK != 0 {
-            return Err(Error::invalid(
-                "qmatmul",
-                format!("K = {} is not a multiple of {QK}", d[2]),
-            ));
-        }
-        Ok(Box::new(QMatmulProblem {
-            m: d[0],
-            n: d[1],
-            k: d[2],
-            strided: false,
-        }))
+        Ok(Box::new(parse_shape("qmatmul", s)?))
     }
+}
+
+/// Random test shapes, ragged ones included (shared with `qmatmul_i8`).
+pub(super) fn test_shapes(rng: &mut Rng) -> Vec<QMatmulProblem> {
+    let mut v: Vec<(usize, usize, usize, bool)> = vec![
+        (1, 1, 32, false),
+        (1, 7, 64, false),
+        (3, 33, 96, true),
+        (5, 127, 32, false),
+        (16, 9, 160, false),
+        (17, 13, 64, true), // first prefill-path size
+        (40, 300, 96, false),
+        // K a multiple of 256 (the K-quants' super-block) too.
+        (1, 5, 256, false),
+        (2, 33, 768, true),
+        (7, 17, 512, false),
+        (19, 40, 256, false),
+    ];
+    v.push((
+        rng.random_range(1..24),
+        rng.random_range(1..200),
+        32 * rng.random_range(1..9),
+        false,
+    ));
+    v.into_iter()
+        .map(|(m, n, k, strided)| QMatmulProblem { m, n, k, strided })
+        .collect()
+}
+
+/// Named benchmark shapes (shared with `qmatmul_i8`).
+pub(super) fn bench_shapes() -> Vec<(&'static str, QMatmulProblem)> {
+    // SmolLM2-135M's decode projections (q/o 576², k/v 576→192, MLP 576↔1536, LM head)
+    // and a 512-token prefill of the MLP up-projection.
+    let p = |m, n, k| QMatmulProblem {
+        m,
+        n,
+        k,
+        strided: false,
+    };
+    vec![
+        ("decode q/o", p(1, 576, 576)),
+        ("decode k/v", p(1, 192, 576)),
+        ("decode up", p(1, 1536, 576)),
+        ("decode down", p(1, 576, 1536)),
+        ("decode lm head", p(1, 49152, 576)),
+        ("batch8 up", p(8, 1536, 576)),
+        ("prefill up", p(512, 1536, 576)),
+        // The K-quants need K a multiple of 256: the same layers with K = 512
+        // (SmolLM2's 576 is not), and a 7B-class 4096² projection.
+        ("decode q/o k512", p(1, 576, 512)),
+        ("decode up k512", p(1, 1536, 512)),
+        ("decode lm head k512", p(1, 49152, 512)),
+        ("decode 4096²", p(1, 4096, 4096)),
+        ("batch8 up k512", p(8, 1536, 512)),
+        ("prefill up k512", p(512, 1536, 512)),
+    ]
+}
+
+/// `MxNxK` with K a multiple of 32.
+pub(super) fn parse_shape(op: &'static str, s: &str) -> Result<QMatmulProblem> {
+    let d = parse_dims(op, s, 3, "MxNxK (K a multiple of 32)")?;
+    if d[2] % QK != 0 {
+        return Err(Error::invalid(
+            op,
+            format!("K = {} is not a multiple of {QK}", d[2]),
+        ));
+    }
+    Ok(QMatmulProblem {
+        m: d[0],
+        n: d[1],
+        k: d[2],
+        strided: false,
+    })
 }
 
 impl ProblemCase for QMatmulProblem {
