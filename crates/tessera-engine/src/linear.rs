@@ -26,6 +26,17 @@ pub trait Linear: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Errors unless row `r` of a `rows × cols` matrix fits `out`.
+fn check_row(r: usize, out: &[f32], rows: usize, cols: usize) -> Result<()> {
+    if r >= rows || out.len() != cols {
+        return Err(Error::Model(format!(
+            "row {r} of a {rows}×{cols} matrix into {} values",
+            out.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Block-quantized weights, kept quantized; matmuls dequantize in registers.
 #[derive(Debug)]
 pub struct QuantLinear<B> {
@@ -50,16 +61,8 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
         Ok(qmatmul(Isa::best(), pool.threads(), &self.w, x, y)?)
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        if r >= self.w.rows() || out.len() != self.w.cols() {
-            return Err(Error::Model(format!(
-                "row {r} of a {}×{} matrix",
-                self.w.rows(),
-                self.w.cols()
-            )));
-        }
-        for (b, o) in self.w.row(r).iter().zip(out.chunks_exact_mut(B::BLOCK)) {
-            b.dequantize(o);
-        }
+        check_row(r, out, self.w.rows(), self.w.cols())?;
+        self.w.dequantize_row(r, out);
         Ok(())
     }
     fn dtype(&self) -> DType {
@@ -94,17 +97,8 @@ impl Linear for Int8Linear {
         Ok(qmatmul_i8(Isa::best(), pool.threads(), &self.w, x, y)?)
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        if r >= self.w.rows() || out.len() != self.w.cols() {
-            return Err(Error::Model(format!(
-                "row {r} of a {}×{} matrix",
-                self.w.rows(),
-                self.w.cols()
-            )));
-        }
-        let s = self.w.scales()[r];
-        for (o, &q) in out.iter_mut().zip(self.w.row(r)) {
-            *o = q as f32 * s;
-        }
+        check_row(r, out, self.w.rows(), self.w.cols())?;
+        self.w.dequantize_row(r, out);
         Ok(())
     }
     fn dtype(&self) -> DType {
@@ -144,13 +138,8 @@ impl Linear for DenseLinear {
         )?)
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        let src = self
-            .w
-            .get(r * self.cols..(r + 1) * self.cols)
-            .filter(|s| s.len() == out.len());
-        out.copy_from_slice(src.ok_or_else(|| {
-            Error::Model(format!("row {r} of a {}×{} matrix", self.rows, self.cols))
-        })?);
+        check_row(r, out, self.rows, self.cols)?;
+        out.copy_from_slice(&self.w[r * self.cols..(r + 1) * self.cols]);
         Ok(())
     }
     fn dtype(&self) -> DType {

@@ -11,7 +11,7 @@ use crate::gguf::Gguf;
 use crate::linear::{self, Linear, QuantLinear};
 use crate::{Error, Result};
 use tessera_core::DType;
-use tessera_kernels::quant::{BlockFormat, QuantMatrix};
+use tessera_kernels::quant::{BlockFormat, Int8Matrix, QuantMatrix, BLOCK_DTYPES};
 use tessera_kernels::with_block_format;
 
 /// A model file's tensors by canonical (GGUF) name.
@@ -53,23 +53,14 @@ pub struct LoadOptions {
     pub quantize: Option<DType>,
 }
 
-/// Block formats `--quantize` accepts, by their lower-case names.
-pub const QUANTIZE_FORMATS: [DType; 14] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::Int4G32,
-    DType::Int4G64,
-    DType::Int4G128,
-    DType::I8,
-];
+/// Formats `--quantize` accepts: every block format but Q8_K (llama.cpp's activation
+/// format), and per-channel INT8.
+pub fn quantize_formats() -> impl Iterator<Item = DType> {
+    BLOCK_DTYPES
+        .into_iter()
+        .filter(|&d| d != DType::Q8_K)
+        .chain([DType::I8])
+}
 
 /// The format a matrix gets when `target` cannot hold it: a K-quant needs rows that are
 /// whole 256-weight super-blocks, so narrower rows (SmolLM2's 576) take the 32-weight
@@ -91,11 +82,10 @@ pub fn quantize_target(target: DType, cols: usize) -> DType {
 
 /// Parses a `--quantize` name (`q8_0`, `q4_1`, …).
 pub fn parse_quantize(name: &str) -> Result<DType> {
-    QUANTIZE_FORMATS
-        .into_iter()
+    quantize_formats()
         .find(|d| d.to_string().eq_ignore_ascii_case(name))
         .ok_or_else(|| {
-            let names: Vec<String> = QUANTIZE_FORMATS.iter().map(|d| d.to_string()).collect();
+            let names: Vec<String> = quantize_formats().map(|d| d.to_string()).collect();
             Error::Model(format!(
                 "unknown quantization '{name}' (one of: {})",
                 names.join(", ")
@@ -122,7 +112,7 @@ pub fn load_matrix(
     let target = quantize_target(target, cols);
     if target == DType::I8 {
         return Ok(Box::new(linear::Int8Linear::new(
-            tessera_kernels::quant::Int8Matrix::quantize(rows, cols, w)
+            Int8Matrix::quantize(rows, cols, w)
                 .map_err(|e| Error::Model(format!("{name}: quantizing to i8: {e}")))?,
         )));
     }

@@ -49,6 +49,20 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn unsigned(&self, c: usize, u: &mut [u8; QK]) -> [(f32, f32); 2];
 }
 
+/// Chunk values `(u − B::OFFSET)·d (+ m)`, (d, m) per 16-weight half, one rounding per
+/// weight (formats without a minimum skip the add: adding 0 would turn −0 into +0).
+pub(super) fn dequantize_chunk<B: BlockFormat>(
+    u: &[u8; QK],
+    halves: [(f32, f32); 2],
+    out: &mut [f32],
+) {
+    for (j, (o, &u)) in out.iter_mut().zip(u).enumerate() {
+        let (d, m) = halves[j / 16];
+        let v = (u as i32 - B::OFFSET) as f32 * d;
+        *o = if B::HAS_MIN { v + m } else { v };
+    }
+}
+
 /// `x` as one 32-weight block (the legacy formats' whole block).
 fn block32(x: &[f32]) -> &[f32; QK] {
     x.try_into().expect("a 32-weight block")
@@ -303,12 +317,9 @@ impl BlockFormat for BlockQ5_0 {
         }
     }
     fn dequantize(&self, out: &mut [f32]) {
-        let out = block32_mut(out);
         let mut u = [0u8; QK];
-        let [(d, _), _] = self.unsigned(0, &mut u);
-        for (o, &q) in out.iter_mut().zip(&u) {
-            *o = (q as i32 - 16) as f32 * d;
-        }
+        let halves = self.unsigned(0, &mut u);
+        dequantize_chunk::<Self>(&u, halves, block32_mut(out));
     }
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
@@ -349,12 +360,9 @@ impl BlockFormat for BlockQ5_1 {
         }
     }
     fn dequantize(&self, out: &mut [f32]) {
-        let out = block32_mut(out);
         let mut u = [0u8; QK];
-        let [(d, m), _] = self.unsigned(0, &mut u);
-        for (o, &q) in out.iter_mut().zip(&u) {
-            *o = q as f32 * d + m;
-        }
+        let halves = self.unsigned(0, &mut u);
+        dequantize_chunk::<Self>(&u, halves, block32_mut(out));
     }
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.m.is_finite()

@@ -68,6 +68,16 @@ impl Int8Matrix {
     pub fn size_bytes(&self) -> usize {
         self.q.len() + 4 * self.scales.len()
     }
+    /// Row r's values q·scale into `out` (panics, like slice indexing, unless r < rows
+    /// and `out.len() == cols`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols, "a row of {} values", self.cols);
+        let s = self.scales[r];
+        for (o, &q) in out.iter_mut().zip(self.row(r)) {
+            *o = q as f32 * s;
+        }
+    }
+
     /// The row-major f32 values (q·scale, one rounding).
     pub fn dequantize(&self) -> Vec<f32> {
         self.q

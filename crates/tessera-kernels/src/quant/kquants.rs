@@ -22,7 +22,7 @@
 //! Quantizers (`super::kquantize`) follow llama.cpp's reference quantizers step for step.
 //! Non-finite input gives a block whose scales are NaN (so it dequantizes to NaN).
 
-use super::ggml::{BlockFormat, QK};
+use super::ggml::{dequantize_chunk, BlockFormat, QK};
 use super::kquantize as kq;
 use half::f16;
 use tessera_core::DType;
@@ -159,19 +159,15 @@ pub trait KQuant: BlockFormat {
     fn half_scales(&self) -> [(f32, f32); 16];
 }
 
-/// `(u − o)·d (+ m)`, one rounding, as llama.cpp's `dequantize_row_*`.
+/// `(u − o)·d (+ m)`, one rounding, as llama.cpp's `dequantize_row_*`; the scales are
+/// decoded once per super-block.
 fn dequantize_k<B: KQuant>(b: &B, out: &mut [f32]) {
     assert_eq!(out.len(), B::BLOCK, "{} block", B::DTYPE);
     let halves = b.half_scales();
     let mut u = [0u8; QK];
     for (c, o) in out.chunks_exact_mut(QK).enumerate() {
         b.codes(c, &mut u);
-        for (j, (o, &u)) in o.iter_mut().zip(&u).enumerate() {
-            let (d, m) = halves[2 * c + j / 16];
-            let v = (u as i32 - B::OFFSET) as f32 * d;
-            // (Adding m = 0 would turn −0 into +0: only formats with a minimum add.)
-            *o = if B::HAS_MIN { v + m } else { v };
-        }
+        dequantize_chunk::<B>(&u, [halves[2 * c], halves[2 * c + 1]], o);
     }
 }
 

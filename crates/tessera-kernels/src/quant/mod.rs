@@ -232,6 +232,15 @@ impl<B: BlockFormat> QuantMatrix<B> {
         std::mem::size_of_val(self.blocks.as_slice())
     }
 
+    /// Row r's values into `out` (panics, like slice indexing, unless r < rows and
+    /// `out.len() == cols`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols, "a row of {} values", self.cols);
+        for (b, o) in self.row(r).iter().zip(out.chunks_exact_mut(B::BLOCK)) {
+            b.dequantize(o);
+        }
+    }
+
     /// The row-major f32 values the blocks define.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];

@@ -218,3 +218,19 @@ fn matrix_round_trip_keeps_row_layout() {
         assert!((a - b).abs() <= 0.5 / 127.0 * 1.1);
     }
 }
+
+#[test]
+fn block_dtypes_are_exactly_the_block_formats_and_all_dispatch() {
+    use super::BLOCK_DTYPES;
+    use tessera_core::DType;
+    let blocky: Vec<DType> = DType::ALL
+        .into_iter()
+        .filter(|d| d.block_size() > 1)
+        .collect();
+    assert_eq!(BLOCK_DTYPES.to_vec(), blocky);
+    for d in BLOCK_DTYPES {
+        let (dtype, block) =
+            crate::with_block_format!(d, B => (B::DTYPE, B::BLOCK), _ => panic!("{d}"));
+        assert_eq!((dtype, block), (d, d.block_size()));
+    }
+}

@@ -48,26 +48,37 @@ pub fn qmatmul<B: BlockFormat>(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
+    let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
+    let dots = |r: usize, xr: &[&[f32]], out: &mut [f32]| row_dots(isa, w.row(r), xr, out);
+    weight_matmul(isa, threads, (w.rows(), w.cols()), x, y, dequant, dots)
+}
+
+/// What every f32-activation matmul over compressed weights shares: the checks, then
+/// either the prefill path (M > [`SMALL_M`]; `dequant(r, out)` writes weight row r in
+/// f32) or, per weight row r, `dots(r, x rows, out)` for up to [`M_CHUNK`] rows at once.
+pub(super) fn weight_matmul(
+    isa: Isa,
+    threads: usize,
+    (n, k): (usize, usize),
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+    dequant: impl Fn(usize, &mut [f32]) + Sync,
+    dots: impl Fn(usize, &[&[f32]], &mut [f32]) + Sync,
+) -> Result<()> {
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
-    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    let (m, _) = check_shapes(x, y, n, k)?;
     if m == 0 || n == 0 {
         return Ok(());
     }
     if m > SMALL_M {
-        let dequant = |r: usize, out: &mut [f32]| {
-            for (b, o) in w.row(r).iter().zip(out.chunks_exact_mut(B::BLOCK)) {
-                b.dequantize(o);
-            }
-        };
-        return prefill(isa, threads, (w.rows(), w.cols()), dequant, x, y);
+        return prefill(isa, threads, (n, k), dequant, x, y);
     }
-    let k = w.cols();
     let (xs, ld) = contiguous_rows(x);
     for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
         let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
-        row_dots(isa, w.row(r), &xr[..mc], out);
+        dots(r, &xr[..mc], out);
     });
     Ok(())
 }

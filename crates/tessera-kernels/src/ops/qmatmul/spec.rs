@@ -1,6 +1,6 @@
 //! Registry entry for `qmatmul`: problems, float64 reference, cost model.
 
-use super::qmatmul;
+use super::{qmatmul, ActScales, QuantActs};
 use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
@@ -38,6 +38,32 @@ fn is_int8(v: &Variant) -> bool {
     v.label == VNNI || v.label == INT8_SCALAR
 }
 
+/// The f32-activation kernels per ISA, then the integer path labelled `vnni` where the
+/// CPU has AVX512_VNNI and `scalar` (its portable baseline) everywhere.
+pub(super) fn variants_with_int8(vnni: &str, scalar: &str) -> Vec<Variant> {
+    let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+    if CpuFeatures::get().avx512_vnni {
+        v.push(Variant {
+            backend: Backend::Cpu(Isa::Avx512),
+            label: vnni.into(),
+        });
+    }
+    v.push(Variant {
+        backend: Backend::Cpu(Isa::Scalar),
+        label: scalar.into(),
+    });
+    v
+}
+
+/// [`TOL_INT8`] for the integer-activation variants, [`TOL`] otherwise.
+pub(super) fn tolerance_of(int8_acts: bool) -> Tolerance {
+    if int8_acts {
+        TOL_INT8
+    } else {
+        TOL
+    }
+}
+
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QMatmulProblem {
@@ -73,30 +99,13 @@ impl OpSpec for QMatmulOp {
         &BLOCK_DTYPES
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
-        // f32-activation kernels per ISA, then the integer path: VNNI where present and
-        // the portable integer kernel (its baseline) everywhere.
-        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-        if CpuFeatures::get().avx512_vnni {
-            v.push(Variant {
-                backend: Backend::Cpu(Isa::Avx512),
-                label: VNNI.into(),
-            });
-        }
-        v.push(Variant {
-            backend: Backend::Cpu(Isa::Scalar),
-            label: INT8_SCALAR.into(),
-        });
-        v
+        variants_with_int8(VNNI, INT8_SCALAR)
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
-        if is_int8(v) {
-            TOL_INT8
-        } else {
-            TOL
-        }
+        tolerance_of(is_int8(v))
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
@@ -218,8 +227,90 @@ impl ProblemCase for QMatmulProblem {
     }
 }
 
+/// The activations and output of one instance, and its float64 products: shared by
+/// `qmatmul` and `qmatmul_i8`, whose instances differ only in their weights.
+pub(super) struct Operands {
+    pub p: QMatmulProblem,
+    x: Vec<f32>,
+    ldx: usize,
+    y: Vec<f32>,
+}
+
+impl Operands {
+    /// Random activations in (−1, 1), rows padded when the problem is strided.
+    pub fn new(p: QMatmulProblem, rng: &mut Rng) -> Self {
+        let ldx = p.k + if p.strided { 5 } else { 0 };
+        let x = (0..p.m * ldx)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        Operands {
+            y: vec![0.0; p.m * p.n],
+            x,
+            ldx,
+            p,
+        }
+    }
+
+    /// The activation rows a variant multiplies: exactly the f32 values, or their 8-bit
+    /// quantization for weights with this offset (`int8`).
+    pub fn acts(&self, int8: Option<(i32, ActScales)>) -> Vec<Vec<f64>> {
+        (0..self.p.m)
+            .map(|i| {
+                let row = &self.x[i * self.ldx..][..self.p.k];
+                match int8 {
+                    Some((offset, act)) => {
+                        QuantActs::with_scales(row, offset, act).dequantized(self.p.k)
+                    }
+                    None => row.iter().map(|&v| v as f64).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// `f(x·w)` summed per output in float64 for row-major weights `w [N, K]` (f =
+    /// identity for the product, |·| for the magnitude of its terms).
+    pub fn product(&self, w: &[f64], acts: &[Vec<f64>], f: fn(f64) -> f64) -> Vec<f64> {
+        let (n, k) = (self.p.n, self.p.k);
+        acts.iter()
+            .flat_map(|xr| {
+                (0..n).map(move |j| {
+                    let w = &w[j * k..(j + 1) * k];
+                    w.iter().zip(xr).map(|(&a, &b)| f(a * b)).sum::<f64>()
+                })
+            })
+            .collect()
+    }
+
+    /// Runs `f` on the (possibly strided) activation view and the output view.
+    pub fn call(
+        &mut self,
+        f: impl FnOnce(&TensorView<'_, f32>, &mut TensorViewMut<'_, f32>) -> Result<()>,
+    ) -> Result<()> {
+        let (m, n) = (self.p.m, self.p.n);
+        let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
+        let x = TensorView::new(&self.x, l)?;
+        let mut y = TensorViewMut::contiguous(&mut self.y, &[m, n])?;
+        f(&x, &mut y)
+    }
+
+    pub fn poison(&mut self) {
+        poison(&mut self.y);
+    }
+    pub fn output(&self) -> Vec<f64> {
+        self.y.iter().map(|&v| v as f64).collect()
+    }
+    /// A NaN activation reaches every output of its row (NaN·0 is NaN too).
+    pub fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        let (i, p) = (rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
+        self.x[i * self.ldx + p] = f32::NAN;
+        Some((0..self.p.n).map(|j| i * self.p.n + j).collect())
+    }
+    pub fn bytes(&self) -> usize {
+        bytes(&self.x) + bytes(&self.y)
+    }
+}
+
 struct QInstance<B> {
-    p: QMatmulProblem,
     w: QuantMatrix<B>,
     /// The same weights repacked for the int8 path (at "load time", outside the timing).
     packed: super::PackedWeights,
@@ -229,9 +320,7 @@ struct QInstance<B> {
     /// The same values before f32 rounding, (u − o)·d + m exactly: the integer kernels
     /// combine d·Σu·q and m·Σq in one fused step, so they see these.
     w_exact: Vec<f64>,
-    x: Vec<f32>,
-    ldx: usize,
-    y: Vec<f32>,
+    ops: Operands,
 }
 
 impl<B: BlockFormat> QInstance<B> {
@@ -251,10 +340,6 @@ impl<B: BlockFormat> QInstance<B> {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let w = QuantMatrix::<B>::quantize(p.n, p.k, &wf)?;
-        let ldx = p.k + if p.strided { 5 } else { 0 };
-        let x = (0..p.m * ldx)
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect();
         let packed = super::PackedWeights::new(&w);
         let mut w_exact = Vec::with_capacity(p.n * p.k);
         let mut u = [0u8; QK];
@@ -272,42 +357,19 @@ impl<B: BlockFormat> QInstance<B> {
             w_exact,
             packed,
             w,
-            x,
-            ldx,
-            y: vec![0.0; p.m * p.n],
-            p,
+            ops: Operands::new(p, rng),
         })
-    }
-}
-
-impl<B: BlockFormat> QInstance<B> {
-    /// `f(x)·Wᵀ` in float64 for weights `w` and activation rows `x` (f = identity for the
-    /// product, |·| for the magnitude of its terms).
-    fn reference_with(&self, w: &[f64], x: &[Vec<f64>], f: fn(f64) -> f64) -> Vec<f64> {
-        let (n, k) = (self.p.n, self.p.k);
-        x.iter()
-            .flat_map(|xr| {
-                (0..n).map(move |j| {
-                    let w = &w[j * k..(j + 1) * k];
-                    w.iter().zip(xr).map(|(&a, &b)| f(a * b)).sum::<f64>()
-                })
-            })
-            .collect()
     }
 
     /// The weights and activations a variant effectively multiplies.
     fn operands(&self, v: &Variant) -> (&[f64], Vec<Vec<f64>>) {
-        let row = |i: usize| &self.x[i * self.ldx..][..self.p.k];
         if is_int8(v) {
-            let x = (0..self.p.m)
-                .map(|i| super::QuantActs::new(row(i), self.packed.offset()).dequantized(self.p.k))
-                .collect();
-            (&self.w_exact, x)
+            let acts = self
+                .ops
+                .acts(Some((self.packed.offset(), ActScales::PerBlock)));
+            (&self.w_exact, acts)
         } else {
-            let x = (0..self.p.m)
-                .map(|i| row(i).iter().map(|&v| v as f64).collect())
-                .collect();
-            (&self.w_deq, x)
+            (&self.w_deq, self.ops.acts(None))
         }
     }
 }
@@ -318,37 +380,33 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     }
     fn reference_for(&self, v: &Variant) -> Vec<f64> {
         let (w, x) = self.operands(v);
-        self.reference_with(w, &x, |t| t)
+        self.ops.product(w, &x, |t| t)
     }
     fn magnitude(&self, v: &Variant) -> Option<Vec<f64>> {
         let (w, x) = self.operands(v);
-        Some(self.reference_with(w, &x, f64::abs))
+        Some(self.ops.product(w, &x, f64::abs))
     }
     fn poison(&mut self) {
-        poison(&mut self.y);
+        self.ops.poison();
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
-        let (m, n) = (self.p.m, self.p.n);
-        let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
-        let x = TensorView::new(&self.x, l)?;
-        let mut y = TensorViewMut::contiguous(&mut self.y, &[m, n])?;
-        if is_int8(v) {
-            super::qmatmul_int8(v.isa(), threads, &self.packed, &x, &mut y)
-        } else {
-            qmatmul(v.isa(), threads, &self.w, &x, &mut y)
-        }
+        let (w, packed) = (&self.w, &self.packed);
+        self.ops.call(|x, y| {
+            if is_int8(v) {
+                super::qmatmul_int8(v.isa(), threads, packed, x, y)
+            } else {
+                qmatmul(v.isa(), threads, w, x, y)
+            }
+        })
     }
     fn output(&self) -> Vec<f64> {
-        self.y.iter().map(|&v| v as f64).collect()
+        self.ops.output()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        // A NaN activation reaches every output of its row (NaN·0 is NaN too).
-        let (i, p) = (rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
-        self.x[i * self.ldx + p] = f32::NAN;
-        Some((0..self.p.n).map(|j| i * self.p.n + j).collect())
+        self.ops.inject_nonfinite(rng)
     }
     fn footprint(&self) -> usize {
-        self.w.size_bytes() + bytes(&self.x) + bytes(&self.y)
+        self.w.size_bytes() + self.ops.bytes()
     }
 }

@@ -2,9 +2,9 @@
 //! variant per ISA) or per-row int8 activations (W8A8: VNNI and the portable integer
 //! kernel). Shapes and tolerances as `qmatmul`'s.
 
-use super::spec::{bench_shapes, parse_shape, test_shapes, QMatmulProblem};
-use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, QuantActs, TOL, TOL_INT8};
-use crate::ops::common::{bytes, poison};
+use super::spec::{bench_shapes, parse_shape, test_shapes, tolerance_of, variants_with_int8};
+use super::spec::{Operands, QMatmulProblem};
+use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, TOL};
 use crate::pool;
 use crate::quant::Int8Matrix;
 use crate::registry::{
@@ -13,7 +13,7 @@ use crate::registry::{
 };
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::{CpuFeatures, DType, Error, Isa, Result, TensorView, TensorViewMut};
+use tessera_core::{DType, Error, Isa, Result};
 
 const VNNI: &str = "avx512-vnni-w8a8";
 const INT8_SCALAR: &str = "int8-scalar-w8a8";
@@ -47,28 +47,13 @@ impl OpSpec for QMatmulI8Op {
         &[DType::I8]
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
-        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-        if CpuFeatures::get().avx512_vnni {
-            v.push(Variant {
-                backend: crate::registry::Backend::Cpu(Isa::Avx512),
-                label: VNNI.into(),
-            });
-        }
-        v.push(Variant {
-            backend: crate::registry::Backend::Cpu(Isa::Scalar),
-            label: INT8_SCALAR.into(),
-        });
-        v
+        variants_with_int8(VNNI, INT8_SCALAR)
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
-        if is_w8a8(v) {
-            TOL_INT8
-        } else {
-            TOL
-        }
+        tolerance_of(is_w8a8(v))
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
@@ -112,10 +97,6 @@ impl ProblemCase for I8Problem {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let w = Int8Matrix::quantize(p.n, p.k, &wf)?;
-        let ldx = p.k + if p.strided { 5 } else { 0 };
-        let x = (0..p.m * ldx)
-            .map(|_| rng.random_range(-1.0f32..1.0))
-            .collect();
         let exact: Vec<f64> = (0..p.n)
             .flat_map(|r| {
                 let s = w.scales()[r] as f64;
@@ -129,49 +110,23 @@ impl ProblemCase for I8Problem {
             packed: PackedWeights::from_int8(&w),
             w,
             exact,
-            x,
-            ldx,
-            y: vec![0.0; p.m * p.n],
-            p,
+            ops: Operands::new(p, rng),
         }))
     }
 }
 
 struct I8Instance {
-    p: QMatmulProblem,
     w: Int8Matrix,
     packed: PackedWeights,
     /// q·scale in f64: what both paths multiply by (the f32 path scales Σq·x once).
     exact: Vec<f64>,
-    x: Vec<f32>,
-    ldx: usize,
-    y: Vec<f32>,
+    ops: Operands,
 }
 
 impl I8Instance {
-    fn acts(&self, v: &Variant) -> Vec<Vec<f64>> {
-        (0..self.p.m)
-            .map(|i| {
-                let row = &self.x[i * self.ldx..][..self.p.k];
-                if is_w8a8(v) {
-                    QuantActs::with_scales(row, 128, ActScales::PerRow).dequantized(self.p.k)
-                } else {
-                    row.iter().map(|&v| v as f64).collect()
-                }
-            })
-            .collect()
-    }
     fn product(&self, v: &Variant, f: fn(f64) -> f64) -> Vec<f64> {
-        let k = self.p.k;
-        self.acts(v)
-            .iter()
-            .flat_map(|xr| {
-                (0..self.p.n).map(move |j| {
-                    let w = &self.exact[j * k..(j + 1) * k];
-                    w.iter().zip(xr).map(|(&a, &b)| f(a * b)).sum::<f64>()
-                })
-            })
-            .collect()
+        let int8 = is_w8a8(v).then_some((self.packed.offset(), ActScales::PerRow));
+        self.ops.product(&self.exact, &self.ops.acts(int8), f)
     }
 }
 
@@ -186,29 +141,26 @@ impl Instance for I8Instance {
         Some(self.product(v, f64::abs))
     }
     fn poison(&mut self) {
-        poison(&mut self.y);
+        self.ops.poison();
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
-        let (m, n) = (self.p.m, self.p.n);
-        let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
-        let x = TensorView::new(&self.x, l)?;
-        let mut y = TensorViewMut::contiguous(&mut self.y, &[m, n])?;
-        if is_w8a8(v) {
-            qmatmul_w8a8(v.isa(), threads, &self.packed, &x, &mut y)
-        } else {
-            qmatmul_i8(v.isa(), threads, &self.w, &x, &mut y)
-        }
+        let (w, packed) = (&self.w, &self.packed);
+        self.ops.call(|x, y| {
+            if is_w8a8(v) {
+                qmatmul_w8a8(v.isa(), threads, packed, x, y)
+            } else {
+                qmatmul_i8(v.isa(), threads, w, x, y)
+            }
+        })
     }
     fn output(&self) -> Vec<f64> {
-        self.y.iter().map(|&v| v as f64).collect()
+        self.ops.output()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
-        let (i, p) = (rng.random_range(0..self.p.m), rng.random_range(0..self.p.k));
-        self.x[i * self.ldx + p] = f32::NAN;
-        Some((0..self.p.n).map(|j| i * self.p.n + j).collect())
+        self.ops.inject_nonfinite(rng)
     }
     fn footprint(&self) -> usize {
-        self.w.size_bytes() + bytes(&self.x) + bytes(&self.y)
+        self.w.size_bytes() + self.ops.bytes()
     }
 }
