@@ -35,4 +35,5 @@ verify_ops! {
     argmax => "argmax",
     qmatmul => "qmatmul",
     qmatmul_i8 => "qmatmul_i8",
+    qmatmul_fp8 => "qmatmul_fp8",
 }

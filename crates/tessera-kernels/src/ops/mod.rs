@@ -38,6 +38,7 @@ pub fn registered() -> Vec<&'static dyn OpSpec> {
         &embedding::EmbeddingOp,
         &qmatmul::QMatmulOp,
         &qmatmul::QMatmulI8Op,
+        &qmatmul::QMatmulFp8Op,
         const { &RowOpSpec::<argmax::Argmax>::new() },
     ]
 }

@@ -6,6 +6,7 @@
 
 use super::fp8::Fp8;
 use super::{BlockFormat, QuantMatrix, BLOCK_DTYPES};
+use super::{Fp8Matrix, Fp8Scaling};
 use tessera_core::{Error, Result};
 
 /// One format's line of the report.
@@ -70,21 +71,8 @@ pub fn sample(dist: Dist, n: usize, rng: &mut crate::registry::Rng) -> Vec<f32> 
         .collect()
 }
 
-/// FP8 with one f32 scale per output channel (row): scale = amax / max_finite.
-fn fp8_per_channel(f: Fp8, rows: usize, cols: usize, w: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; rows * cols];
-    for (src, dst) in w.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let scale = if amax > 0.0 {
-            amax / f.max_finite()
-        } else {
-            1.0
-        };
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = f.decode(f.encode(v / scale)) * scale;
-        }
-    }
-    out
+fn fp8(f: Fp8, scaling: Fp8Scaling, rows: usize, cols: usize, w: &[f32]) -> Result<Vec<f32>> {
+    Ok(Fp8Matrix::quantize(f, scaling, rows, cols, w)?.dequantize())
 }
 
 fn ggml<B: BlockFormat>(rows: usize, cols: usize, w: &[f32]) -> Result<Vec<f32>> {
@@ -121,18 +109,30 @@ pub fn report(rows: usize, cols: usize, w: &[f32], x: &[f32]) -> Result<Vec<Form
             crate::with_block_format!(dt, B => ggml::<B>(rows, cols, w)?, _ => unreachable!());
         candidates.push((dt.name(), bits(dt), deq));
     }
-    candidates.extend([
+    let per_channel = 8.0 + 32.0 / cols as f64;
+    let per_tensor = 8.0 + 32.0 / (rows * cols) as f64;
+    for (name, f, scaling, bits) in [
         (
             "fp8 e4m3 /channel",
-            8.0 + 32.0 / cols as f64,
-            fp8_per_channel(Fp8::E4M3, rows, cols, w),
+            Fp8::E4M3,
+            Fp8Scaling::PerChannel,
+            per_channel,
         ),
         (
             "fp8 e5m2 /channel",
-            8.0 + 32.0 / cols as f64,
-            fp8_per_channel(Fp8::E5M2, rows, cols, w),
+            Fp8::E5M2,
+            Fp8Scaling::PerChannel,
+            per_channel,
         ),
-    ]);
+        (
+            "fp8 e4m3 /tensor",
+            Fp8::E4M3,
+            Fp8Scaling::PerTensor,
+            per_tensor,
+        ),
+    ] {
+        candidates.push((name, bits, fp8(f, scaling, rows, cols, w)?));
+    }
     Ok(candidates
         .into_iter()
         .map(|(format, bits_per_weight, deq)| FormatError {

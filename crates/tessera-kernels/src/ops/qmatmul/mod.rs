@@ -13,16 +13,21 @@
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
+mod byte_rows;
+mod fp8;
 mod int8;
 mod packed;
 mod spec;
+mod spec_fp8;
 mod spec_int8;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
+pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
 pub use packed::{PackedWeights, QuantActs};
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
+pub use spec_fp8::{Fp8Problem, QMatmulFp8Op};
 pub use spec_int8::{I8Problem, QMatmulI8Op};
 
 use super::gemm::{gemm_with, tuned_blocking, GemmParams};
