@@ -1,0 +1,541 @@
+//! One launcher per kernel: checks every shape and buffer length against the typed
+//! parameters (a clear [`CudaError::Shape`], never an out-of-bounds launch), picks the
+//! grid, launches on the device's stream. Inputs that index memory (block tables,
+//! token ids, context lengths) are taken on the host and validated before upload.
+
+use crate::{CudaError, Device};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+
+/// The 16-bit float types the tensor-core kernels take.
+pub trait Half16: DeviceRepr + Copy {
+    /// Suffix of the kernel entry points (`bf16` / `f16`).
+    const NAME: &'static str;
+}
+impl Half16 for bf16 {
+    const NAME: &'static str = "bf16";
+}
+impl Half16 for f16 {
+    const NAME: &'static str = "f16";
+}
+
+type Res = Result<(), CudaError>;
+
+fn need(op: &'static str, what: &str, have: usize, want: usize) -> Res {
+    if have < want {
+        return Err(CudaError::shape(
+            op,
+            format!("{what} holds {have} elements, needs {want}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `v` as a kernel's `int`, or an error for sizes the kernels' 32-bit indices cannot hold.
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::shape(op, format!("{what} = {v} exceeds 2^31 − 1")))
+}
+
+fn launch(what: &str, r: Result<Option<impl Sized>, cudarc::driver::DriverError>) -> Res {
+    r.map(|_| ())
+        .map_err(|e| CudaError::driver(format!("launch {what}"), e))
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).min(u32::MAX as usize) as u32
+}
+
+/// `C[M, N] = alpha · A[M, K] · B[N, K]ᵀ`, all row-major and packed.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+}
+
+/// Tensor-core GEMM (`kernels/gemm.cu`); K must be a multiple of 8.
+pub fn gemm<T: Half16>(
+    dev: &Device,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &mut CudaSlice<f32>,
+    s: GemmShape,
+) -> Res {
+    const OP: &str = "cuda gemm";
+    if s.m == 0 || s.n == 0 || s.k == 0 || !s.k.is_multiple_of(8) {
+        return Err(CudaError::shape(
+            OP,
+            format!(
+                "{}×{}×{}: dims must be positive, K a multiple of 8",
+                s.m, s.n, s.k
+            ),
+        ));
+    }
+    need(OP, "A", a.len(), s.m * s.k)?;
+    need(OP, "B", b.len(), s.n * s.k)?;
+    need(OP, "C", c.len(), s.m * s.n)?;
+    let (m, n, k) = (int(OP, "M", s.m)?, int(OP, "N", s.n)?, int(OP, "K", s.k)?);
+    let f = dev.function("gemm", &format!("gemm_{}_tn", T::NAME))?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k);
+    l.arg(&k).arg(&k).arg(&n).arg(&s.alpha);
+    // SAFETY: argument types and order match gemm_*_tn; buffer lengths were checked
+    // against the shape, which bounds every index the kernel forms.
+    launch(OP, unsafe {
+        l.launch(cfg((blocks(s.n, 128), blocks(s.m, 128), 1), 256))
+    })
+}
+
+/// Attention problem: Q, O `[batch, sq, heads, d]`; K, V `[batch, sk, kv_heads, d]`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+/// FlashAttention-style forward (`kernels/flash_attention.cu`); d ∈ {64, 128}.
+pub fn flash_attention<T: Half16>(
+    dev: &Device,
+    q: &CudaSlice<T>,
+    k: &CudaSlice<T>,
+    v: &CudaSlice<T>,
+    o: &mut CudaSlice<T>,
+    s: AttentionShape,
+) -> Res {
+    const OP: &str = "cuda attention";
+    if !(s.d == 64 || s.d == 128) {
+        return Err(CudaError::shape(
+            OP,
+            format!("head dim {} (64 or 128)", s.d),
+        ));
+    }
+    if s.batch == 0
+        || s.sq == 0
+        || s.sk == 0
+        || s.kv_heads == 0
+        || !s.heads.is_multiple_of(s.kv_heads)
+    {
+        return Err(CudaError::shape(
+            OP,
+            format!(
+                "batch {}, sq {}, sk {}, {} heads over {} KV heads",
+                s.batch, s.sq, s.sk, s.heads, s.kv_heads
+            ),
+        ));
+    }
+    need(OP, "Q", q.len(), s.batch * s.sq * s.heads * s.d)?;
+    need(OP, "O", o.len(), s.batch * s.sq * s.heads * s.d)?;
+    need(OP, "K", k.len(), s.batch * s.sk * s.kv_heads * s.d)?;
+    need(OP, "V", v.len(), s.batch * s.sk * s.kv_heads * s.d)?;
+    let (sq, sk) = (int(OP, "sq", s.sq)?, int(OP, "sk", s.sk)?);
+    let (heads, kvh) = (int(OP, "heads", s.heads)?, int(OP, "kv heads", s.kv_heads)?);
+    let causal = s.causal as i32;
+    let f = dev.function(
+        "flash_attention",
+        &format!("flash_fwd_{}_d{}", T::NAME, s.d),
+    )?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(q).arg(k).arg(v).arg(o).arg(&sq).arg(&sk);
+    l.arg(&heads).arg(&kvh).arg(&s.scale).arg(&causal);
+    let grid = (blocks(s.sq, 64), s.heads as u32, s.batch as u32);
+    // SAFETY: types and order match flash_fwd_*; lengths checked against the shape.
+    launch(OP, unsafe { l.launch(cfg(grid, 128)) })
+}
+
+/// Paged decode attention problem (cache layout as the CPU op's).
+#[derive(Clone, Copy, Debug)]
+pub struct PagedShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub scale: f32,
+    /// Tokens per split; 0 chooses enough splits to fill the GPU.
+    pub chunk: usize,
+}
+
+/// Decode attention over a paged bf16 KV cache (`kernels/paged_attention.cu`). One query
+/// token per sequence: `q`, `out` `[seqs, heads, d]` f32; `tables` `[seqs, max_blocks]`
+/// and `lens` on the host, validated, then uploaded.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    dev: &Device,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<bf16>,
+    v_cache: &CudaSlice<bf16>,
+    tables: &[u32],
+    lens: &[usize],
+    out: &mut CudaSlice<f32>,
+    s: PagedShape,
+) -> Res {
+    const OP: &str = "cuda paged attention";
+    let seqs = lens.len();
+    if seqs == 0
+        || s.d == 0
+        || !s.d.is_multiple_of(2)
+        || s.d > 256
+        || s.block_size == 0
+        || s.kv_heads == 0
+        || !s.heads.is_multiple_of(s.kv_heads)
+        || !tables.len().is_multiple_of(seqs)
+    {
+        return Err(CudaError::shape(
+            OP,
+            format!(
+                "{seqs} sequences, {} table entries, d {}, block size {}, {} heads over {}",
+                tables.len(),
+                s.d,
+                s.block_size,
+                s.heads,
+                s.kv_heads
+            ),
+        ));
+    }
+    let max_blocks = tables.len() / seqs;
+    let cache = s.num_blocks * s.block_size * s.kv_heads * s.d;
+    need(OP, "K cache", k_cache.len(), cache)?;
+    need(OP, "V cache", v_cache.len(), cache)?;
+    need(OP, "q", q.len(), seqs * s.heads * s.d)?;
+    need(OP, "out", out.len(), seqs * s.heads * s.d)?;
+    for (i, &len) in lens.iter().enumerate() {
+        let used = len.div_ceil(s.block_size);
+        if len == 0 || used > max_blocks {
+            return Err(CudaError::shape(
+                OP,
+                format!("sequence {i}: {len} tokens, {max_blocks} blocks in its table"),
+            ));
+        }
+        if let Some(b) = tables[i * max_blocks..][..used]
+            .iter()
+            .find(|&&b| b as usize >= s.num_blocks)
+        {
+            return Err(CudaError::shape(
+                OP,
+                format!("sequence {i}: block id {b} ≥ {} blocks", s.num_blocks),
+            ));
+        }
+    }
+    let max_len = lens.iter().copied().max().unwrap_or(1);
+    let want_blocks = 264usize; // about 2 per SM on an H100 (132 SMs)
+    let chunk = if s.chunk > 0 {
+        s.chunk
+    } else {
+        let splits = want_blocks.div_ceil(seqs * s.heads).max(1);
+        max_len.div_ceil(splits).max(64)
+    };
+    let splits = max_len.div_ceil(chunk);
+    let lens32: Vec<i32> = lens
+        .iter()
+        .map(|&l| int(OP, "context length", l))
+        .collect::<Result<_, _>>()?;
+    let d_tables = dev.upload(tables)?;
+    let d_lens = dev.upload(&lens32)?;
+    let parts = seqs * s.heads * splits;
+    let mut part_ml = dev.zeros::<f32>(2 * parts)?;
+    let mut part_acc = dev.zeros::<f32>(parts * s.d)?;
+    let (heads, kvh, d) = (
+        int(OP, "heads", s.heads)?,
+        int(OP, "kv heads", s.kv_heads)?,
+        int(OP, "d", s.d)?,
+    );
+    let (bs, mb, ch) = (
+        int(OP, "block size", s.block_size)?,
+        int(OP, "blocks", max_blocks)?,
+        int(OP, "chunk", chunk)?,
+    );
+    let f = dev.function("paged_attention", "paged_attention_partial")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(q)
+        .arg(k_cache)
+        .arg(v_cache)
+        .arg(&d_tables)
+        .arg(&d_lens);
+    l.arg(&mut part_ml)
+        .arg(&mut part_acc)
+        .arg(&heads)
+        .arg(&kvh)
+        .arg(&d);
+    l.arg(&bs).arg(&mb).arg(&ch).arg(&s.scale);
+    let grid = (s.heads as u32, seqs as u32, splits as u32);
+    // SAFETY: types and order match paged_attention_partial; the cache, q and the
+    // workspace hold what the shape implies; every table entry a length reaches was
+    // checked to be a valid block id.
+    launch(OP, unsafe { l.launch(cfg(grid, 128)) })?;
+    let f = dev.function("paged_attention", "paged_attention_combine")?;
+    let mut l = dev.stream().launch_builder(&f);
+    let splits32 = int(OP, "splits", splits)?;
+    l.arg(&part_ml)
+        .arg(&part_acc)
+        .arg(out)
+        .arg(&heads)
+        .arg(&d)
+        .arg(&splits32);
+    let block = (s.d.div_ceil(32) * 32) as u32;
+    // SAFETY: as above; the combine reads the workspace the first launch wrote.
+    launch(OP, unsafe {
+        l.launch(cfg((s.heads as u32, seqs as u32, 1), block))
+    })
+}
+
+/// The ggml block formats `qmatvec` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockFormat {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl BlockFormat {
+    /// Bytes per 32-weight block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4_1 => 20,
+            BlockFormat::Q8_0 => 34,
+        }
+    }
+    fn entry(self) -> &'static str {
+        match self {
+            BlockFormat::Q4_0 => "qmatvec_q4_0",
+            BlockFormat::Q4_1 => "qmatvec_q4_1",
+            BlockFormat::Q8_0 => "qmatvec_q8_0",
+        }
+    }
+}
+
+/// `y[N] = W[N, K] · x[K]` with W in a ggml block format, bytes as GGUF stores them.
+pub fn qmatvec(
+    dev: &Device,
+    format: BlockFormat,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (n, k): (usize, usize),
+) -> Res {
+    const OP: &str = "cuda qmatvec";
+    if n == 0 || k == 0 || k % 32 != 0 {
+        return Err(CudaError::shape(
+            OP,
+            format!("{n}×{k}: K a positive multiple of 32"),
+        ));
+    }
+    need(OP, "W", w.len(), n * (k / 32) * format.block_bytes())?;
+    need(OP, "x", x.len(), k)?;
+    need(OP, "y", y.len(), n)?;
+    let (n32, k32) = (int(OP, "N", n)?, int(OP, "K", k)?);
+    let f = dev.function("qmatvec", format.entry())?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(w).arg(x).arg(y).arg(&n32).arg(&k32);
+    // SAFETY: types and order match qmatvec_*; lengths checked.
+    launch(OP, unsafe { l.launch(cfg((blocks(n, 8), 1, 1), 256)) })
+}
+
+/// `y[N] = scale ⊙ (W[N, K] · x[K])` with per-channel INT8 weights; K a multiple of 4.
+pub fn qmatvec_i8(
+    dev: &Device,
+    w: &CudaSlice<i8>,
+    scales: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (n, k): (usize, usize),
+) -> Res {
+    const OP: &str = "cuda qmatvec_i8";
+    if n == 0 || k == 0 || k % 4 != 0 {
+        return Err(CudaError::shape(
+            OP,
+            format!("{n}×{k}: K a positive multiple of 4"),
+        ));
+    }
+    need(OP, "W", w.len(), n * k)?;
+    need(OP, "scales", scales.len(), n)?;
+    need(OP, "x", x.len(), k)?;
+    need(OP, "y", y.len(), n)?;
+    let (n32, k32) = (int(OP, "N", n)?, int(OP, "K", k)?);
+    let f = dev.function("qmatvec", "qmatvec_i8")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(w).arg(scales).arg(x).arg(y).arg(&n32).arg(&k32);
+    // SAFETY: types and order match qmatvec_i8; lengths checked.
+    launch(OP, unsafe { l.launch(cfg((blocks(n, 8), 1, 1), 256)) })
+}
+
+/// RMSNorm of `rows` rows of `cols`: `x += residual` first when given (x is updated, as
+/// the CPU op's fused form), then `out = x / rms(x) · gamma`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    dev: &Device,
+    x: &mut CudaSlice<f32>,
+    residual: Option<&CudaSlice<f32>>,
+    gamma: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+    eps: f32,
+) -> Res {
+    const OP: &str = "cuda rms_norm";
+    if rows == 0 || cols == 0 {
+        return Err(CudaError::shape(OP, format!("{rows}×{cols}")));
+    }
+    need(OP, "x", x.len(), rows * cols)?;
+    need(OP, "out", out.len(), rows * cols)?;
+    need(OP, "gamma", gamma.len(), cols)?;
+    if let Some(r) = residual {
+        need(OP, "residual", r.len(), rows * cols)?;
+    }
+    let c = int(OP, "cols", cols)?;
+    let f = dev.function("rms_norm", "rms_norm_residual_f32")?;
+    let mut l = dev.stream().launch_builder(&f);
+    let null: u64 = 0;
+    l.arg(x);
+    match residual {
+        Some(r) => l.arg(r),
+        None => l.arg(&null),
+    };
+    l.arg(gamma).arg(out).arg(&c).arg(&eps);
+    // SAFETY: types and order match rms_norm_residual_f32 (a 0 pointer means no
+    // residual); one block per row of checked length.
+    launch(OP, unsafe { l.launch(cfg((rows as u32, 1, 1), 256)) })
+}
+
+/// Row-wise softmax of `rows` rows of `cols`.
+pub fn softmax(
+    dev: &Device,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> Res {
+    const OP: &str = "cuda softmax";
+    if rows == 0 || cols == 0 {
+        return Err(CudaError::shape(OP, format!("{rows}×{cols}")));
+    }
+    need(OP, "x", x.len(), rows * cols)?;
+    need(OP, "out", out.len(), rows * cols)?;
+    let c = int(OP, "cols", cols)?;
+    let f = dev.function("softmax", "softmax_f32")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(x).arg(out).arg(&c);
+    // SAFETY: types and order match softmax_f32; one block per checked row.
+    launch(OP, unsafe { l.launch(cfg((rows as u32, 1, 1), 256)) })
+}
+
+/// `out = silu(gate) · up`, elementwise over `n` values.
+pub fn swiglu(
+    dev: &Device,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+) -> Res {
+    const OP: &str = "cuda swiglu";
+    need(OP, "gate", gate.len(), n)?;
+    need(OP, "up", up.len(), n)?;
+    need(OP, "out", out.len(), n)?;
+    let n64 = n as i64;
+    let f = dev.function("swiglu", "swiglu_f32")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(gate).arg(up).arg(out).arg(&n64);
+    // SAFETY: types and order match swiglu_f32; the grid-stride loop stays below n.
+    launch(OP, unsafe {
+        l.launch(cfg((blocks(n, 256).clamp(1, 65535), 1, 1), 256))
+    })
+}
+
+/// Rotary embedding of `x [tokens, heads, d]` from host-built cos/sin tables
+/// `[tokens, d/2]`; `half_split` picks the NeoX pairing.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    dev: &Device,
+    x: &CudaSlice<f32>,
+    cos: &CudaSlice<f32>,
+    sin: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    (tokens, heads, d): (usize, usize, usize),
+    half_split: bool,
+) -> Res {
+    const OP: &str = "cuda rope";
+    if tokens == 0 || heads == 0 || d == 0 || d % 2 != 0 {
+        return Err(CudaError::shape(
+            OP,
+            format!("{tokens}×{heads}×{d} (d even)"),
+        ));
+    }
+    need(OP, "x", x.len(), tokens * heads * d)?;
+    need(OP, "out", out.len(), tokens * heads * d)?;
+    need(OP, "cos", cos.len(), tokens * d / 2)?;
+    need(OP, "sin", sin.len(), tokens * d / 2)?;
+    let (t, h, dd) = (
+        int(OP, "tokens", tokens)?,
+        int(OP, "heads", heads)?,
+        int(OP, "d", d)?,
+    );
+    let hs = half_split as i32;
+    let f = dev.function("rope", "rope_f32")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(x)
+        .arg(cos)
+        .arg(sin)
+        .arg(out)
+        .arg(&t)
+        .arg(&h)
+        .arg(&dd)
+        .arg(&hs);
+    // SAFETY: types and order match rope_f32; one thread per checked pair.
+    launch(OP, unsafe {
+        l.launch(cfg((blocks(tokens * heads * d / 2, 256), 1, 1), 256))
+    })
+}
+
+/// `out[t] = table[ids[t]]` for a `[vocab, dim]` table; ids checked on the host.
+pub fn embedding(
+    dev: &Device,
+    table: &CudaSlice<f32>,
+    ids: &[u32],
+    out: &mut CudaSlice<f32>,
+    (vocab, dim): (usize, usize),
+) -> Res {
+    const OP: &str = "cuda embedding";
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(CudaError::shape(
+            OP,
+            format!("token id {bad} ≥ vocabulary {vocab}"),
+        ));
+    }
+    if ids.is_empty() || dim == 0 {
+        return Err(CudaError::shape(
+            OP,
+            format!("{} ids, dim {dim}", ids.len()),
+        ));
+    }
+    need(OP, "table", table.len(), vocab * dim)?;
+    need(OP, "out", out.len(), ids.len() * dim)?;
+    let d_ids = dev.upload(ids)?;
+    let (t, d, v) = (
+        int(OP, "tokens", ids.len())?,
+        int(OP, "dim", dim)?,
+        vocab.min(u32::MAX as usize) as u32,
+    );
+    let f = dev.function("embedding", "embedding_f32")?;
+    let mut l = dev.stream().launch_builder(&f);
+    l.arg(table).arg(&d_ids).arg(out).arg(&t).arg(&d).arg(&v);
+    // SAFETY: types and order match embedding_f32; ids were checked against vocab.
+    launch(OP, unsafe {
+        l.launch(cfg(
+            (blocks(ids.len() * dim, 256).clamp(1, 65535), 1, 1),
+            256,
+        ))
+    })
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, in one call.
+#
+#   scripts/gpu-check.sh build   # here (Rust machine): builds the x86-64 test and bench
+#                                # binaries into gpu-bin/ (carry it to the device)
+#   scripts/gpu-check.sh         # on the device: CUDA tests, our benchmarks and the
+#                                # PyTorch/cuBLAS peers in the same run; table to $OUT
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == build ]]; then
+  mkdir -p gpu-bin
+  cargo build --release -p tessera-cuda --example gpu_bench
+  cp target/release/examples/gpu_bench gpu-bin/
+  bin=$(cargo test --release -p tessera-cuda --test device --no-run --message-format=json \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "device":
+        print(m["executable"])')
+  cp "$bin" gpu-bin/device-tests
+  ls -l gpu-bin
+  exit 0
+fi
+
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+# NVRTC and the CUDA headers of the machine's toolkit.
+cuda="${CUDA_HOME:-/usr/local/cuda}"
+export TESSERA_CUDA_INCLUDE="${TESSERA_CUDA_INCLUDE:-$cuda/include}"
+export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TESSERA_CUDA_CACHE="$out/cubin-cache"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+status=0
+./gpu-bin/device-tests --test-threads=1 2>&1 | tee "$out/tests.txt" || status=1
+./gpu-bin/gpu_bench > "$out/ours.jsonl" 2> "$out/ours.err" || status=1
+python3 scripts/gpu_peers.py > "$out/peers.jsonl" 2> "$out/peers.err" || status=1
+
+python3 - "$out" <<'PY' | tee "$out/table.md"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+rows = {}
+for f in ("ours.jsonl", "peers.jsonl"):
+    p = out / f
+    if p.exists():
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            rows[r["kernel"]] = r
+print("| kernel | shape | ms | TFLOP/s or GB/s | vs peer |")
+print("|---|---|---|---|---|")
+peer = {"gemm_bf16": "cublas_gemm_bf16", "flash_attention_bf16": "torch_sdpa_bf16"}
+hbm = rows.get("hbm_copy", {}).get("gbs")
+for name, r in rows.items():
+    rate = r.get("tflops", r.get("gbs"))
+    vs = ""
+    if name in peer and peer[name] in rows:
+        vs = f'{rows[peer[name]]["ms"] / r["ms"]:.2f}× {peer[name]}'
+    elif "gbs" in r and hbm and name != "hbm_copy":
+        vs = f'{100 * r["gbs"] / hbm:.0f}% of HBM copy'
+    print(f'| {name} | {r["shape"]} | {r["ms"]:.3f} | {rate:.1f} | {vs} |')
+PY
+exit $status
