@@ -5,8 +5,9 @@
 //! value times 2^-(127−bias) — for subnormal codes too, which land on f32 subnormals
 //! with the same mantissa. One multiply by 2^(127−bias) restores the value exactly
 //! (before the products, so nothing tiny is ever multiplied into the sums). That is a
-//! few integer ops and one multiply per 16 weights, which every ISA vectorizes, so one
-//! portable kernel serves all of them. Each row's sum gets its scale once at the end.
+//! few integer ops and one multiply per 8 weights: the AVX2 byte-weight kernel shared
+//! with INT8 (`byte_rows`) on x86, a portable loop elsewhere. Each row's sum gets its
+//! scale once at the end.
 //! NaN/∞ codes decode to finite garbage here, but their rows carry a NaN scale.
 //!
 //! Large M goes through the shared prefill path (rows dequantized into the f32 GEMM).
