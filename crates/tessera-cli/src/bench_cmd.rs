@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// and numpy/OpenBLAS for f32 GEMM when python3 has numpy.
     #[arg(long)]
     peers: bool,
+    /// Also write every timed call as a Chrome trace / Perfetto JSON file.
+    #[arg(long, value_name = "TRACE.json")]
+    profile: Option<std::path::PathBuf>,
 }
 
 impl Selection {
@@ -81,6 +84,46 @@ pub fn collect(
     opts: &BenchOptions,
     quiet: bool,
 ) -> Result<Vec<bench::BenchResult>> {
+    let jobs = jobs(sel, default_variant)?;
+    let bar = crate::progress::bar(jobs.len() as u64, "bench");
+    let mut results = Vec::new();
+    for job in &jobs {
+        bar.set_message(format!(
+            "{} {} {} {}",
+            job.op, job.problem, job.dtype, job.variant
+        ));
+        let spec = BenchSpec {
+            op: job.op,
+            problem: job.problem.as_ref(),
+            dtype: job.dtype,
+            variant: &job.variant,
+            config: &job.config,
+            bf16_dot: job.variant.label.contains("dpbf16"),
+        };
+        let r = bench::run(&spec, ceilings, opts)?;
+        if !quiet {
+            let row = report::bench_table(std::slice::from_ref(&r));
+            bar.suspend(|| eprintln!("{}", row.lines().nth(2).unwrap_or_default()));
+        }
+        bar.inc(1);
+        results.push(r);
+    }
+    bar.finish_and_clear();
+    Ok(results)
+}
+
+/// One benchmark to run: everything `BenchSpec` borrows, owned.
+struct Job {
+    op: &'static str,
+    problem: Box<dyn ProblemCase>,
+    dtype: DType,
+    variant: registry::Variant,
+    config: registry::TuneConfig,
+}
+
+/// Every (op, problem, dtype, variant) the selection names, with its configuration
+/// (`--set` overrides on the defaults), in run order.
+fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
     let ops = if sel.all || sel.ops.is_empty() {
         if !sel.all {
             bail!("name an op (see `tessera ops`) or pass --all");
@@ -90,19 +133,15 @@ pub fn collect(
         super::selected_ops(&sel.ops)?
     };
     let variant_filter = sel.variant.as_deref().or(default_variant);
-    let mut results = Vec::new();
+    let mut jobs = Vec::new();
     for op in ops {
-        let problems: Vec<(String, Box<dyn ProblemCase>)> = match &sel.shape {
-            Some(s) => vec![(
-                s.clone(),
-                op.parse_problem(s)
-                    .with_context(|| format!("--shape for {}", op.name()))?,
-            )],
-            None => op
-                .bench_problems()
-                .into_iter()
-                .map(|(n, p)| (n.to_string(), p))
-                .collect(),
+        let problems = |op: &dyn registry::OpSpec| -> Result<Vec<Box<dyn ProblemCase>>> {
+            Ok(match &sel.shape {
+                Some(s) => vec![op
+                    .parse_problem(s)
+                    .with_context(|| format!("--shape for {}", op.name()))?],
+                None => op.bench_problems().into_iter().map(|(_, p)| p).collect(),
+            })
         };
         for &dtype in op
             .dtypes()
@@ -111,47 +150,55 @@ pub fn collect(
         {
             for variant in op
                 .variants(dtype)
-                .iter()
+                .into_iter()
                 .filter(|v| variant_filter.is_none_or(|x| x == v.label))
             {
-                for (_, problem) in problems.iter().filter(|(_, p)| p.supports(dtype)) {
-                    let mut config = problem.tune_space().defaults();
+                for problem in problems(op)?.into_iter().filter(|p| p.supports(dtype)) {
+                    let space = problem.tune_space();
+                    let mut config = space.defaults();
                     for (k, v) in &sel.set {
-                        let name = problem
-                            .tune_space()
-                            .0
-                            .iter()
-                            .find(|p| p.name == k)
-                            .map(|p| p.name);
-                        match name {
-                            Some(n) => config.set(n, *v),
+                        match space.0.iter().find(|p| p.name == k) {
+                            Some(p) => config.set(p.name, *v),
                             None => bail!("{} has no tunable '{k}'", op.name()),
                         }
                     }
-                    let spec = BenchSpec {
+                    jobs.push(Job {
                         op: op.name(),
-                        problem: problem.as_ref(),
+                        problem,
                         dtype,
-                        variant,
-                        config: &config,
-                        bf16_dot: variant.label.contains("dpbf16"),
-                    };
-                    let r = bench::run(&spec, ceilings, opts)?;
-                    if !quiet {
-                        eprintln!(
-                            "{}",
-                            report::bench_table(std::slice::from_ref(&r))
-                                .lines()
-                                .nth(2)
-                                .unwrap_or_default()
-                        );
-                    }
-                    results.push(r);
+                        variant: variant.clone(),
+                        config,
+                    });
                 }
             }
         }
     }
-    Ok(results)
+    Ok(jobs)
+}
+
+/// Every timed call of every result as a Chrome trace / Perfetto JSON slice (the
+/// engine's trace format), each with its problem, dtype, variant, FLOPs and bytes.
+fn write_trace(path: &std::path::Path, results: &[bench::BenchResult]) -> Result<usize> {
+    use tessera_engine::profile::{chrome_trace, OpEvent};
+    let mut events = Vec::new();
+    for r in results {
+        let op = registry::find(&r.op).map_or("unknown", |o| o.name());
+        let shape = format!("{} {} {} [{}]", r.problem, r.dtype, r.variant, r.config);
+        for (&start, &dur) in r.sample_starts_s.iter().zip(&r.samples_s) {
+            events.push(OpEvent {
+                op,
+                phase: "bench",
+                shape: shape.clone(),
+                start_us: start * 1e6,
+                dur_us: dur * 1e6,
+                flops: r.flops,
+                bytes: r.bytes,
+            });
+        }
+    }
+    std::fs::write(path, chrome_trace(&events))
+        .with_context(|| format!("writing the trace to {}", path.display()))?;
+    Ok(events.len())
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -161,6 +208,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ..Default::default()
     };
     let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;
+    if let Some(path) = &args.profile {
+        let n = write_trace(path, &results)?;
+        eprintln!("wrote {n} kernel calls to {}", path.display());
+    }
     let peers = if args.peers {
         peer_rows(&args.sel, &results)?
     } else {
@@ -270,4 +321,64 @@ fn peer_table(rows: &[PeerRow]) -> String {
             &body
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_has_one_slice_per_timed_call() {
+        let r = bench::BenchResult {
+            op: "rms_norm".into(),
+            problem: "4x8".into(),
+            dtype: "f32".into(),
+            variant: "scalar".into(),
+            config: "threads=1".into(),
+            samples_s: vec![2e-6, 3e-6],
+            sample_starts_s: vec![1.0, 1.5],
+            median_s: 2.5e-6,
+            spread: 0.1,
+            flops: 96.0,
+            bytes: 288.0,
+            gflops: 0.0,
+            gbps: 0.0,
+            roofline_pct: 0.0,
+            dram_gbps: 1.0,
+            peak_gflops: 1.0,
+            bound: "memory",
+            rotation: 1,
+        };
+        let path = std::env::temp_dir().join(format!("tessera-trace-{}.json", std::process::id()));
+        assert_eq!(write_trace(&path, &[r]).unwrap(), 2);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1]["name"], "rms_norm");
+        assert_eq!(events[1]["ts"], 1.5e6);
+        assert_eq!(events[1]["dur"], 3.0);
+        assert_eq!(events[0]["args"]["bytes"], 288.0);
+        assert!(events[0]["args"]["shape"]
+            .as_str()
+            .unwrap()
+            .contains("4x8 f32 scalar"));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn jobs_expand_the_selection_and_reject_unknown_tunables() {
+        let sel = |set: Vec<(String, usize)>| Selection {
+            ops: vec!["rms_norm".into()],
+            all: false,
+            shape: Some("3x64".into()),
+            dtype: Some(DType::F32),
+            variant: Some("scalar".into()),
+            set,
+        };
+        let j = jobs(&sel(vec![("threads".into(), 1)]), None).unwrap();
+        assert_eq!(j.len(), 1);
+        assert_eq!((j[0].op, j[0].config.get("threads")), ("rms_norm", Some(1)));
+        assert!(jobs(&sel(vec![("bogus".into(), 1)]), None).is_err());
+    }
 }

@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod profile_cmd;
+mod progress;
 mod quant_cmd;
 mod regress_cmd;
 mod roofline_cmd;

@@ -59,8 +59,8 @@ pub fn run(a: TuneArgs) -> Result<()> {
     let ops = super::selected_ops(&a.ops)?;
     let ceilings = bench_cmd::calibrate();
     let isa = tessera_core::Isa::best();
-    let mut rows = Vec::new();
-    let mut entries = Vec::new();
+    // Everything to search first, so progress can be shown against the total.
+    let mut per_op = Vec::new();
     for op in ops {
         let problems: Vec<Box<dyn ProblemCase>> = match &a.shape {
             Some(s) => vec![op
@@ -68,47 +68,62 @@ pub fn run(a: TuneArgs) -> Result<()> {
                 .with_context(|| format!("--shape for {}", op.name()))?],
             None => op.bench_problems().into_iter().map(|(_, p)| p).collect(),
         };
+        per_op.push((op, problems));
+    }
+    let mut targets = Vec::new();
+    for (op, problems) in &per_op {
         for &dtype in op
             .dtypes()
             .iter()
             .filter(|d| a.dtype.is_none_or(|x| x == **d))
         {
-            let variants = op.variants(dtype);
-            let Some(variant) = variants.iter().find(|v| v.label == isa.name()) else {
+            let Some(variant) = op
+                .variants(dtype)
+                .into_iter()
+                .find(|v| v.label == isa.name())
+            else {
                 continue;
             };
-            for problem in &problems {
-                if problem.tune_space().size() <= 1 || !problem.supports(dtype) {
-                    continue;
-                }
-                let t = Target {
-                    op,
-                    problem: problem.as_ref(),
-                    dtype,
-                    variant,
-                };
-                eprintln!(
-                    "tuning {t:?} ({} configurations)...",
-                    problem.tune_space().size()
-                );
-                let o = tune::search(&t, &ceilings, Duration::from_millis(a.budget_ms))?;
-                rows.push(vec![
-                    format!("{} {} {}", op.name(), o.problem, dtype),
-                    format!("{:.1} µs", o.default_s * 1e6),
-                    format!("{:.1} µs", o.best_s * 1e6),
-                    format!("{:.2}×", o.default_s / o.best_s),
-                    o.best.to_string(),
-                    format!("{} ({} rejected)", o.evaluated, o.rejected),
-                    if o.entry.is_some() {
-                        "yes".into()
-                    } else {
-                        "no (not looked up at run time)".into()
-                    },
-                ]);
-                entries.extend(o.entry.iter().map(CacheEntry::from_tuned));
+            for problem in problems
+                .iter()
+                .filter(|p| p.tune_space().size() > 1 && p.supports(dtype))
+            {
+                targets.push((*op, problem.as_ref(), dtype, variant.clone()));
             }
         }
     }
+    let bar = crate::progress::bar(targets.len() as u64, "tune");
+    let mut rows = Vec::new();
+    let mut entries = Vec::new();
+    for (op, problem, dtype, variant) in &targets {
+        let t = Target {
+            op: *op,
+            problem: *problem,
+            dtype: *dtype,
+            variant,
+        };
+        bar.set_message(format!(
+            "{t:?} ({} configurations)",
+            problem.tune_space().size()
+        ));
+        let o = tune::search(&t, &ceilings, Duration::from_millis(a.budget_ms))?;
+        bar.inc(1);
+        rows.push(vec![
+            format!("{} {} {}", op.name(), o.problem, dtype),
+            format!("{:.1} µs", o.default_s * 1e6),
+            format!("{:.1} µs", o.best_s * 1e6),
+            format!("{:.2}×", o.default_s / o.best_s),
+            o.best.to_string(),
+            format!("{} ({} rejected)", o.evaluated, o.rejected),
+            if o.entry.is_some() {
+                "yes".into()
+            } else {
+                "no (not looked up at run time)".into()
+            },
+        ]);
+        entries.extend(o.entry.iter().map(CacheEntry::from_tuned));
+    }
+    bar.finish_and_clear();
     if rows.is_empty() {
         bail!("nothing to tune (no tunable space for the selection)");
     }

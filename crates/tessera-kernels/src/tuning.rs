@@ -164,6 +164,29 @@ mod tests {
             tuned_blocking(isa, DType::BF16, 60, 50, 33).kc,
             default_blocking(isa).kc
         );
+
+        // So does paged attention's split size (chunk), keyed by its own dims.
+        use crate::ops::paged_attention::{self as paged, tuned_chunk};
+        let dims = paged::tune_dims(4, 4 * 300, 2, 64);
+        install(vec![TunedEntry {
+            op: "paged_attention".into(),
+            dtype: "f32".into(),
+            variant: isa.name().into(),
+            bucket: bucket(&dims),
+            space: space_checksum(&paged::tune_space()),
+            config: vec![("chunk".into(), 128), ("threads".into(), 1)],
+        }]);
+        assert_eq!(tuned_chunk(isa, DType::F32, &dims), Some(128));
+        // Mean context 280 shares the bucket; 64 sequences or bf16 do not.
+        assert_eq!(
+            tuned_chunk(isa, DType::F32, &paged::tune_dims(4, 4 * 280, 2, 64)),
+            Some(128)
+        );
+        assert_eq!(
+            tuned_chunk(isa, DType::F32, &paged::tune_dims(64, 64 * 300, 2, 64)),
+            None
+        );
+        assert_eq!(tuned_chunk(isa, DType::BF16, &dims), None);
         install(Vec::new());
     }
 }

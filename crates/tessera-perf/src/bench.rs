@@ -22,6 +22,12 @@ pub fn llc_bytes() -> usize {
         << 20
 }
 
+/// The time origin of [`BenchResult::sample_starts_s`].
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
 /// How long and how often to sample.
 #[derive(Clone, Copy, Debug)]
 pub struct BenchOptions {
@@ -52,6 +58,9 @@ pub struct BenchResult {
     pub variant: String,
     pub config: String,
     pub samples_s: Vec<f64>,
+    /// When each sample started, seconds since the process's first benchmark (for
+    /// traces: `tessera bench --profile`).
+    pub sample_starts_s: Vec<f64>,
     pub median_s: f64,
     pub spread: f64,
     pub flops: f64,
@@ -90,6 +99,7 @@ pub struct BenchSpec<'a> {
 
 /// Benchmarks one (problem, dtype, variant, config).
 pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Result<BenchResult> {
+    epoch();
     let cost = spec.problem.cost(spec.dtype);
     let peak = ceilings.peak_gflops(spec.bf16_dot);
     let mem_bound = memory_bound(&cost, peak, ceilings);
@@ -117,6 +127,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let peak_probe = || crate::calibrate::compute_now(ceilings.threads, spec.bf16_dot);
     let peak_before = if mem_bound { peak } else { peak_probe() };
     let mut samples = Vec::new();
+    let mut starts = Vec::new();
     let start = Instant::now();
     let mut i = 0;
     while samples.len() < opts.max_samples {
@@ -125,6 +136,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         let t = Instant::now();
         inst.run(spec.variant, spec.config)?;
         samples.push(t.elapsed().as_secs_f64());
+        starts.push(t.duration_since(epoch()).as_secs_f64());
         i += 1;
         // The spread check sorts every sample: only every 16th one, or µs-scale ops
         // would spend most of their budget sorting.
@@ -160,6 +172,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         config: spec.config.to_string(),
         spread: stats::rel_spread(&samples),
         samples_s: samples,
+        sample_starts_s: starts,
         median_s: median,
         flops: cost.flops,
         bytes: cost.bytes,

@@ -18,6 +18,7 @@ mod spec;
 pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32};
 
 use crate::pool::{self, SharedMut};
+use crate::registry::{TuneParam, TuneSpace};
 use crate::simd::exp;
 use tessera_core::{Element, Error, Isa, Result, TensorView, TensorViewMut};
 
@@ -52,6 +53,45 @@ pub struct PagedParams {
 /// Largest chunk: long runs amortise each task's setup (query gather, score buffers,
 /// the merge) and keep the prefetch stream going; measured best at 1024 on 16×2048.
 pub const MAX_CHUNK: usize = 1024;
+
+/// The tunable parameters: the split granularity and the thread count.
+pub fn tune_space() -> TuneSpace {
+    let t = pool::global().threads();
+    TuneSpace(vec![
+        TuneParam {
+            name: "chunk",
+            default: 0,
+            choices: vec![64, 128, 256, 512, 1024],
+        },
+        TuneParam {
+            name: "threads",
+            default: t,
+            choices: (1..=t).collect(),
+        },
+    ])
+}
+
+/// What a tuned chunk is keyed by (bucketed by the tuning cache): sequences, mean
+/// context length, KV heads, head dim — the quantities the best split depends on.
+pub fn tune_dims(seqs: usize, total_tokens: usize, kv_heads: usize, d: usize) -> Vec<usize> {
+    vec![seqs, total_tokens / seqs.max(1), kv_heads, d]
+}
+
+/// The chunk `tessera tune` chose for such a call on this machine, if any. (The tuned
+/// thread count is not applied: callers choose their threads.)
+pub(crate) fn tuned_chunk(isa: Isa, dtype: tessera_core::DType, dims: &[usize]) -> Option<usize> {
+    if crate::tuning::is_empty() {
+        return None;
+    }
+    let cfg = crate::tuning::lookup(
+        "paged_attention",
+        &dtype.to_string(),
+        isa.name(),
+        dims,
+        &tune_space(),
+    )?;
+    cfg.get("chunk").filter(|&c| c > 0)
+}
 
 /// Tokens per task when the caller leaves it to us: about four tasks per thread (so
 /// uneven sequences still balance), at least 64 tokens, at most [`MAX_CHUNK`].
@@ -180,7 +220,11 @@ pub fn paged_attention<T: Element>(
     check(q, cache, seqs, o)?;
     let (n, heads, d) = (q.dims()[0], q.dims()[1], q.dims()[2]);
     let chunk = match p.chunk {
-        0 => auto_chunk(seqs.context_lens.iter().sum(), p.threads),
+        0 => {
+            let total = seqs.context_lens.iter().sum();
+            tuned_chunk(isa, T::DTYPE, &tune_dims(n, total, cache.kv_heads, d))
+                .unwrap_or_else(|| auto_chunk(total, p.threads))
+        }
         c => c,
     };
     // Task list: (seq, chunk index); partials land in task-indexed slots.

@@ -4,8 +4,8 @@ use super::{paged_attention, PagedKvCache, PagedParams, PagedSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
 use crate::registry::{
-    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
-    TuneSpace, Variant,
+    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneSpace,
+    Variant,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -152,19 +152,16 @@ impl ProblemCase for PagedProblem {
         }
     }
     fn tune_space(&self) -> TuneSpace {
-        let t = crate::pool::global().threads();
-        TuneSpace(vec![
-            TuneParam {
-                name: "chunk",
-                default: 0,
-                choices: vec![64, 128, 256, 512, 1024],
-            },
-            TuneParam {
-                name: "threads",
-                default: t,
-                choices: (1..=t).collect(),
-            },
-        ])
+        super::tune_space()
+    }
+    fn tune_dims(&self) -> Option<Vec<usize>> {
+        let total = self.context_lens.iter().sum();
+        Some(super::tune_dims(
+            self.context_lens.len(),
+            total,
+            self.kv_heads,
+            self.d,
+        ))
     }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         match dtype {
