@@ -4,8 +4,8 @@
 //!
 //! - [`nvrtc`]: compilation to CUBIN for the device's real architecture, cached on disk.
 //! - [`Device`]: a context, its stream, modules loaded once per kernel source.
-//! - [`ops`]: one launcher per kernel with its shape checks (typed parameter structs),
-//!   on device buffers.
+//! - [`ops`]: one launcher per kernel (typed parameter structs), on device buffers;
+//!   [`checks`]: their argument checks as pure functions, tested without a GPU.
 //!
 //! cudarc panics when a CUDA library is missing, so every entry point checks for the
 //! library first ([`nvrtc_available`], [`driver_available`]) and turns absence into
@@ -14,6 +14,7 @@
 //! Status: every kernel is compile-checked (CUBIN for sm_80 and sm_90, in CI); none has
 //! yet run on a GPU in this project, and nothing in the engine dispatches to them.
 
+pub mod checks;
 mod device;
 pub mod nvrtc;
 pub mod ops;

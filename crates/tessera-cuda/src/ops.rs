@@ -3,6 +3,7 @@
 //! grid, launches on the device's stream. Inputs that index memory (block tables,
 //! token ids, context lengths) are taken on the host and validated before upload.
 
+use crate::checks::{self, int, need};
 use crate::{CudaError, Device};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
@@ -20,21 +21,6 @@ impl Half16 for f16 {
 }
 
 type Res = Result<(), CudaError>;
-
-fn need(op: &'static str, what: &str, have: usize, want: usize) -> Res {
-    if have < want {
-        return Err(CudaError::shape(
-            op,
-            format!("{what} holds {have} elements, needs {want}"),
-        ));
-    }
-    Ok(())
-}
-
-/// `v` as a kernel's `int`, or an error for sizes the kernels' 32-bit indices cannot hold.
-fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| CudaError::shape(op, format!("{what} = {v} exceeds 2^31 − 1")))
-}
 
 fn launch(what: &str, r: Result<Option<impl Sized>, cudarc::driver::DriverError>) -> Res {
     r.map(|_| ())
@@ -71,19 +57,8 @@ pub fn gemm<T: Half16>(
     s: GemmShape,
 ) -> Res {
     const OP: &str = "cuda gemm";
-    if s.m == 0 || s.n == 0 || s.k == 0 || !s.k.is_multiple_of(8) {
-        return Err(CudaError::shape(
-            OP,
-            format!(
-                "{}×{}×{}: dims must be positive, K a multiple of 8",
-                s.m, s.n, s.k
-            ),
-        ));
-    }
-    need(OP, "A", a.len(), s.m * s.k)?;
-    need(OP, "B", b.len(), s.n * s.k)?;
-    need(OP, "C", c.len(), s.m * s.n)?;
-    let (m, n, k) = (int(OP, "M", s.m)?, int(OP, "N", s.n)?, int(OP, "K", s.k)?);
+    checks::gemm(&s, a.len(), b.len(), c.len())?;
+    let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
     let f = dev.function("gemm", &format!("gemm_{}_tn", T::NAME))?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(a).arg(b).arg(c).arg(&m).arg(&n).arg(&k);
@@ -118,32 +93,9 @@ pub fn flash_attention<T: Half16>(
     s: AttentionShape,
 ) -> Res {
     const OP: &str = "cuda attention";
-    if !(s.d == 64 || s.d == 128) {
-        return Err(CudaError::shape(
-            OP,
-            format!("head dim {} (64 or 128)", s.d),
-        ));
-    }
-    if s.batch == 0
-        || s.sq == 0
-        || s.sk == 0
-        || s.kv_heads == 0
-        || !s.heads.is_multiple_of(s.kv_heads)
-    {
-        return Err(CudaError::shape(
-            OP,
-            format!(
-                "batch {}, sq {}, sk {}, {} heads over {} KV heads",
-                s.batch, s.sq, s.sk, s.heads, s.kv_heads
-            ),
-        ));
-    }
-    need(OP, "Q", q.len(), s.batch * s.sq * s.heads * s.d)?;
-    need(OP, "O", o.len(), s.batch * s.sq * s.heads * s.d)?;
-    need(OP, "K", k.len(), s.batch * s.sk * s.kv_heads * s.d)?;
-    need(OP, "V", v.len(), s.batch * s.sk * s.kv_heads * s.d)?;
-    let (sq, sk) = (int(OP, "sq", s.sq)?, int(OP, "sk", s.sk)?);
-    let (heads, kvh) = (int(OP, "heads", s.heads)?, int(OP, "kv heads", s.kv_heads)?);
+    checks::attention(&s, q.len(), k.len(), v.len(), o.len())?;
+    let (sq, sk) = (s.sq as i32, s.sk as i32);
+    let (heads, kvh) = (s.heads as i32, s.kv_heads as i32);
     let causal = s.causal as i32;
     let f = dev.function(
         "flash_attention",
@@ -185,65 +137,11 @@ pub fn paged_attention(
     s: PagedShape,
 ) -> Res {
     const OP: &str = "cuda paged attention";
-    let seqs = lens.len();
-    if seqs == 0
-        || s.d == 0
-        || !s.d.is_multiple_of(2)
-        || s.d > 256
-        || s.block_size == 0
-        || s.kv_heads == 0
-        || !s.heads.is_multiple_of(s.kv_heads)
-        || !tables.len().is_multiple_of(seqs)
-    {
-        return Err(CudaError::shape(
-            OP,
-            format!(
-                "{seqs} sequences, {} table entries, d {}, block size {}, {} heads over {}",
-                tables.len(),
-                s.d,
-                s.block_size,
-                s.heads,
-                s.kv_heads
-            ),
-        ));
-    }
-    let max_blocks = tables.len() / seqs;
-    let cache = s.num_blocks * s.block_size * s.kv_heads * s.d;
-    need(OP, "K cache", k_cache.len(), cache)?;
-    need(OP, "V cache", v_cache.len(), cache)?;
-    need(OP, "q", q.len(), seqs * s.heads * s.d)?;
-    need(OP, "out", out.len(), seqs * s.heads * s.d)?;
-    for (i, &len) in lens.iter().enumerate() {
-        let used = len.div_ceil(s.block_size);
-        if len == 0 || used > max_blocks {
-            return Err(CudaError::shape(
-                OP,
-                format!("sequence {i}: {len} tokens, {max_blocks} blocks in its table"),
-            ));
-        }
-        if let Some(b) = tables[i * max_blocks..][..used]
-            .iter()
-            .find(|&&b| b as usize >= s.num_blocks)
-        {
-            return Err(CudaError::shape(
-                OP,
-                format!("sequence {i}: block id {b} ≥ {} blocks", s.num_blocks),
-            ));
-        }
-    }
-    let max_len = lens.iter().copied().max().unwrap_or(1);
-    let want_blocks = 264usize; // about 2 per SM on an H100 (132 SMs)
-    let chunk = if s.chunk > 0 {
-        s.chunk
-    } else {
-        let splits = want_blocks.div_ceil(seqs * s.heads).max(1);
-        max_len.div_ceil(splits).max(64)
-    };
-    let splits = max_len.div_ceil(chunk);
-    let lens32: Vec<i32> = lens
-        .iter()
-        .map(|&l| int(OP, "context length", l))
-        .collect::<Result<_, _>>()?;
+    let lengths = (q.len(), k_cache.len(), v_cache.len(), out.len());
+    let plan = checks::paged(&s, tables, lens, lengths)?;
+    let (seqs, splits) = (plan.seqs, plan.splits);
+    // Every length was checked to fit an int.
+    let lens32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
     let d_tables = dev.upload(tables)?;
     let d_lens = dev.upload(&lens32)?;
     let parts = seqs * s.heads * splits;
@@ -256,8 +154,8 @@ pub fn paged_attention(
     );
     let (bs, mb, ch) = (
         int(OP, "block size", s.block_size)?,
-        int(OP, "blocks", max_blocks)?,
-        int(OP, "chunk", chunk)?,
+        int(OP, "blocks", plan.max_blocks)?,
+        int(OP, "chunk", plan.chunk)?,
     );
     let f = dev.function("paged_attention", "paged_attention_partial")?;
     let mut l = dev.stream().launch_builder(&f);
@@ -329,16 +227,8 @@ pub fn qmatvec(
     (n, k): (usize, usize),
 ) -> Res {
     const OP: &str = "cuda qmatvec";
-    if n == 0 || k == 0 || k % 32 != 0 {
-        return Err(CudaError::shape(
-            OP,
-            format!("{n}×{k}: K a positive multiple of 32"),
-        ));
-    }
-    need(OP, "W", w.len(), n * (k / 32) * format.block_bytes())?;
-    need(OP, "x", x.len(), k)?;
-    need(OP, "y", y.len(), n)?;
-    let (n32, k32) = (int(OP, "N", n)?, int(OP, "K", k)?);
+    checks::qmatvec(format, (n, k), w.len(), x.len(), y.len())?;
+    let (n32, k32) = (n as i32, k as i32);
     let f = dev.function("qmatvec", format.entry())?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(w).arg(x).arg(y).arg(&n32).arg(&k32);
@@ -356,17 +246,8 @@ pub fn qmatvec_i8(
     (n, k): (usize, usize),
 ) -> Res {
     const OP: &str = "cuda qmatvec_i8";
-    if n == 0 || k == 0 || k % 4 != 0 {
-        return Err(CudaError::shape(
-            OP,
-            format!("{n}×{k}: K a positive multiple of 4"),
-        ));
-    }
-    need(OP, "W", w.len(), n * k)?;
-    need(OP, "scales", scales.len(), n)?;
-    need(OP, "x", x.len(), k)?;
-    need(OP, "y", y.len(), n)?;
-    let (n32, k32) = (int(OP, "N", n)?, int(OP, "K", k)?);
+    checks::qmatvec_i8((n, k), w.len(), scales.len(), x.len(), y.len())?;
+    let (n32, k32) = (n as i32, k as i32);
     let f = dev.function("qmatvec", "qmatvec_i8")?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(w).arg(scales).arg(x).arg(y).arg(&n32).arg(&k32);
@@ -390,11 +271,11 @@ pub fn rms_norm(
     if rows == 0 || cols == 0 {
         return Err(CudaError::shape(OP, format!("{rows}×{cols}")));
     }
-    need(OP, "x", x.len(), rows * cols)?;
-    need(OP, "out", out.len(), rows * cols)?;
-    need(OP, "gamma", gamma.len(), cols)?;
+    need(OP, "x", x.len(), &[rows, cols])?;
+    need(OP, "out", out.len(), &[rows, cols])?;
+    need(OP, "gamma", gamma.len(), &[cols])?;
     if let Some(r) = residual {
-        need(OP, "residual", r.len(), rows * cols)?;
+        need(OP, "residual", r.len(), &[rows, cols])?;
     }
     let c = int(OP, "cols", cols)?;
     let f = dev.function("rms_norm", "rms_norm_residual_f32")?;
@@ -422,8 +303,8 @@ pub fn softmax(
     if rows == 0 || cols == 0 {
         return Err(CudaError::shape(OP, format!("{rows}×{cols}")));
     }
-    need(OP, "x", x.len(), rows * cols)?;
-    need(OP, "out", out.len(), rows * cols)?;
+    need(OP, "x", x.len(), &[rows, cols])?;
+    need(OP, "out", out.len(), &[rows, cols])?;
     let c = int(OP, "cols", cols)?;
     let f = dev.function("softmax", "softmax_f32")?;
     let mut l = dev.stream().launch_builder(&f);
@@ -441,9 +322,9 @@ pub fn swiglu(
     n: usize,
 ) -> Res {
     const OP: &str = "cuda swiglu";
-    need(OP, "gate", gate.len(), n)?;
-    need(OP, "up", up.len(), n)?;
-    need(OP, "out", out.len(), n)?;
+    need(OP, "gate", gate.len(), &[n])?;
+    need(OP, "up", up.len(), &[n])?;
+    need(OP, "out", out.len(), &[n])?;
     let n64 = n as i64;
     let f = dev.function("swiglu", "swiglu_f32")?;
     let mut l = dev.stream().launch_builder(&f);
@@ -473,10 +354,10 @@ pub fn rope(
             format!("{tokens}×{heads}×{d} (d even)"),
         ));
     }
-    need(OP, "x", x.len(), tokens * heads * d)?;
-    need(OP, "out", out.len(), tokens * heads * d)?;
-    need(OP, "cos", cos.len(), tokens * d / 2)?;
-    need(OP, "sin", sin.len(), tokens * d / 2)?;
+    need(OP, "x", x.len(), &[tokens, heads, d])?;
+    need(OP, "out", out.len(), &[tokens, heads, d])?;
+    need(OP, "cos", cos.len(), &[tokens, d / 2])?;
+    need(OP, "sin", sin.len(), &[tokens, d / 2])?;
     let (t, h, dd) = (
         int(OP, "tokens", tokens)?,
         int(OP, "heads", heads)?,
@@ -520,8 +401,8 @@ pub fn embedding(
             format!("{} ids, dim {dim}", ids.len()),
         ));
     }
-    need(OP, "table", table.len(), vocab * dim)?;
-    need(OP, "out", out.len(), ids.len() * dim)?;
+    need(OP, "table", table.len(), &[vocab, dim])?;
+    need(OP, "out", out.len(), &[ids.len(), dim])?;
     let d_ids = dev.upload(ids)?;
     let (t, d, v) = (
         int(OP, "tokens", ids.len())?,
