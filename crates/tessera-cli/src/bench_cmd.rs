@@ -54,6 +54,30 @@ impl Selection {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty() && !self.all
     }
+
+    /// The same selection as `tessera bench` arguments (for running another build),
+    /// with `default_variant` when no variant was named.
+    pub fn to_args(&self, default_variant: Option<&str>) -> Vec<String> {
+        let mut v = self.ops.clone();
+        if self.all {
+            v.push("--all".into());
+        }
+        let mut opt = |name: &str, value: Option<String>| {
+            if let Some(x) = value {
+                v.extend([name.to_string(), x]);
+            }
+        };
+        opt("--shape", self.shape.clone());
+        opt("--dtype", self.dtype.map(|d| d.to_string()));
+        opt(
+            "--variant",
+            self.variant.clone().or(default_variant.map(str::to_string)),
+        );
+        for (k, x) in &self.set {
+            v.extend(["--set".to_string(), format!("{k}={x}")]);
+        }
+        v
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, usize), String> {

@@ -19,8 +19,13 @@ pub struct RegressArgs {
     #[arg(long, conflicts_with = "baseline")]
     save_baseline: Option<String>,
     /// Compare this run with baseline NAME.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "against")]
     baseline: Option<String>,
+    /// Compare with another build instead of a saved baseline: this `tessera` binary's
+    /// `bench --json` runs interleaved with ours, round by round, so host drift hits both
+    /// alike and cancels in the paired comparison (the robust choice on shared hosts).
+    #[arg(long, value_name = "TESSERA_BIN", conflicts_with = "save_baseline")]
+    against: Option<PathBuf>,
     /// Where baselines live.
     #[arg(long, default_value = ".tessera/baselines")]
     baseline_dir: PathBuf,
@@ -60,8 +65,8 @@ pub fn git_commit() -> String {
 }
 
 pub fn run(a: RegressArgs) -> Result<()> {
-    if a.save_baseline.is_none() && a.baseline.is_none() {
-        bail!("pass --save-baseline NAME or --baseline NAME");
+    if a.save_baseline.is_none() && a.baseline.is_none() && a.against.is_none() {
+        bail!("pass --save-baseline NAME, --baseline NAME or --against TESSERA_BIN");
     }
     if !(0.0..1.0).contains(&a.threshold) {
         bail!("--threshold must be in [0, 1)");
@@ -103,6 +108,9 @@ pub fn run(a: RegressArgs) -> Result<()> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
+    if let Some(bin) = &a.against {
+        return run_against(&a, bin, &ceilings, &opts);
+    }
     let mut entries: Vec<Entry> = Vec::new();
     for round in 0..a.rounds {
         eprintln!("round {}/{}", round + 1, a.rounds);
@@ -111,16 +119,13 @@ pub fn run(a: RegressArgs) -> Result<()> {
             bail!("the selection ran no benchmark");
         }
         for r in &results {
-            let key = Entry::key(r);
-            match entries.iter_mut().find(|e| e.key == key) {
-                Some(e) => e.rounds.push(Entry::normalized(r)),
-                None => entries.push(Entry {
-                    key,
-                    bound: r.bound.to_string(),
-                    median_s: r.median_s,
-                    rounds: vec![Entry::normalized(r)],
-                }),
-            }
+            push_round(
+                &mut entries,
+                Entry::key(r),
+                r.bound,
+                r.median_s,
+                Entry::normalized(r),
+            );
         }
     }
     if let Some(name) = &a.save_baseline {
@@ -138,16 +143,41 @@ pub fn run(a: RegressArgs) -> Result<()> {
         return Ok(());
     }
     let base = base.expect("checked above");
-    let mut rows = Vec::new();
-    for e in &entries {
-        let cmp = base
-            .entries
-            .iter()
-            .find(|b| b.key == e.key)
-            .map(|b| regress::compare(&b.rounds, &e.rounds, a.threshold));
-        rows.push((e, cmp));
+    finish(&a, &base, &entries, regress::compare)
+}
+
+/// Adds one round of one benchmark to its entry (created on first sight).
+fn push_round(entries: &mut Vec<Entry>, key: String, bound: &str, median_s: f64, round: Vec<f64>) {
+    match entries.iter_mut().find(|e| e.key == key) {
+        Some(e) => e.rounds.push(round),
+        None => entries.push(Entry {
+            key,
+            bound: bound.to_string(),
+            median_s,
+            rounds: vec![round],
+        }),
     }
-    report(&a, &base, &rows)?;
+}
+
+/// Compares every entry with its baseline, reports, and exits 1 on a slowdown.
+fn finish(
+    a: &RegressArgs,
+    base: &Baseline,
+    entries: &[Entry],
+    compare: fn(&[Vec<f64>], &[Vec<f64>], f64) -> Comparison,
+) -> Result<()> {
+    let rows: Vec<(&Entry, Option<Comparison>)> = entries
+        .iter()
+        .map(|e| {
+            let cmp = base
+                .entries
+                .iter()
+                .find(|b| b.key == e.key)
+                .map(|b| compare(&b.rounds, &e.rounds, a.threshold));
+            (e, cmp)
+        })
+        .collect();
+    report(a, base, &rows)?;
     let slower = rows
         .iter()
         .filter(|(_, c)| c.as_ref().is_some_and(|c| c.verdict == Verdict::Slower))
@@ -160,6 +190,117 @@ pub fn run(a: RegressArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// One result of the other build's `bench --json`: what the comparison needs.
+#[derive(serde::Deserialize)]
+struct OtherResult {
+    op: String,
+    problem: String,
+    dtype: String,
+    variant: String,
+    samples_s: Vec<f64>,
+    median_s: f64,
+    dram_gbps: f64,
+    peak_gflops: f64,
+    bound: String,
+}
+
+/// The other build's `bench --json` document (the parts read here).
+#[derive(serde::Deserialize)]
+struct OtherRun {
+    fingerprint: String,
+    tool_version: String,
+    git_commit: String,
+    results: Vec<OtherResult>,
+}
+
+/// Runs the other build's `bench` on the same selection; its results as JSON.
+fn run_other(bin: &Path, a: &RegressArgs, variant: &str) -> Result<OtherRun> {
+    let mut args = vec!["bench".to_string()];
+    args.extend(a.sel.to_args(Some(variant)));
+    args.extend([
+        "--json".into(),
+        "--budget-ms".into(),
+        a.budget_ms.to_string(),
+    ]);
+    let out = std::process::Command::new(bin)
+        .args(&args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed ({})",
+            bin.display(),
+            args.join(" "),
+            out.status
+        );
+    }
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{}: `bench --json` output not understood", bin.display()))
+}
+
+/// `--against`: both builds interleaved round by round (alternating which goes first),
+/// compared pairwise ([`regress::compare_paired`]).
+fn run_against(
+    a: &RegressArgs,
+    bin: &Path,
+    ceilings: &tessera_perf::calibrate::Ceilings,
+    opts: &BenchOptions,
+) -> Result<()> {
+    if a.rounds < 2 {
+        bail!("--against pairs rounds: pass --rounds 2 or more");
+    }
+    let best = tessera_core::Isa::best().name();
+    let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+    let mut meta: Option<(String, String, String)> = None;
+    for round in 0..a.rounds {
+        eprintln!(
+            "round {}/{} (other build and this one, interleaved)",
+            round + 1,
+            a.rounds
+        );
+        for other_first in [round % 2 == 0, round % 2 == 1] {
+            if other_first {
+                let run = run_other(bin, a, best)?;
+                for r in &run.results {
+                    let key = format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant);
+                    let norm =
+                        regress::normalize(&r.samples_s, &r.bound, r.dram_gbps, r.peak_gflops);
+                    push_round(&mut theirs, key, &r.bound, r.median_s, norm);
+                }
+                meta.get_or_insert((run.fingerprint, run.tool_version, run.git_commit));
+            } else {
+                let results = bench_cmd::collect(&a.sel, Some(best), ceilings, opts, a.json)?;
+                if results.is_empty() {
+                    bail!("the selection ran no benchmark");
+                }
+                for r in &results {
+                    push_round(
+                        &mut ours,
+                        Entry::key(r),
+                        r.bound,
+                        r.median_s,
+                        Entry::normalized(r),
+                    );
+                }
+            }
+        }
+    }
+    let (fingerprint, tool_version, git_commit) = meta.unwrap_or_default();
+    let here = regress::fingerprint(tessera_kernels::pool::global().threads());
+    if fingerprint != here {
+        eprintln!("note: the other build describes this machine differently:\n  other: {fingerprint}\n  this:  {here}");
+    }
+    let base = Baseline {
+        format: BASELINE_FORMAT,
+        fingerprint,
+        tool_version,
+        git_commit,
+        entries: theirs,
+    };
+    finish(a, &base, &ours, regress::compare_paired)
 }
 
 fn verdict_name(c: &Option<Comparison>) -> &'static str {

@@ -173,6 +173,11 @@ pub fn compare(base: &[Vec<f64>], new: &[Vec<f64>], threshold: f64) -> Compariso
     let between = 2.0 * sd * (1.0 / lb.len() as f64 + 1.0 / ln.len() as f64).sqrt();
     let hw = (within * within + between * between).sqrt();
     let (lo, hi) = (ratio * (-hw).exp(), ratio * hw.exp());
+    comparison(ratio, (lo, hi), p, threshold)
+}
+
+/// The verdict rules shared by both comparisons.
+fn comparison(ratio: f64, (lo, hi): (f64, f64), p: f64, threshold: f64) -> Comparison {
     let verdict = if lo > 1.0 + threshold && p < ALPHA {
         Verdict::Slower
     } else if hi < 1.0 - threshold && p < ALPHA {
@@ -189,6 +194,49 @@ pub fn compare(base: &[Vec<f64>], new: &[Vec<f64>], threshold: f64) -> Compariso
         p_value: p,
         verdict,
     }
+}
+
+/// Two-sided 97.5% quantile of Student's t for `df` degrees of freedom (tabulated to 10,
+/// rounded up beyond: the interval errs wide).
+fn t975(df: usize) -> f64 {
+    const T: [f64; 10] = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23];
+    match df {
+        0 => f64::INFINITY,
+        1..=10 => T[df - 1],
+        11..=20 => 2.2,
+        21..=30 => 2.1,
+        _ => 2.0,
+    }
+}
+
+/// Compares rounds measured **interleaved** (baseline and new build alternating in one
+/// session, round r of each side adjacent in time): host drift then moves both sides of
+/// a round together and cancels in the per-round ratio. The interval is Student's t on
+/// the per-round log ratios, combined in quadrature with the within-run bootstrap;
+/// verdicts as in [`compare`]. Needs at least 2 rounds per side (paired by index).
+pub fn compare_paired(base: &[Vec<f64>], new: &[Vec<f64>], threshold: f64) -> Comparison {
+    let rounds = base.len().min(new.len());
+    if rounds < 2
+        || base[..rounds]
+            .iter()
+            .chain(&new[..rounds])
+            .any(Vec::is_empty)
+    {
+        return compare(base, new, threshold);
+    }
+    let logs: Vec<f64> = (0..rounds)
+        .map(|r| (median_of(&mut new[r].clone()) / median_of(&mut base[r].clone())).ln())
+        .collect();
+    let mean = logs.iter().sum::<f64>() / rounds as f64;
+    let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (rounds - 1) as f64;
+    let paired = t975(rounds - 1) * (var / rounds as f64).sqrt();
+    let (pb, pn) = (base[..rounds].concat(), new[..rounds].concat());
+    let (lo, hi) = bootstrap_ratio_ci(&pb, &pn, 1000, 0.95);
+    let within = 0.5 * (hi / lo).ln();
+    let hw = (within * within + paired * paired).sqrt();
+    let ratio = mean.exp();
+    let p = mann_whitney_p(&pb, &pn);
+    comparison(ratio, (ratio * (-hw).exp(), ratio * hw.exp()), p, threshold)
 }
 
 #[cfg(test)]
@@ -274,6 +322,38 @@ mod tests {
         assert_eq!(compare(&[], &slow, 0.05).verdict, Verdict::Unsure);
         assert_eq!(compare(&[vec![]], &slow, 0.05).verdict, Verdict::Unsure);
     }
+
+    #[test]
+    fn interleaved_rounds_cancel_drift() {
+        // The host drifts ±20% between rounds, but both builds see the same state in a
+        // round: unpaired, that is at best unsure; paired, the unchanged build is same.
+        let drift = [0.8, 1.0, 1.2, 0.9, 1.1];
+        let base = rounds(&drift, 9);
+        let same = rounds(&drift, 10);
+        assert_ne!(compare(&base, &same, 0.05).verdict, Verdict::Same);
+        let c = compare_paired(&base, &same, 0.05);
+        assert_eq!(c.verdict, Verdict::Same, "{c:?}");
+        // A planted 25% slowdown under the same drift is caught, a 25% speed-up too.
+        let slow: Vec<f64> = drift.iter().map(|d| d * 1.25).collect();
+        let c = compare_paired(&base, &rounds(&slow, 11), 0.05);
+        assert_eq!(c.verdict, Verdict::Slower, "{c:?}");
+        assert!((c.ratio - 1.25).abs() < 0.02, "{c:?}");
+        let fast: Vec<f64> = drift.iter().map(|d| d * 0.75).collect();
+        assert_eq!(
+            compare_paired(&base, &rounds(&fast, 12), 0.05).verdict,
+            Verdict::Faster
+        );
+        // One round cannot be paired: the unpaired comparison answers.
+        let one = compare_paired(&base[..1], &same[..1], 0.05);
+        assert_eq!(one.verdict, compare(&base[..1], &same[..1], 0.05).verdict);
+    }
+
+    #[test]
+    fn t_quantiles_err_wide() {
+        assert_eq!(t975(2), 4.30);
+        assert!(t975(15) >= 2.131 && t975(25) >= 2.060 && t975(100) >= 1.984);
+        assert!(t975(0).is_infinite());
+    }
 }
 
 /// A saved suite run: what `--save-baseline` writes and `--baseline` reads.
@@ -306,18 +386,24 @@ impl Entry {
     /// The samples of one result × the DRAM rate (memory-bound) or the compute peak
     /// (compute-bound) probed just around them.
     pub fn normalized(r: &crate::bench::BenchResult) -> Vec<f64> {
-        let rate = if r.bound == "memory" {
-            r.dram_gbps
-        } else {
-            r.peak_gflops
-        };
-        r.samples_s.iter().map(|s| s * rate).collect()
+        normalize(&r.samples_s, r.bound, r.dram_gbps, r.peak_gflops)
     }
 
     /// The key a result is matched by across runs.
     pub fn key(r: &crate::bench::BenchResult) -> String {
         format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant)
     }
+}
+
+/// Seconds × the rate that bounds the benchmark (DRAM GB/s when memory-bound, else the
+/// compute peak), both as probed around it: time in units of the machine's own speed.
+pub fn normalize(samples_s: &[f64], bound: &str, dram_gbps: f64, peak_gflops: f64) -> Vec<f64> {
+    let rate = if bound == "memory" {
+        dram_gbps
+    } else {
+        peak_gflops
+    };
+    samples_s.iter().map(|s| s * rate).collect()
 }
 
 /// This machine as baselines identify it.
