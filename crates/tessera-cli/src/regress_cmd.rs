@@ -164,7 +164,7 @@ fn finish(
     a: &RegressArgs,
     base: &Baseline,
     entries: &[Entry],
-    compare: fn(&[Vec<f64>], &[Vec<f64>], f64) -> Comparison,
+    compare: regress::CompareFn,
 ) -> Result<()> {
     let rows: Vec<(&Entry, Option<Comparison>)> = entries
         .iter()

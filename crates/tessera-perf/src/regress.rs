@@ -125,6 +125,10 @@ pub struct Comparison {
     pub verdict: Verdict,
 }
 
+/// A comparison of baseline rounds with new rounds under a threshold ([`compare`],
+/// [`compare_paired`]).
+pub type CompareFn = fn(&[Vec<f64>], &[Vec<f64>], f64) -> Comparison;
+
 /// Significance level of the rank test for calling faster or slower.
 pub const ALPHA: f64 = 0.01;
 
