@@ -5,8 +5,9 @@ use crate::gguf::{Gguf, TensorInfo};
 use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
-use tessera_kernels::ops::qmatmul::{qmatmul, qmatmul_i8};
-use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Int8Matrix, QuantMatrix};
+use tessera_kernels::ops::qmatmul::{qmatmul, qmatmul_fp8, qmatmul_i8};
+use tessera_kernels::quant::fp8::Fp8;
+use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
 
 /// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`.
@@ -73,19 +74,91 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
 }
 
-/// Per-channel INT8 weights (`--quantize i8`), f32 activations.
-#[derive(Debug)]
-pub struct Int8Linear {
-    w: Int8Matrix,
+/// Row-scaled weight matrices with their own f32-activation matmul: per-channel INT8
+/// and FP8. One [`MatrixLinear`] serves them all.
+pub trait RowMatrix: Send + Sync + std::fmt::Debug {
+    fn rows(&self) -> usize;
+    fn cols(&self) -> usize;
+    fn size_bytes(&self) -> usize;
+    fn dtype(&self) -> DType;
+    /// Row r's f32 values (r < rows, `out.len() == cols`: checked by the caller).
+    fn dequantize_row(&self, r: usize, out: &mut [f32]);
+    fn matmul(
+        &self,
+        threads: usize,
+        x: &TensorView<'_, f32>,
+        y: &mut TensorViewMut<'_, f32>,
+    ) -> tessera_core::Result<()>;
 }
 
-impl Int8Linear {
-    pub fn new(w: Int8Matrix) -> Self {
-        Int8Linear { w }
+impl RowMatrix for Int8Matrix {
+    fn rows(&self) -> usize {
+        Int8Matrix::rows(self)
+    }
+    fn cols(&self) -> usize {
+        Int8Matrix::cols(self)
+    }
+    fn size_bytes(&self) -> usize {
+        Int8Matrix::size_bytes(self)
+    }
+    fn dtype(&self) -> DType {
+        DType::I8
+    }
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Int8Matrix::dequantize_row(self, r, out)
+    }
+    fn matmul(
+        &self,
+        threads: usize,
+        x: &TensorView<'_, f32>,
+        y: &mut TensorViewMut<'_, f32>,
+    ) -> tessera_core::Result<()> {
+        qmatmul_i8(Isa::best(), threads, self, x, y)
     }
 }
 
-impl Linear for Int8Linear {
+impl RowMatrix for Fp8Matrix {
+    fn rows(&self) -> usize {
+        Fp8Matrix::rows(self)
+    }
+    fn cols(&self) -> usize {
+        Fp8Matrix::cols(self)
+    }
+    fn size_bytes(&self) -> usize {
+        Fp8Matrix::size_bytes(self)
+    }
+    fn dtype(&self) -> DType {
+        match self.format() {
+            Fp8::E4M3 => DType::F8E4M3,
+            Fp8::E5M2 => DType::F8E5M2,
+        }
+    }
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Fp8Matrix::dequantize_row(self, r, out)
+    }
+    fn matmul(
+        &self,
+        threads: usize,
+        x: &TensorView<'_, f32>,
+        y: &mut TensorViewMut<'_, f32>,
+    ) -> tessera_core::Result<()> {
+        qmatmul_fp8(Isa::best(), threads, self, x, y)
+    }
+}
+
+/// A linear layer over a [`RowMatrix`] (`--quantize i8`, `f8e4m3`, `f8e5m2`).
+#[derive(Debug)]
+pub struct MatrixLinear<M> {
+    w: M,
+}
+
+impl<M> MatrixLinear<M> {
+    pub fn new(w: M) -> Self {
+        MatrixLinear { w }
+    }
+}
+
+impl<M: RowMatrix> Linear for MatrixLinear<M> {
     fn in_features(&self) -> usize {
         self.w.cols()
     }
@@ -94,7 +167,7 @@ impl Linear for Int8Linear {
     }
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
         let pool = tessera_kernels::pool::global();
-        Ok(qmatmul_i8(Isa::best(), pool.threads(), &self.w, x, y)?)
+        Ok(self.w.matmul(pool.threads(), x, y)?)
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         check_row(r, out, self.w.rows(), self.w.cols())?;
@@ -102,7 +175,7 @@ impl Linear for Int8Linear {
         Ok(())
     }
     fn dtype(&self) -> DType {
-        DType::I8
+        self.w.dtype()
     }
     fn weight_bytes(&self) -> usize {
         self.w.size_bytes()

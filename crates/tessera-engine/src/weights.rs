@@ -8,10 +8,13 @@
 //! a K-quant cannot hold gets instead).
 
 use crate::gguf::Gguf;
-use crate::linear::{self, Linear, QuantLinear};
+use crate::linear::{self, Linear, MatrixLinear, QuantLinear};
 use crate::{Error, Result};
 use tessera_core::DType;
-use tessera_kernels::quant::{BlockFormat, Int8Matrix, QuantMatrix, BLOCK_DTYPES};
+use tessera_kernels::quant::fp8::Fp8;
+use tessera_kernels::quant::{
+    BlockFormat, Fp8Matrix, Fp8Scaling, Int8Matrix, QuantMatrix, BLOCK_DTYPES,
+};
 use tessera_kernels::with_block_format;
 
 /// A model file's tensors by canonical (GGUF) name.
@@ -54,12 +57,12 @@ pub struct LoadOptions {
 }
 
 /// Formats `--quantize` accepts: every block format but Q8_K (llama.cpp's activation
-/// format), and per-channel INT8.
+/// format), per-channel INT8, and FP8 with per-channel scales.
 pub fn quantize_formats() -> impl Iterator<Item = DType> {
     BLOCK_DTYPES
         .into_iter()
         .filter(|&d| d != DType::Q8_K)
-        .chain([DType::I8])
+        .chain([DType::I8, DType::F8E4M3, DType::F8E5M2])
 }
 
 /// The format a matrix gets when `target` cannot hold it: a K-quant needs rows that are
@@ -110,11 +113,17 @@ pub fn load_matrix(
         )?)))
     }
     let target = quantize_target(target, cols);
-    if target == DType::I8 {
-        return Ok(Box::new(linear::Int8Linear::new(
-            Int8Matrix::quantize(rows, cols, w)
-                .map_err(|e| Error::Model(format!("{name}: quantizing to i8: {e}")))?,
-        )));
+    let failed =
+        |e: tessera_core::Error| Error::Model(format!("{name}: quantizing to {target}: {e}"));
+    let fp8 = |f: Fp8| Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w);
+    match target {
+        DType::I8 => {
+            let m = Int8Matrix::quantize(rows, cols, w).map_err(failed)?;
+            return Ok(Box::new(MatrixLinear::new(m)));
+        }
+        DType::F8E4M3 => return Ok(Box::new(MatrixLinear::new(fp8(Fp8::E4M3).map_err(failed)?))),
+        DType::F8E5M2 => return Ok(Box::new(MatrixLinear::new(fp8(Fp8::E5M2).map_err(failed)?))),
+        _ => {}
     }
     let quantized = with_block_format!(target,
         B => q::<B>(rows, cols, w),

@@ -261,6 +261,15 @@ fn defined_by(t: &Tensor, target: DType) -> Tensor {
         (&[r, c], DType::I8) => tessera_kernels::quant::Int8Matrix::quantize(r, c, &t.values)
             .expect("quantizable")
             .dequantize(),
+        (&[r, c], DType::F8E4M3) => tessera_kernels::quant::Fp8Matrix::quantize(
+            tessera_kernels::quant::fp8::Fp8::E4M3,
+            tessera_kernels::quant::Fp8Scaling::PerChannel,
+            r,
+            c,
+            &t.values,
+        )
+        .expect("quantizable")
+        .dequantize(),
         (&[r, c], DType::Int4G32) => tessera_kernels::quant::QuantMatrix::<
             tessera_kernels::quant::BlockInt4G32,
         >::quantize(r, c, &t.values)
@@ -371,9 +380,9 @@ fn hf_llama_and_qwen2_match_float64_reference() {
             quantize: Some(DType::Q8_0),
         };
         check(&dir, &tensors, q8, DType::Q8_0);
-        // Formats GGUF cannot hold (per-channel INT8, 4-bit groups): the reference is an
-        // f32 GGUF of the weights those formats define.
-        for target in [DType::I8, DType::Int4G32] {
+        // Formats GGUF cannot hold (per-channel INT8 and FP8, 4-bit groups): the
+        // reference is an f32 GGUF of the weights those formats define.
+        for target in [DType::I8, DType::F8E4M3, DType::Int4G32] {
             let defined: Vec<Tensor> = tensors.iter().map(|t| defined_by(t, target)).collect();
             let opts = LoadOptions {
                 quantize: Some(target),
