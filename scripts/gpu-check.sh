@@ -30,10 +30,10 @@ cuda="${CUDA_HOME:-/usr/local/cuda}"
 export TESSERA_CUDA_INCLUDE="${TESSERA_CUDA_INCLUDE:-$cuda/include}"
 export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TESSERA_CUDA_CACHE="$out/cubin-cache"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi unavailable"; } | tee "$out/gpu.txt"
 
 status=0
-./gpu-bin/device-tests --test-threads=1 2>&1 | tee "$out/tests.txt" || status=1
+./gpu-bin/device-tests --test-threads=1 --nocapture 2>&1 | tee "$out/tests.txt" || status=1
 ./gpu-bin/gpu_bench > "$out/ours.jsonl" 2> "$out/ours.err" || status=1
 python3 scripts/gpu_peers.py > "$out/peers.jsonl" 2> "$out/peers.err" || status=1
 
