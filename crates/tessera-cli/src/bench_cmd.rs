@@ -17,8 +17,11 @@ pub struct Selection {
     #[arg(long)]
     pub all: bool,
     /// A problem in the op's syntax (e.g. 2048x2048x2048 for gemm) instead of the named set.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "problem")]
     shape: Option<String>,
+    /// Only the named benchmark problem of that name (e.g. "decode q/o"; see the op's set).
+    #[arg(long)]
+    problem: Option<String>,
     /// Only this dtype.
     #[arg(long)]
     dtype: Option<DType>,
@@ -54,30 +57,6 @@ impl Selection {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty() && !self.all
     }
-
-    /// The same selection as `tessera bench` arguments (for running another build),
-    /// with `default_variant` when no variant was named.
-    pub fn to_args(&self, default_variant: Option<&str>) -> Vec<String> {
-        let mut v = self.ops.clone();
-        if self.all {
-            v.push("--all".into());
-        }
-        let mut opt = |name: &str, value: Option<String>| {
-            if let Some(x) = value {
-                v.extend([name.to_string(), x]);
-            }
-        };
-        opt("--shape", self.shape.clone());
-        opt("--dtype", self.dtype.map(|d| d.to_string()));
-        opt(
-            "--variant",
-            self.variant.clone().or(default_variant.map(str::to_string)),
-        );
-        for (k, x) in &self.set {
-            v.extend(["--set".to_string(), format!("{k}={x}")]);
-        }
-        v
-    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, usize), String> {
@@ -90,6 +69,15 @@ fn parse_kv(s: &str) -> Result<(String, usize), String> {
 /// Measures this machine's ceilings, printing them.
 pub fn calibrate() -> calibrate::Ceilings {
     let threads = tessera_kernels::pool::global().threads();
+    // A parent process that already measured them (`regress --against` runs another
+    // build once per benchmark) passes its ceilings instead of paying ~1.5 s each time.
+    if let Some(c) = std::env::var("TESSERA_CEILINGS")
+        .ok()
+        .and_then(|j| serde_json::from_str::<calibrate::Ceilings>(&j).ok())
+        .filter(|c| c.threads == threads)
+    {
+        return c;
+    }
     eprintln!("calibrating ({threads} threads)...");
     let ceilings = calibrate::measure(threads);
     eprintln!(
@@ -116,15 +104,7 @@ pub fn collect(
             "{} {} {} {}",
             job.op, job.problem, job.dtype, job.variant
         ));
-        let spec = BenchSpec {
-            op: job.op,
-            problem: job.problem.as_ref(),
-            dtype: job.dtype,
-            variant: &job.variant,
-            config: &job.config,
-            bf16_dot: job.variant.label.contains("dpbf16"),
-        };
-        let r = bench::run(&spec, ceilings, opts)?;
+        let r = run_job(job, ceilings, opts)?;
         if !quiet {
             let row = report::bench_table(std::slice::from_ref(&r));
             bar.suspend(|| eprintln!("{}", row.lines().nth(2).unwrap_or_default()));
@@ -136,18 +116,56 @@ pub fn collect(
     Ok(results)
 }
 
+/// Benchmarks one job.
+pub fn run_job(
+    job: &Job,
+    ceilings: &calibrate::Ceilings,
+    opts: &BenchOptions,
+) -> Result<bench::BenchResult> {
+    let spec = BenchSpec {
+        op: job.op,
+        problem: job.problem.as_ref(),
+        dtype: job.dtype,
+        variant: &job.variant,
+        config: &job.config,
+        bf16_dot: job.variant.label.contains("dpbf16"),
+    };
+    Ok(bench::run(&spec, ceilings, opts)?)
+}
+
 /// One benchmark to run: everything `BenchSpec` borrows, owned.
-struct Job {
-    op: &'static str,
-    problem: Box<dyn ProblemCase>,
-    dtype: DType,
-    variant: registry::Variant,
-    config: registry::TuneConfig,
+pub struct Job {
+    pub op: &'static str,
+    /// The named benchmark problem's name (None for `--shape`).
+    pub name: Option<&'static str>,
+    pub problem: Box<dyn ProblemCase>,
+    pub dtype: DType,
+    pub variant: registry::Variant,
+    pub config: registry::TuneConfig,
+}
+
+impl Job {
+    /// `tessera bench` arguments selecting exactly this job (the op, its named problem
+    /// or `--shape`, dtype, variant and `--set` overrides from `sel`).
+    pub fn to_args(&self, sel: &Selection) -> Vec<String> {
+        let mut v = vec![self.op.to_string()];
+        match (self.name, &sel.shape) {
+            (Some(n), _) => v.extend(["--problem".into(), n.to_string()]),
+            (None, Some(s)) => v.extend(["--shape".into(), s.clone()]),
+            (None, None) => {}
+        }
+        v.extend(["--dtype".into(), self.dtype.to_string()]);
+        v.extend(["--variant".into(), self.variant.label.clone()]);
+        for (k, x) in &sel.set {
+            v.extend(["--set".to_string(), format!("{k}={x}")]);
+        }
+        v
+    }
 }
 
 /// Every (op, problem, dtype, variant) the selection names, with its configuration
 /// (`--set` overrides on the defaults), in run order.
-fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
+pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
     let ops = if sel.all || sel.ops.is_empty() {
         if !sel.all {
             bail!("name an op (see `tessera ops`) or pass --all");
@@ -159,13 +177,30 @@ fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
     let variant_filter = sel.variant.as_deref().or(default_variant);
     let mut jobs = Vec::new();
     for op in ops {
-        let problems = |op: &dyn registry::OpSpec| -> Result<Vec<Box<dyn ProblemCase>>> {
-            Ok(match &sel.shape {
-                Some(s) => vec![op
+        type Named = (Option<&'static str>, Box<dyn ProblemCase>);
+        let problems = |op: &dyn registry::OpSpec| -> Result<Vec<Named>> {
+            if let Some(s) = &sel.shape {
+                let p = op
                     .parse_problem(s)
-                    .with_context(|| format!("--shape for {}", op.name()))?],
-                None => op.bench_problems().into_iter().map(|(_, p)| p).collect(),
-            })
+                    .with_context(|| format!("--shape for {}", op.name()))?;
+                return Ok(vec![(None, p)]);
+            }
+            let named: Vec<Named> = op
+                .bench_problems()
+                .into_iter()
+                .filter(|(n, _)| sel.problem.as_deref().is_none_or(|want| want == *n))
+                .map(|(n, p)| (Some(n), p))
+                .collect();
+            if named.is_empty() {
+                let names: Vec<&str> = op.bench_problems().iter().map(|(n, _)| *n).collect();
+                bail!(
+                    "{} has no problem {:?} (named: {})",
+                    op.name(),
+                    sel.problem,
+                    names.join(", ")
+                );
+            }
+            Ok(named)
         };
         for &dtype in op
             .dtypes()
@@ -177,7 +212,8 @@ fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
                 .into_iter()
                 .filter(|v| variant_filter.is_none_or(|x| x == v.label))
             {
-                for problem in problems(op)?.into_iter().filter(|p| p.supports(dtype)) {
+                for (name, problem) in problems(op)?.into_iter().filter(|(_, p)| p.supports(dtype))
+                {
                     let space = problem.tune_space();
                     let mut config = space.defaults();
                     for (k, v) in &sel.set {
@@ -188,6 +224,7 @@ fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> {
                     }
                     jobs.push(Job {
                         op: op.name(),
+                        name,
                         problem,
                         dtype,
                         variant: variant.clone(),
@@ -396,6 +433,7 @@ mod tests {
             ops: vec!["rms_norm".into()],
             all: false,
             shape: Some("3x64".into()),
+            problem: None,
             dtype: Some(DType::F32),
             variant: Some("scalar".into()),
             set,
@@ -404,5 +442,35 @@ mod tests {
         assert_eq!(j.len(), 1);
         assert_eq!((j[0].op, j[0].config.get("threads")), ("rms_norm", Some(1)));
         assert!(jobs(&sel(vec![("bogus".into(), 1)]), None).is_err());
+        // A job names itself for another build: op, shape, dtype, variant, overrides.
+        assert_eq!(
+            j[0].to_args(&sel(vec![("threads".into(), 1)])).join(" "),
+            "rms_norm --shape 3x64 --dtype f32 --variant scalar --set threads=1"
+        );
+    }
+
+    #[test]
+    fn named_problems_select_one_and_unknown_names_are_errors() {
+        let sel = |problem: &str| Selection {
+            ops: vec!["qmatmul".into()],
+            all: false,
+            shape: None,
+            problem: Some(problem.into()),
+            dtype: Some(DType::Q8_0),
+            variant: Some("scalar".into()),
+            set: vec![],
+        };
+        let j = jobs(&sel("decode q/o"), None).unwrap();
+        assert_eq!(j.len(), 1);
+        assert_eq!(j[0].name, Some("decode q/o"));
+        assert_eq!(
+            j[0].to_args(&sel("decode q/o")).join(" "),
+            "qmatmul --problem decode q/o --dtype q8_0 --variant scalar"
+        );
+        let err = jobs(&sel("nope"), None)
+            .err()
+            .expect("unknown name")
+            .to_string();
+        assert!(err.contains("decode q/o"), "lists the names: {err}");
     }
 }

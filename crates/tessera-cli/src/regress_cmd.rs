@@ -22,8 +22,8 @@ pub struct RegressArgs {
     #[arg(long, conflicts_with = "against")]
     baseline: Option<String>,
     /// Compare with another build instead of a saved baseline: this `tessera` binary's
-    /// `bench --json` runs interleaved with ours, round by round, so host drift hits both
-    /// alike and cancels in the paired comparison (the robust choice on shared hosts).
+    /// `bench --json` runs interleaved with ours, benchmark by benchmark, so host drift
+    /// hits both alike and cancels in the paired comparison (for shared hosts).
     #[arg(long, value_name = "TESSERA_BIN", conflicts_with = "save_baseline")]
     against: Option<PathBuf>,
     /// Where baselines live.
@@ -215,18 +215,21 @@ struct OtherRun {
     results: Vec<OtherResult>,
 }
 
-/// Runs the other build's `bench` on the same selection; its results as JSON.
-fn run_other(bin: &Path, a: &RegressArgs, variant: &str) -> Result<OtherRun> {
+/// Runs the other build's `bench` on one job (its arguments), with our ceilings so it
+/// skips calibrating; its results as JSON.
+fn run_other(
+    bin: &Path,
+    job_args: &[String],
+    budget_ms: u64,
+    ceilings: &tessera_perf::calibrate::Ceilings,
+) -> Result<OtherRun> {
     let mut args = vec!["bench".to_string()];
-    args.extend(a.sel.to_args(Some(variant)));
-    args.extend([
-        "--json".into(),
-        "--budget-ms".into(),
-        a.budget_ms.to_string(),
-    ]);
+    args.extend_from_slice(job_args);
+    args.extend(["--json".into(), "--budget-ms".into(), budget_ms.to_string()]);
     let out = std::process::Command::new(bin)
         .args(&args)
-        .stderr(std::process::Stdio::inherit())
+        .env("TESSERA_CEILINGS", serde_json::to_string(ceilings)?)
+        .stderr(std::process::Stdio::null())
         .output()
         .with_context(|| format!("running {}", bin.display()))?;
     if !out.status.success() {
@@ -241,8 +244,9 @@ fn run_other(bin: &Path, a: &RegressArgs, variant: &str) -> Result<OtherRun> {
         .with_context(|| format!("{}: `bench --json` output not understood", bin.display()))
 }
 
-/// `--against`: both builds interleaved round by round (alternating which goes first),
-/// compared pairwise ([`regress::compare_paired`]).
+/// `--against`: the two builds interleaved **per benchmark** (the other build's run of a
+/// benchmark, then ours, or the reverse on odd rounds), so the two halves of each pair
+/// are seconds apart; compared pairwise ([`regress::compare_paired`]).
 fn run_against(
     a: &RegressArgs,
     bin: &Path,
@@ -253,45 +257,47 @@ fn run_against(
         bail!("--against pairs rounds: pass --rounds 2 or more");
     }
     let best = tessera_core::Isa::best().name();
+    let jobs = bench_cmd::jobs(&a.sel, Some(best))?;
+    if jobs.is_empty() {
+        bail!("the selection ran no benchmark");
+    }
+    let bar = crate::progress::bar((a.rounds * jobs.len()) as u64, "A/B");
     let (mut theirs, mut ours) = (Vec::new(), Vec::new());
     let mut meta: Option<(String, String, String)> = None;
     for round in 0..a.rounds {
-        eprintln!(
-            "round {}/{} (other build and this one, interleaved)",
-            round + 1,
-            a.rounds
-        );
-        for other_first in [round % 2 == 0, round % 2 == 1] {
-            if other_first {
-                let run = run_other(bin, a, best)?;
-                for r in &run.results {
-                    let key = format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant);
-                    let norm =
-                        regress::normalize(&r.samples_s, &r.bound, r.dram_gbps, r.peak_gflops);
-                    push_round(&mut theirs, key, &r.bound, r.median_s, norm);
-                }
-                meta.get_or_insert((run.fingerprint, run.tool_version, run.git_commit));
-            } else {
-                let results = bench_cmd::collect(&a.sel, Some(best), ceilings, opts, a.json)?;
-                if results.is_empty() {
-                    bail!("the selection ran no benchmark");
-                }
-                for r in &results {
+        for job in &jobs {
+            bar.set_message(format!("round {} {} {}", round + 1, job.op, job.problem));
+            for other_first in [round % 2 == 0, round % 2 == 1] {
+                if other_first {
+                    let run = run_other(bin, &job.to_args(&a.sel), a.budget_ms, ceilings)?;
+                    for r in &run.results {
+                        let key = format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant);
+                        let norm =
+                            regress::normalize(&r.samples_s, &r.bound, r.dram_gbps, r.peak_gflops);
+                        push_round(&mut theirs, key, &r.bound, r.median_s, norm);
+                    }
+                    meta.get_or_insert((run.fingerprint, run.tool_version, run.git_commit));
+                } else {
+                    let r = bench_cmd::run_job(job, ceilings, opts)?;
                     push_round(
                         &mut ours,
-                        Entry::key(r),
+                        Entry::key(&r),
                         r.bound,
                         r.median_s,
-                        Entry::normalized(r),
+                        Entry::normalized(&r),
                     );
                 }
             }
+            bar.inc(1);
         }
     }
+    bar.finish_and_clear();
     let (fingerprint, tool_version, git_commit) = meta.unwrap_or_default();
     let here = regress::fingerprint(tessera_kernels::pool::global().threads());
     if fingerprint != here {
-        eprintln!("note: the other build describes this machine differently:\n  other: {fingerprint}\n  this:  {here}");
+        eprintln!(
+            "note: the other build describes this machine differently:\n  other: {fingerprint}\n  this:  {here}"
+        );
     }
     let base = Baseline {
         format: BASELINE_FORMAT,

@@ -11,7 +11,7 @@ use tessera_core::{CpuFeatures, Isa};
 use tessera_kernels::pool;
 
 /// This machine's measured ceilings.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Ceilings {
     pub threads: usize,
     /// f32 FMA, GFLOP/s.
