@@ -234,6 +234,14 @@ fn row_dots<B: BlockFormat>(isa: Isa, w: &[B], x: &[&[f32]], out: &mut [f32]) {
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && isa.is_available() {
+        // SAFETY: Isa::Avx2 is available only with AVX2, FMA and F16C; slices as
+        // documented on the kernel.
+        if unsafe { avx2::row_dots(w, x, out) } {
+            return;
+        }
+    }
     row_dots_portable(isa, w, x, out)
 }
 
@@ -303,6 +311,8 @@ fn prefill(
     Ok(())
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
