@@ -191,7 +191,7 @@ pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> 
                 .filter(|(n, _)| sel.problem.as_deref().is_none_or(|want| want == *n))
                 .map(|(n, p)| (Some(n), p))
                 .collect();
-            if named.is_empty() {
+            if named.is_empty() && !sel.all {
                 let names: Vec<&str> = op.bench_problems().iter().map(|(n, _)| *n).collect();
                 bail!(
                     "{} has no problem {:?} (named: {})",
@@ -232,6 +232,11 @@ pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> 
                     });
                 }
             }
+        }
+    }
+    if jobs.is_empty() {
+        if let Some(name) = &sel.problem {
+            bail!("no selected op has a problem named {name:?}");
         }
     }
     Ok(jobs)
@@ -472,5 +477,14 @@ mod tests {
             .expect("unknown name")
             .to_string();
         assert!(err.contains("decode q/o"), "lists the names: {err}");
+        // With --all, ops without the name are skipped; no op having it is an error.
+        let all = |problem: &str| Selection {
+            ops: vec![],
+            all: true,
+            ..sel(problem)
+        };
+        let j = jobs(&all("decode q/o"), None).unwrap();
+        assert!(!j.is_empty() && j.iter().all(|j| j.op.starts_with("qmatmul")));
+        assert!(jobs(&all("nope"), None).is_err());
     }
 }

@@ -229,12 +229,18 @@ fn run_other(
     let out = std::process::Command::new(bin)
         .args(&args)
         .env("TESSERA_CEILINGS", serde_json::to_string(ceilings)?)
-        .stderr(std::process::Stdio::null())
         .output()
         .with_context(|| format!("running {}", bin.display()))?;
     if !out.status.success() {
+        // Its first error line says why (e.g. an older build without `--problem`).
+        let err = String::from_utf8_lossy(&out.stderr);
+        let why = err
+            .lines()
+            .find(|l| l.to_lowercase().contains("error"))
+            .or_else(|| err.lines().rev().find(|l| !l.trim().is_empty()))
+            .unwrap_or("");
         bail!(
-            "{} {} failed ({})",
+            "{} {} failed ({}): {why}",
             bin.display(),
             args.join(" "),
             out.status
