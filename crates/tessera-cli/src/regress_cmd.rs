@@ -192,9 +192,9 @@ fn finish(
     Ok(())
 }
 
-/// One result of the other build's `bench --json`: what the comparison needs.
+/// One result of a build's `bench --json`: what the comparison needs.
 #[derive(serde::Deserialize)]
-struct OtherResult {
+struct BuildResult {
     op: String,
     problem: String,
     dtype: String,
@@ -206,23 +206,23 @@ struct OtherResult {
     bound: String,
 }
 
-/// The other build's `bench --json` document (the parts read here).
+/// A build's `bench --json` document (the parts read here).
 #[derive(serde::Deserialize)]
-struct OtherRun {
+struct BuildRun {
     fingerprint: String,
     tool_version: String,
     git_commit: String,
-    results: Vec<OtherResult>,
+    results: Vec<BuildResult>,
 }
 
-/// Runs the other build's `bench` on one job (its arguments), with our ceilings so it
-/// skips calibrating; its results as JSON.
-fn run_other(
+/// Runs a build's `bench` on one job (its arguments), with our ceilings so it skips
+/// calibrating; its results as JSON.
+fn run_build(
     bin: &Path,
     job_args: &[String],
     budget_ms: u64,
     ceilings: &tessera_perf::calibrate::Ceilings,
-) -> Result<OtherRun> {
+) -> Result<BuildRun> {
     let mut args = vec!["bench".to_string()];
     args.extend_from_slice(job_args);
     args.extend(["--json".into(), "--budget-ms".into(), budget_ms.to_string()]);
@@ -276,19 +276,18 @@ fn run_against(
             // Both builds run as child processes the same way (measured in-process, this
             // build came out 11–20 % faster on every memory-bound benchmark: the two
             // sides must not differ in anything but the build).
-            let builds = [(bin, &mut theirs), (this.as_path(), &mut ours)];
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            let mut builds = builds.map(Some);
-            for i in order {
-                let (exe, entries) = builds[i].take().expect("each build once");
-                let run = run_other(exe, &job.to_args(&a.sel), a.budget_ms, ceilings)?;
+            let other_first = round % 2 == 0;
+            for other in [other_first, !other_first] {
+                let exe = if other { bin } else { this.as_path() };
+                let run = run_build(exe, &job.to_args(&a.sel), a.budget_ms, ceilings)?;
+                let entries = if other { &mut theirs } else { &mut ours };
                 for r in &run.results {
-                    let key = format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant);
+                    let key = regress::result_key(&r.op, &r.problem, &r.dtype, &r.variant);
                     let norm =
                         regress::normalize(&r.samples_s, &r.bound, r.dram_gbps, r.peak_gflops);
                     push_round(entries, key, &r.bound, r.median_s, norm);
                 }
-                if i == 0 {
+                if other {
                     meta.get_or_insert((run.fingerprint, run.tool_version, run.git_commit));
                 }
             }

@@ -39,58 +39,57 @@ __device__ __forceinline__ float nibble_block_dot(const unsigned char* qs, const
   return has_min ? d * s + m * xs : d * (s - 8.f * xs);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    qmatvec_q4_0(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                 float* __restrict__ y, int n, int k) {
-  int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= n) return;
-  int blocks = k / 32;
-  const unsigned char* wr = w + (size_t)row * blocks * 18;
-  float s = 0.f;
-  for (int b = lane; b < blocks; b += 32)
-    s += nibble_block_dot(wr + b * 18 + 2, x + b * 32, half_at(wr + b * 18), 0.f, false);
-  s = warp_sum(s);
-  if (lane == 0) y[row] = s;
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    qmatvec_q4_1(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                 float* __restrict__ y, int n, int k) {
-  int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= n) return;
-  int blocks = k / 32;
-  const unsigned char* wr = w + (size_t)row * blocks * 20;
-  float s = 0.f;
-  for (int b = lane; b < blocks; b += 32) {
-    const unsigned char* blk = wr + b * 20;
-    s += nibble_block_dot(blk + 4, x + b * 32, half_at(blk), half_at(blk + 2), true);
+// Σ over one block of each format (pointer at the block's first byte, x at its 32
+// activations), as the block layouts of GGUF define them.
+struct Q4_0 {
+  static constexpr int BYTES = 18;
+  __device__ static float dot(const unsigned char* blk, const float* __restrict__ x) {
+    return nibble_block_dot(blk + 2, x, half_at(blk), 0.f, false);
   }
-  s = warp_sum(s);
-  if (lane == 0) y[row] = s;
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    qmatvec_q8_0(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                 float* __restrict__ y, int n, int k) {
-  int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= n) return;
-  int blocks = k / 32;
-  const unsigned char* wr = w + (size_t)row * blocks * 34;
-  float s = 0.f;
-  for (int b = lane; b < blocks; b += 32) {
-    const unsigned char* blk = wr + b * 34;
+};
+struct Q4_1 {
+  static constexpr int BYTES = 20;
+  __device__ static float dot(const unsigned char* blk, const float* __restrict__ x) {
+    return nibble_block_dot(blk + 4, x, half_at(blk), half_at(blk + 2), true);
+  }
+};
+struct Q8_0 {
+  static constexpr int BYTES = 34;
+  __device__ static float dot(const unsigned char* blk, const float* __restrict__ x) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       unsigned short q2 = *reinterpret_cast<const unsigned short*>(blk + 2 + 2 * i);
-      acc += (float)(signed char)(q2 & 0xFF) * __ldg(&x[b * 32 + 2 * i]) +
-             (float)(signed char)(q2 >> 8) * __ldg(&x[b * 32 + 2 * i + 1]);
+      acc += (float)(signed char)(q2 & 0xFF) * __ldg(&x[2 * i]) +
+             (float)(signed char)(q2 >> 8) * __ldg(&x[2 * i + 1]);
     }
-    s += half_at(blk) * acc;
+    return half_at(blk) * acc;
   }
+};
+
+// One warp per row, lanes over consecutive blocks, 8 rows per 256-thread block.
+template <class B>
+__device__ void block_matvec(const unsigned char* __restrict__ w, const float* __restrict__ x,
+                             float* __restrict__ y, int n, int k) {
+  int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n) return;
+  int blocks = k / 32;
+  const unsigned char* wr = w + (size_t)row * blocks * B::BYTES;
+  float s = 0.f;
+  for (int b = lane; b < blocks; b += 32) s += B::dot(wr + b * B::BYTES, x + b * 32);
   s = warp_sum(s);
   if (lane == 0) y[row] = s;
 }
+
+#define QMATVEC_ENTRY(NAME, B)                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                     \
+      NAME(const unsigned char* __restrict__ w, const float* __restrict__ x,            \
+           float* __restrict__ y, int n, int k) {                                       \
+    block_matvec<B>(w, x, y, n, k);                                                     \
+  }
+QMATVEC_ENTRY(qmatvec_q4_0, Q4_0)
+QMATVEC_ENTRY(qmatvec_q4_1, Q4_1)
+QMATVEC_ENTRY(qmatvec_q8_0, Q8_0)
 
 // INT8: rows of k int8 (k a multiple of 4, rows 4-byte aligned), lanes take 4 bytes.
 extern "C" __global__ void __launch_bounds__(256)

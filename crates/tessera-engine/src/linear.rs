@@ -6,7 +6,6 @@ use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::{qmatmul, qmatmul_fp8, qmatmul_i8};
-use tessera_kernels::quant::fp8::Fp8;
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
 
@@ -91,60 +90,38 @@ pub trait RowMatrix: Send + Sync + std::fmt::Debug {
     ) -> tessera_core::Result<()>;
 }
 
-impl RowMatrix for Int8Matrix {
-    fn rows(&self) -> usize {
-        Int8Matrix::rows(self)
-    }
-    fn cols(&self) -> usize {
-        Int8Matrix::cols(self)
-    }
-    fn size_bytes(&self) -> usize {
-        Int8Matrix::size_bytes(self)
-    }
-    fn dtype(&self) -> DType {
-        DType::I8
-    }
-    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        Int8Matrix::dequantize_row(self, r, out)
-    }
-    fn matmul(
-        &self,
-        threads: usize,
-        x: &TensorView<'_, f32>,
-        y: &mut TensorViewMut<'_, f32>,
-    ) -> tessera_core::Result<()> {
-        qmatmul_i8(Isa::best(), threads, self, x, y)
-    }
-}
-
-impl RowMatrix for Fp8Matrix {
-    fn rows(&self) -> usize {
-        Fp8Matrix::rows(self)
-    }
-    fn cols(&self) -> usize {
-        Fp8Matrix::cols(self)
-    }
-    fn size_bytes(&self) -> usize {
-        Fp8Matrix::size_bytes(self)
-    }
-    fn dtype(&self) -> DType {
-        match self.format() {
-            Fp8::E4M3 => DType::F8E4M3,
-            Fp8::E5M2 => DType::F8E5M2,
+/// [`RowMatrix`] for a matrix type with the same inherent methods and its matmul.
+macro_rules! row_matrix {
+    ($t:ty, $matmul:path) => {
+        impl RowMatrix for $t {
+            fn rows(&self) -> usize {
+                <$t>::rows(self)
+            }
+            fn cols(&self) -> usize {
+                <$t>::cols(self)
+            }
+            fn size_bytes(&self) -> usize {
+                <$t>::size_bytes(self)
+            }
+            fn dtype(&self) -> DType {
+                <$t>::dtype(self)
+            }
+            fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+                <$t>::dequantize_row(self, r, out)
+            }
+            fn matmul(
+                &self,
+                threads: usize,
+                x: &TensorView<'_, f32>,
+                y: &mut TensorViewMut<'_, f32>,
+            ) -> tessera_core::Result<()> {
+                $matmul(Isa::best(), threads, self, x, y)
+            }
         }
-    }
-    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        Fp8Matrix::dequantize_row(self, r, out)
-    }
-    fn matmul(
-        &self,
-        threads: usize,
-        x: &TensorView<'_, f32>,
-        y: &mut TensorViewMut<'_, f32>,
-    ) -> tessera_core::Result<()> {
-        qmatmul_fp8(Isa::best(), threads, self, x, y)
-    }
+    };
 }
+row_matrix!(Int8Matrix, qmatmul_i8);
+row_matrix!(Fp8Matrix, qmatmul_fp8);
 
 /// A linear layer over a [`RowMatrix`] (`--quantize i8`, `f8e4m3`, `f8e5m2`).
 #[derive(Debug)]

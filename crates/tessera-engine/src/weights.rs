@@ -115,15 +115,13 @@ pub fn load_matrix(
     let target = quantize_target(target, cols);
     let failed =
         |e: tessera_core::Error| Error::Model(format!("{name}: quantizing to {target}: {e}"));
-    let fp8 = |f: Fp8| Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w);
-    match target {
-        DType::I8 => {
-            let m = Int8Matrix::quantize(rows, cols, w).map_err(failed)?;
-            return Ok(Box::new(MatrixLinear::new(m)));
-        }
-        DType::F8E4M3 => return Ok(Box::new(MatrixLinear::new(fp8(Fp8::E4M3).map_err(failed)?))),
-        DType::F8E5M2 => return Ok(Box::new(MatrixLinear::new(fp8(Fp8::E5M2).map_err(failed)?))),
-        _ => {}
+    if target == DType::I8 {
+        let m = Int8Matrix::quantize(rows, cols, w).map_err(failed)?;
+        return Ok(Box::new(MatrixLinear::new(m)));
+    }
+    if let Some(f) = Fp8::of(target) {
+        let m = Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w).map_err(failed)?;
+        return Ok(Box::new(MatrixLinear::new(m)));
     }
     let quantized = with_block_format!(target,
         B => q::<B>(rows, cols, w),

@@ -378,7 +378,7 @@ pub const BASELINE_FORMAT: u32 = 1;
 /// One benchmark's normalised samples.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Entry {
-    /// `op/problem/dtype/variant/config`.
+    /// `op/problem/dtype/variant` ([`result_key`]).
     pub key: String,
     pub bound: String,
     pub median_s: f64,
@@ -395,8 +395,13 @@ impl Entry {
 
     /// The key a result is matched by across runs.
     pub fn key(r: &crate::bench::BenchResult) -> String {
-        format!("{}/{}/{}/{}", r.op, r.problem, r.dtype, r.variant)
+        result_key(&r.op, &r.problem, &r.dtype, &r.variant)
     }
+}
+
+/// `op/problem/dtype/variant`: how a result is matched across runs and builds.
+pub fn result_key(op: &str, problem: &str, dtype: &str, variant: &str) -> String {
+    format!("{op}/{problem}/{dtype}/{variant}")
 }
 
 /// Seconds × the rate that bounds the benchmark (DRAM GB/s when memory-bound, else the

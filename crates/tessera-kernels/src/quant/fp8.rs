@@ -16,6 +16,22 @@ pub enum Fp8 {
 }
 
 impl Fp8 {
+    /// The dtype tag of this format.
+    pub const fn dtype(self) -> tessera_core::DType {
+        match self {
+            Fp8::E4M3 => tessera_core::DType::F8E4M3,
+            Fp8::E5M2 => tessera_core::DType::F8E5M2,
+        }
+    }
+    /// The format a dtype tag names, if it is an FP8 one.
+    pub const fn of(dtype: tessera_core::DType) -> Option<Fp8> {
+        match dtype {
+            tessera_core::DType::F8E4M3 => Some(Fp8::E4M3),
+            tessera_core::DType::F8E5M2 => Some(Fp8::E5M2),
+            _ => None,
+        }
+    }
+
     const fn mantissa_bits(self) -> u32 {
         match self {
             Fp8::E4M3 => 3,
@@ -104,15 +120,53 @@ impl Fp8 {
         sign | if up { lo + 1 } else { lo }
     }
 
+    /// `(shift, pow)` such that [`placed`]`(code, shift, pow)` is the exact value of every
+    /// finite code: the 7 magnitude bits shifted to the top of an f32 read as the value
+    /// × 2^-(127−bias), subnormal codes landing on f32 subnormals with the same mantissa,
+    /// and one multiply by 2^(127−bias) restores it. No table, and it vectorizes.
+    pub fn placement(self) -> (u32, f32) {
+        match self {
+            Fp8::E4M3 => (20, 2f32.powi(120)),
+            Fp8::E5M2 => (21, 2f32.powi(112)),
+        }
+    }
+
+    /// A finite code's exact value by [`Fp8::placement`] (NaN/∞ codes come out finite:
+    /// callers mark such rows otherwise, see `Fp8Matrix`).
+    #[inline]
+    pub fn decode_finite(self, code: u8) -> f32 {
+        let (shift, pow) = self.placement();
+        placed(code, shift, pow)
+    }
+
     /// All 256 decoded values, for table-driven kernels.
     pub fn table(self) -> [f32; 256] {
         std::array::from_fn(|c| self.decode(c as u8))
     }
 }
 
+/// The bit placement of [`Fp8::placement`]: sign to bit 31, the other bits from `shift`.
+#[inline(always)]
+pub fn placed(code: u8, shift: u32, pow: f32) -> f32 {
+    let c = code as u32;
+    f32::from_bits(((c & 0x80) << 24) | ((c & 0x7F) << shift)) * pow
+}
+
 #[cfg(test)]
 mod tests {
     use super::Fp8;
+
+    #[test]
+    fn placement_decodes_every_finite_code_exactly() {
+        for f in [Fp8::E4M3, Fp8::E5M2] {
+            for c in 0..=255u8 {
+                let v = f.decode(c);
+                if v.is_finite() {
+                    assert_eq!(f.decode_finite(c).to_bits(), v.to_bits(), "{f:?} {c:#x}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_code_round_trips_and_known_values() {

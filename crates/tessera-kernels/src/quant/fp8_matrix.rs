@@ -38,6 +38,17 @@ fn scale_for(format: Fp8, amax: f32) -> f32 {
     }
 }
 
+/// A positive `rows × cols` that is exactly `len` elements.
+fn check_dims(op: &'static str, rows: usize, cols: usize, len: usize, what: &str) -> Result<()> {
+    if rows == 0 || cols == 0 || rows.checked_mul(cols) != Some(len) {
+        return Err(Error::shape(
+            op,
+            format!("{rows}×{cols} fp8 matrix from {len} {what}"),
+        ));
+    }
+    Ok(())
+}
+
 fn amax(v: &[f32]) -> f32 {
     v.iter()
         .filter(|x| x.is_finite())
@@ -53,12 +64,7 @@ impl Fp8Matrix {
         cols: usize,
         data: &[f32],
     ) -> Result<Self> {
-        if rows == 0 || cols == 0 || rows.checked_mul(cols) != Some(data.len()) {
-            return Err(Error::shape(
-                "quantize",
-                format!("{rows}×{cols} fp8 matrix from {} values", data.len()),
-            ));
-        }
+        check_dims("quantize", rows, cols, data.len(), "values")?;
         let tensor_scale = scale_for(format, amax(data));
         let mut codes = Vec::with_capacity(data.len());
         let mut scales = Vec::with_capacity(rows);
@@ -104,12 +110,7 @@ impl Fp8Matrix {
                 ))
             }
         };
-        if rows == 0 || cols == 0 || rows.checked_mul(cols) != Some(codes.len()) {
-            return Err(Error::shape(
-                "fp8 matrix",
-                format!("{rows}×{cols} fp8 matrix from {} codes", codes.len()),
-            ));
-        }
+        check_dims("fp8 matrix", rows, cols, codes.len(), "codes")?;
         let table = format.table();
         let scales = codes
             .chunks_exact(cols)
@@ -139,6 +140,10 @@ impl Fp8Matrix {
     pub fn scaling(&self) -> Fp8Scaling {
         self.scaling
     }
+    /// The format as a dtype tag (`f8e4m3` / `f8e5m2`).
+    pub fn dtype(&self) -> tessera_core::DType {
+        self.format.dtype()
+    }
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -165,9 +170,11 @@ impl Fp8Matrix {
     /// unless r < rows and `out.len() == cols`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols, "a row of {} values", self.cols);
-        let (table, s) = (self.format.table(), self.scales[r]);
+        // decode_finite, not a table: building one per row cost 256 decodes on the
+        // prefill path. Rows holding NaN/∞ codes have a NaN scale, so they are NaN anyway.
+        let (f, s) = (self.format, self.scales[r]);
         for (o, &c) in out.iter_mut().zip(self.row(r)) {
-            *o = table[c as usize] * s;
+            *o = f.decode_finite(c) * s;
         }
     }
     /// The row-major f32 values.

@@ -64,6 +64,9 @@ impl Int8Matrix {
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
+    pub fn dtype(&self) -> tessera_core::DType {
+        tessera_core::DType::I8
+    }
     /// Bytes of storage (codes and scales).
     pub fn size_bytes(&self) -> usize {
         self.q.len() + 4 * self.scales.len()

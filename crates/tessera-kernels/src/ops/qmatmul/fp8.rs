@@ -1,21 +1,18 @@
 //! Matmul with FP8 weights ([`Fp8Matrix`]) and f32 activations (W8A16 in FP8).
 //!
-//! Decoding needs no table: an FP8 code's exponent and mantissa bits, shifted into the
-//! top of an f32 (`sign << 24 | rest << shift`), are an f32 whose value is the code's
-//! value times 2^-(127−bias) — for subnormal codes too, which land on f32 subnormals
-//! with the same mantissa. One multiply by 2^(127−bias) restores the value exactly
-//! (before the products, so nothing tiny is ever multiplied into the sums). That is a
-//! few integer ops and one multiply per 8 weights: the AVX2 byte-weight kernel shared
-//! with INT8 (`byte_rows`) on x86, a portable loop elsewhere. Each row's sum gets its
-//! scale once at the end.
-//! NaN/∞ codes decode to finite garbage here, but their rows carry a NaN scale.
+//! Decoding needs no table: [`Fp8::placement`](crate::quant::fp8::Fp8::placement)
+//! puts a code's bits into an f32 and one exact multiply restores its value (subnormals
+//! included). That is a few integer ops and one multiply per 8 weights: the AVX2
+//! byte-weight kernel shared with INT8 (`byte_rows`) on x86, a portable loop elsewhere.
+//! Each row's sum gets its scale once at the end. NaN/∞ codes decode to finite values
+//! here, but their rows carry a NaN scale.
 //!
 //! Large M goes through the shared prefill path (rows dequantized into the f32 GEMM).
 
 use super::byte_rows::{self, ByteCode};
 use super::{weight_matmul, M_CHUNK};
 use crate::multiversion;
-use crate::quant::fp8::Fp8;
+use crate::quant::fp8::placed;
 use crate::quant::Fp8Matrix;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
@@ -27,11 +24,7 @@ pub fn qmatmul_fp8(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    // (left shift of the 7 magnitude bits, 2^(127 − bias)).
-    let (shift, pow) = match w.format() {
-        Fp8::E4M3 => (20, 2f32.powi(120)),
-        Fp8::E5M2 => (21, 2f32.powi(112)),
-    };
+    let (shift, pow) = w.format().placement();
     let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
     let dots = |r: usize, xr: &[&[f32]], out: &mut [f32]| {
         row_dots_fp8(isa, w.row(r), Decode { shift, pow }, xr, out);
@@ -59,8 +52,7 @@ struct Decode {
 impl ByteCode for Decode {
     #[inline(always)]
     fn value(self, c: u8) -> f32 {
-        let c = c as u32;
-        f32::from_bits(((c & 0x80) << 24) | ((c & 0x7F) << self.shift)) * self.pow
+        placed(c, self.shift, self.pow)
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -102,30 +94,6 @@ multiversion! {
         }
         for ((o, a), xr) in out.iter_mut().zip(&acc).zip(x) {
             *o = crate::simd::hsum(*a) + byte_rows::tail(codes, full, d, xr);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bit_placement_decodes_every_finite_code_exactly() {
-        for (f, shift, pow) in [
-            (Fp8::E4M3, 20, 2f32.powi(120)),
-            (Fp8::E5M2, 21, 2f32.powi(112)),
-        ] {
-            for c in 0..=255u8 {
-                let v = f.decode(c);
-                if v.is_finite() {
-                    assert_eq!(
-                        Decode { shift, pow }.value(c).to_bits(),
-                        v.to_bits(),
-                        "{f:?} {c:#x}"
-                    );
-                }
-            }
         }
     }
 }

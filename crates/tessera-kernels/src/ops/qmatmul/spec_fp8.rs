@@ -37,14 +37,10 @@ impl fmt::Display for Fp8Problem {
 }
 
 fn format_of(dtype: DType) -> Result<Fp8> {
-    match dtype {
-        DType::F8E4M3 => Ok(Fp8::E4M3),
-        DType::F8E5M2 => Ok(Fp8::E5M2),
-        _ => Err(Error::DType {
-            op: "qmatmul_fp8",
-            dtype: dtype.to_string(),
-        }),
-    }
+    Fp8::of(dtype).ok_or_else(|| Error::DType {
+        op: "qmatmul_fp8",
+        dtype: dtype.to_string(),
+    })
 }
 
 fn problem(p: QMatmulProblem, scaling: Fp8Scaling) -> Box<dyn ProblemCase> {
