@@ -131,20 +131,49 @@ fn int8_path(
     let acts: Vec<QuantActs> = (0..m)
         .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
-    let vnni = isa == Isa::Avx512 && CpuFeatures::get().avx512_vnni;
+    let kernel = IntKernel::for_isa(isa);
     for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
         let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
-        #[cfg(target_arch = "x86_64")]
-        if vnni {
-            // SAFETY: CpuFeatures sets avx512_vnni only with AVX-512F/BW/DQ; r < rows;
-            // the activations were built for these weights' columns and offset.
-            unsafe { vnni::dots(w, r, &a[..mc], out) };
-            return;
+        // The kernels' CPU features were checked by `for_isa`; r < rows; the activations
+        // were built for these weights' columns and offset; PackedWeights keeps
+        // non-offset-128 codes below 64.
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            IntKernel::Vnni => unsafe { vnni::dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            IntKernel::Avx2 => unsafe { avx2_int8::dots(w, r, &a[..mc], out) },
+            IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
-        let _ = vnni;
-        packed::int8_dots_portable(isa, w, r, &a[..mc], out);
     });
     Ok(())
+}
+
+/// The integer dot-product kernel an ISA runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IntKernel {
+    /// `vpdpbusd`, 64 bytes per instruction (AVX-512 with AVX512_VNNI).
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+    /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// The portable loop compiled for the ISA (the scalar baseline).
+    Portable,
+}
+
+impl IntKernel {
+    /// The kernel for an available `isa`.
+    fn for_isa(isa: Isa) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 if CpuFeatures::get().avx512_vnni => return IntKernel::Vnni,
+            Isa::Avx512 | Isa::Avx2 if Isa::Avx2.is_available() => return IntKernel::Avx2,
+            _ => {}
+        }
+        IntKernel::Portable
+    }
 }
 
 /// Validates `x [M, K] · W[N, K]ᵀ → y [M, N]`; returns (M, N).
@@ -313,6 +342,8 @@ fn prefill(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]

@@ -134,6 +134,12 @@ impl PackedWeights {
     pub fn offset(&self) -> i32 {
         self.offset
     }
+    /// Whether the codes are full bytes (Q8_0, Q8_K, INT8: exactly the offset-128
+    /// formats). Every other format's codes are below 64, which the AVX2 kernel's
+    /// saturating `vpmaddubsw` relies on (tested over every format).
+    pub(super) fn signed_bytes(&self) -> bool {
+        self.offset == 128
+    }
     /// Scale entries per chunk (1, or 2 for split formats).
     pub(super) fn halves(&self) -> usize {
         1 + self.split16 as usize
@@ -247,6 +253,91 @@ multiversion! {
                 }
             }
             *o = acc.iter().sum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::qmatmul::qmatmul_int8;
+    use crate::quant::{BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
+    use rand::{Rng, SeedableRng};
+    use tessera_core::{Isa, TensorView, TensorViewMut};
+
+    /// The AVX2 kernel multiplies codes unsigned with saturating i16 pair sums: every
+    /// format but the offset-128 ones must keep its codes below 64 (2·63·127 < 2¹⁵), on
+    /// data with outliers too.
+    #[test]
+    fn only_offset_128_formats_have_wide_codes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (rows, cols) = (4, 512);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let v: f32 = rng.random_range(-1.0..1.0);
+                if i % 97 == 0 {
+                    v * 50.0
+                } else {
+                    v
+                }
+            })
+            .collect();
+        for dtype in BLOCK_DTYPES {
+            let p = crate::with_block_format!(dtype,
+                B => PackedWeights::new(&QuantMatrix::<B>::quantize(rows, cols, &data).unwrap()),
+                _ => unreachable!("{dtype} is a block format")
+            );
+            let widest = p.quants.iter().map(|&q| q as u32).max().unwrap();
+            if p.signed_bytes() {
+                assert!(!p.four_bit, "{dtype}");
+            } else if !p.four_bit {
+                assert!(widest < 64, "{dtype}: code {widest}");
+            }
+        }
+    }
+
+    /// Full-range 8-bit codes against full-range activations: rows and activation rows
+    /// of ±max in several sign patterns, where a plain unsigned×signed multiply would
+    /// saturate (2·255·127 > 2¹⁵), must match the portable integer kernel.
+    #[test]
+    fn full_byte_codes_do_not_saturate() {
+        if !Isa::Avx2.is_available() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let k = 256;
+        // Pattern p's sign at j: all +, all −, pairs alternating, singles alternating.
+        let sign = |p: usize, j: usize| match p {
+            0 => 1.0f32,
+            1 => -1.0,
+            2 => [1.0, -1.0][(j / 2) % 2],
+            _ => [1.0, -1.0][j % 2],
+        };
+        let pattern =
+            |n: usize| -> Vec<f32> { (0..n * k).map(|i| sign(i / k % 4, i % k)).collect() };
+        let (w, x) = (pattern(4), pattern(4));
+        let q8_0 = PackedWeights::new(&QuantMatrix::<BlockQ8_0>::quantize(4, k, &w).unwrap());
+        let q8_k = PackedWeights::new(&QuantMatrix::<BlockQ8K>::quantize(4, k, &w).unwrap());
+        for w in [&q8_0, &q8_k] {
+            let run = |isa| {
+                let xv = TensorView::contiguous(&x, &[4, k]).unwrap();
+                let mut y = vec![f32::NAN; 16];
+                let mut yv = TensorViewMut::contiguous(&mut y, &[4, 4]).unwrap();
+                qmatmul_int8(isa, 1, w, &xv, &mut yv).unwrap();
+                y
+            };
+            let (fast, portable) = (run(Isa::Avx2), run(Isa::Scalar));
+            for (f, p) in fast.iter().zip(&portable) {
+                assert!(
+                    (f - p).abs() <= 1e-5 * p.abs().max(1.0),
+                    "{fast:?} vs {portable:?}"
+                );
+            }
+            // Equal patterns dot to ±k: the saturating cases are really there.
+            assert!(
+                (portable[0] - k as f32).abs() < 1e-2 * k as f32,
+                "{portable:?}"
+            );
         }
     }
 }

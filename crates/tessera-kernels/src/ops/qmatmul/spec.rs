@@ -30,29 +30,48 @@ pub const TOL_INT8: Tolerance = Tolerance {
     reason: "exact int lane sums + f32 scaling and accumulation, relative to Σ|w·x|",
 };
 
-/// Labels of the integer-activation variants.
-const VNNI: &str = "avx512-vnni";
-const INT8_SCALAR: &str = "int8-scalar";
-
-fn is_int8(v: &Variant) -> bool {
-    v.label == VNNI || v.label == INT8_SCALAR
+/// Labels of one op's integer-activation variants, one per integer kernel.
+pub(super) struct Int8Labels {
+    /// `vpdpbusd` (AVX-512 with AVX512_VNNI).
+    pub vnni: &'static str,
+    /// `vpmaddubsw` (AVX2).
+    pub avx2: &'static str,
+    /// The portable integer loop, the baseline the others are checked against.
+    pub scalar: &'static str,
 }
 
-/// The f32-activation kernels per ISA, then the integer path labelled `vnni` where the
-/// CPU has AVX512_VNNI and `scalar` (its portable baseline) everywhere.
-pub(super) fn variants_with_int8(vnni: &str, scalar: &str) -> Vec<Variant> {
-    let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-    if CpuFeatures::get().avx512_vnni {
-        v.push(Variant {
-            backend: Backend::Cpu(Isa::Avx512),
-            label: vnni.into(),
-        });
+impl Int8Labels {
+    pub fn contains(&self, v: &Variant) -> bool {
+        [self.vnni, self.avx2, self.scalar].contains(&v.label.as_str())
     }
-    v.push(Variant {
-        backend: Backend::Cpu(Isa::Scalar),
-        label: scalar.into(),
-    });
-    v
+
+    /// The f32-activation kernels per ISA, then the integer path per kernel this CPU
+    /// runs, its portable baseline last.
+    pub fn variants(&self) -> Vec<Variant> {
+        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+        let int8 = |isa, label: &str| Variant {
+            backend: Backend::Cpu(isa),
+            label: label.into(),
+        };
+        if CpuFeatures::get().avx512_vnni {
+            v.push(int8(Isa::Avx512, self.vnni));
+        }
+        if Isa::Avx2.is_available() {
+            v.push(int8(Isa::Avx2, self.avx2));
+        }
+        v.push(int8(Isa::Scalar, self.scalar));
+        v
+    }
+}
+
+const INT8: Int8Labels = Int8Labels {
+    vnni: "avx512-vnni",
+    avx2: "avx2-int8",
+    scalar: "int8-scalar",
+};
+
+fn is_int8(v: &Variant) -> bool {
+    INT8.contains(v)
 }
 
 /// [`TOL_INT8`] for the integer-activation variants, [`TOL`] otherwise.
@@ -99,7 +118,7 @@ impl OpSpec for QMatmulOp {
         &BLOCK_DTYPES
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
-        variants_with_int8(VNNI, INT8_SCALAR)
+        INT8.variants()
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL

@@ -1,8 +1,8 @@
 //! Registry entry for `qmatmul_i8`: per-channel INT8 weights, with f32 activations (one
-//! variant per ISA) or per-row int8 activations (W8A8: VNNI and the portable integer
-//! kernel). Shapes and tolerances as `qmatmul`'s.
+//! variant per ISA) or per-row int8 activations (W8A8: VNNI, AVX2 and the portable
+//! integer kernel). Shapes and tolerances as `qmatmul`'s.
 
-use super::spec::{bench_shapes, parse_shape, test_shapes, tolerance_of, variants_with_int8};
+use super::spec::{bench_shapes, parse_shape, test_shapes, tolerance_of, Int8Labels};
 use super::spec::{Operands, QMatmulProblem};
 use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, TOL};
 use crate::pool;
@@ -15,11 +15,14 @@ use rand::Rng as _;
 use std::fmt;
 use tessera_core::{DType, Error, Isa, Result};
 
-const VNNI: &str = "avx512-vnni-w8a8";
-const INT8_SCALAR: &str = "int8-scalar-w8a8";
+const W8A8: Int8Labels = Int8Labels {
+    vnni: "avx512-vnni-w8a8",
+    avx2: "avx2-w8a8",
+    scalar: "int8-scalar-w8a8",
+};
 
 fn is_w8a8(v: &Variant) -> bool {
-    v.label == VNNI || v.label == INT8_SCALAR
+    W8A8.contains(v)
 }
 
 /// The registry entry.
@@ -47,7 +50,7 @@ impl OpSpec for QMatmulI8Op {
         &[DType::I8]
     }
     fn variants(&self, _: DType) -> Vec<Variant> {
-        variants_with_int8(VNNI, INT8_SCALAR)
+        W8A8.variants()
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL

@@ -1,0 +1,237 @@
+//! The AVX2 integer kernel: the VNNI kernel's arithmetic (see [`super::packed`]) with
+//! `vpmaddubsw` + `vpmaddwd` in place of `vpdpbusd`, one 32-weight chunk per ymm.
+//!
+//! `vpmaddubsw` multiplies unsigned by signed bytes and adds adjacent pairs into i16
+//! **with saturation**, so the codes must keep every pair sum below 2¹⁵:
+//! - codes below 129 (every format but the 8-bit ones, whose codes are ≤ 63) go in as
+//!   they are: |2·u·q| ≤ 2·128·127 = 32512. The lane then starts from −offset·Σq as
+//!   with VNNI.
+//! - full 8-bit codes (offset 128: Q8_0, Q8_K, INT8) would reach 2·255·127. They are
+//!   turned back into signed weights s = u − 128 and multiplied as |s| × (q with s's
+//!   sign), the usual trick: |s| ≤ 128, so pairs stay ≤ 32512, and Σ s·q is the lane's
+//!   whole sum (−offset·Σq included), so no start value is added.
+//!
+//! `vpmaddwd` against ones then sums pairs of i16 into the same 4-element i32 lanes
+//! `vpdpbusd` gives, so scales, minima and activation metadata are the VNNI layout's.
+
+use super::packed::{PackedWeights, QuantActs};
+use super::M_CHUNK;
+use crate::quant::QK;
+use std::arch::x86_64::*;
+
+/// `out[i] = Σ_k W[row, k]·x̂_i[k]` for up to M_CHUNK quantized activation rows.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `row < w.rows`; every `acts[i]` was built for
+/// `w.cols` columns and `w`'s offset; codes other than offset-128 ones are below 129
+/// ([`PackedWeights::signed_bytes`]).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
+    // One monomorphized loop per layout, so no format test runs per chunk.
+    macro_rules! by_layout {
+        ($(($f:literal, $s:literal, $m:literal, $h:literal)),*) => {
+            match (w.four_bit, w.signed_bytes(), !w.mins.is_empty(), w.split16) {
+                // SAFETY: forwarded contract.
+                $(($f, $s, $m, $h) => unsafe { dots_for::<$f, $s, $m, $h>(w, row, acts, out) },)*
+            }
+        };
+    }
+    by_layout!(
+        (false, false, false, false),
+        (false, false, false, true),
+        (false, false, true, false),
+        (false, false, true, true),
+        (false, true, false, false),
+        (false, true, false, true),
+        (false, true, true, false),
+        (false, true, true, true),
+        (true, false, false, false),
+        (true, false, false, true),
+        (true, false, true, false),
+        (true, false, true, true),
+        (true, true, false, false),
+        (true, true, false, true),
+        (true, true, true, false),
+        (true, true, true, true)
+    )
+}
+
+/// [`dots`] for one layout: 4-bit pairs or bytes, signed-byte multiply, a minimum,
+/// per-half scales. Chunks go two at a time (one 4-bit load feeds both), and each pair
+/// adds to the accumulator once (`acc += l₀·dx₀ + l₁·dx₁`), which halves the
+/// loop-carried FMA chain that bounds a single activation row.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const SPLIT: bool>(
+    w: &PackedWeights,
+    row: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    let nb = w.cols / QK;
+    let per_row = nb * w.halves();
+    let rb = w.row_bytes();
+    debug_assert!(row < w.rows && acts.len() <= M_CHUNK && out.len() >= acts.len());
+    debug_assert!(acts
+        .iter()
+        .all(|a| a.q.len() >= nb * QK && a.d8.len() >= nb));
+    // SAFETY: row < rows, so the row's rb quant bytes start here.
+    let quants = unsafe { w.quants.as_ptr().add(row * rb) };
+    // SAFETY: and its per_row scales.
+    let scales = unsafe { w.scales.as_ptr().add(row * per_row) };
+    let mins = if MIN {
+        // SAFETY: a format with a minimum has one per scale.
+        unsafe { w.mins.as_ptr().add(row * per_row) }
+    } else {
+        scales
+    };
+    let ctx = Ctx {
+        nib: _mm256_set1_epi8(0x0F),
+        ones: _mm256_set1_epi16(1),
+        flip: _mm256_set1_epi8(-128),
+    };
+    let mut acc = [_mm256_setzero_ps(); M_CHUNK];
+    let mut b = 0;
+    while b + 1 < nb {
+        // SAFETY: chunks b and b + 1 exist (b + 1 < nb); prefetching never faults.
+        unsafe {
+            let ahead = if FOUR { QK * (b / 2) } else { QK * b };
+            _mm_prefetch::<_MM_HINT_T0>(quants.wrapping_add(ahead + PREFETCH) as *const i8);
+            let (u0, u1) = if FOUR {
+                let v = _mm256_loadu_si256(quants.add(QK * (b / 2)) as *const __m256i);
+                (
+                    _mm256_and_si256(v, ctx.nib),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), ctx.nib),
+                )
+            } else {
+                (
+                    _mm256_loadu_si256(quants.add(QK * b) as *const __m256i),
+                    _mm256_loadu_si256(quants.add(QK * (b + 1)) as *const __m256i),
+                )
+            };
+            let w0 = ChunkW::<SPLIT>::new(&ctx, u0, scales, mins, b);
+            let w1 = ChunkW::<SPLIT>::new(&ctx, u1, scales, mins, b + 1);
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
+                let l1 = w1.lane::<SIGNED, MIN>(&ctx, a, b + 1);
+                let dx0 = _mm256_loadu_ps(a.d8.as_ptr().add(b) as *const f32);
+                let dx1 = _mm256_loadu_ps(a.d8.as_ptr().add(b + 1) as *const f32);
+                let pair = _mm256_fmadd_ps(l1, dx1, _mm256_mul_ps(l0, dx0));
+                *acc = _mm256_add_ps(*acc, pair);
+            }
+        }
+        b += 2;
+    }
+    if b < nb {
+        // SAFETY: chunk b exists; a 4-bit odd last chunk is the low nibbles of its pair.
+        unsafe {
+            let u = if FOUR {
+                let v = _mm256_loadu_si256(quants.add(QK * (b / 2)) as *const __m256i);
+                _mm256_and_si256(v, ctx.nib)
+            } else {
+                _mm256_loadu_si256(quants.add(QK * b) as *const __m256i)
+            };
+            let wc = ChunkW::<SPLIT>::new(&ctx, u, scales, mins, b);
+            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                let l = wc.lane::<SIGNED, MIN>(&ctx, a, b);
+                let dx = _mm256_loadu_ps(a.d8.as_ptr().add(b) as *const f32);
+                *acc = _mm256_fmadd_ps(l, dx, *acc);
+            }
+        }
+    }
+    for (o, v) in out.iter_mut().zip(acc) {
+        // SAFETY: AVX per this function's contract.
+        *o = unsafe { hsum(v) };
+    }
+}
+
+/// Bytes ahead of the current chunk to prefetch (the next rows: a thread's rows are
+/// contiguous).
+const PREFETCH: usize = 1024;
+
+/// Loop-invariant constants.
+struct Ctx {
+    nib: __m256i,
+    ones: __m256i,
+    /// The byte 0x80: u ^ 0x80 = u − 128 as a signed byte.
+    flip: __m256i,
+}
+
+/// One weight chunk, ready for every activation row: its codes (or signed weights and
+/// their magnitudes) and its scale and minimum spread over the 8 lanes.
+struct ChunkW<const SPLIT: bool> {
+    u: __m256i,
+    abs: __m256i,
+    d: __m256,
+    m: __m256,
+}
+
+impl<const SPLIT: bool> ChunkW<SPLIT> {
+    /// # Safety
+    /// AVX2; chunk c's scales (and minima, when `mins` is not `scales`) exist.
+    #[inline(always)]
+    unsafe fn new(ctx: &Ctx, u: __m256i, scales: *const f32, mins: *const f32, c: usize) -> Self {
+        // SAFETY: per the contract.
+        unsafe {
+            let spread = |v: *const f32| {
+                if SPLIT {
+                    _mm256_set_m128(_mm_set1_ps(*v.add(2 * c + 1)), _mm_set1_ps(*v.add(2 * c)))
+                } else {
+                    _mm256_set1_ps(*v.add(c))
+                }
+            };
+            let s = _mm256_xor_si256(u, ctx.flip);
+            ChunkW {
+                u,
+                abs: _mm256_abs_epi8(s),
+                d: spread(scales),
+                m: spread(mins),
+            }
+        }
+    }
+
+    /// The chunk's 8 lane values against activation row `a`'s block b:
+    /// `d·Σu·q (+ m·Σq)` per lane, before × d_x.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `a` holds block b.
+    #[inline(always)]
+    unsafe fn lane<const SIGNED: bool, const MIN: bool>(
+        &self,
+        ctx: &Ctx,
+        a: &QuantActs,
+        b: usize,
+    ) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe {
+            let xq = _mm256_loadu_si256(a.q.as_ptr().add(QK * b) as *const __m256i);
+            let sum = if SIGNED {
+                // s = u ^ 0x80 again (cheaper than keeping it live): its sign goes on q.
+                let s = _mm256_xor_si256(self.u, ctx.flip);
+                let pairs = _mm256_maddubs_epi16(self.abs, _mm256_sign_epi8(xq, s));
+                _mm256_madd_epi16(pairs, ctx.ones)
+            } else {
+                let pairs = _mm256_maddubs_epi16(self.u, xq);
+                let init = _mm256_loadu_si256(a.init.as_ptr().add(b) as *const __m256i);
+                _mm256_add_epi32(_mm256_madd_epi16(pairs, ctx.ones), init)
+            };
+            let isum = _mm256_cvtepi32_ps(sum);
+            if MIN {
+                let sl = _mm256_loadu_ps(a.lane_sums.as_ptr().add(b) as *const f32);
+                _mm256_fmadd_ps(isum, self.d, _mm256_mul_ps(self.m, sl))
+            } else {
+                _mm256_mul_ps(isum, self.d)
+            }
+        }
+    }
+}
+
+/// The sum of 8 f32 lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX per the caller.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
