@@ -81,7 +81,7 @@ pub(super) fn weight_matmul(
         return prefill(isa, threads, (n, k), dequant, x, y);
     }
     let (xs, ld) = contiguous_rows(x);
-    for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
+    for_weight_rows(threads, (n, m, m), y, |r, m0, mc, out| {
         let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
         dots(r, &xr[..mc], out);
     });
@@ -132,7 +132,10 @@ fn int8_path(
         .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
     let kernel = IntKernel::for_isa(isa);
-    for_weight_rows(threads, n, m, y, |r, m0, mc, out| {
+    // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
+    // and lane sums at 32 bytes per 32-column block each): keep a block in ~256 KiB.
+    let act_block = ((256 << 10) / (4 * k)).clamp(M_CHUNK, 256) / M_CHUNK * M_CHUNK;
+    for_weight_rows(threads, (n, m, act_block), y, |r, m0, mc, out| {
         let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
         // The kernels' CPU features were checked by `for_isa`; r < rows; the activations
         // were built for these weights' columns and offset; PackedWeights keeps
@@ -225,30 +228,35 @@ fn contiguous_rows<'a>(x: &TensorView<'a, f32>) -> (std::borrow::Cow<'a, [f32]>,
 /// Runs `dots(r, m0, mc, out)` for every weight row r and chunk of ≤ M_CHUNK activation
 /// rows starting at m0, storing `out[..mc]` into column r of y. Each thread takes one
 /// contiguous run of weight rows: long sequential streams keep the hardware prefetchers
-/// ahead (interleaved 16-row tasks left them restarting).
+/// ahead (interleaved 16-row tasks left them restarting). Activation rows go in blocks
+/// of `act_block`, each block swept over all of the thread's weight rows: sized to stay
+/// in L2, so many rows (int8 prefill) are not re-streamed from L3 for every weight row.
 fn for_weight_rows(
     threads: usize,
-    n: usize,
-    m: usize,
+    (n, m, act_block): (usize, usize, usize),
     y: &mut TensorViewMut<'_, f32>,
     dots: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
 ) {
     let yl = *y.layout();
     let yptr = SharedMut(y.data_mut().as_mut_ptr());
     let per_task = n.div_ceil(threads.max(1)).max(ROWS_PER_TASK);
+    let act_block = act_block.max(1);
     pool::global().run(n.div_ceil(per_task), threads.max(1), |t| {
-        for r in t * per_task..((t + 1) * per_task).min(n) {
-            let mut m0 = 0;
-            while m0 < m {
-                let mc = M_CHUNK.min(m - m0);
-                let mut out = [0f32; M_CHUNK];
-                dots(r, m0, mc, &mut out[..mc]);
-                for (i, v) in out[..mc].iter().enumerate() {
-                    // SAFETY: (m0+i, r) is inside the validated, non-overlapping y view;
-                    // each weight row r belongs to exactly one task.
-                    unsafe { *yptr.get().add(yl.index_of(&[m0 + i, r])) = *v };
+        for a0 in (0..m).step_by(act_block) {
+            let a1 = (a0 + act_block).min(m);
+            for r in t * per_task..((t + 1) * per_task).min(n) {
+                let mut m0 = a0;
+                while m0 < a1 {
+                    let mc = M_CHUNK.min(a1 - m0);
+                    let mut out = [0f32; M_CHUNK];
+                    dots(r, m0, mc, &mut out[..mc]);
+                    for (i, v) in out[..mc].iter().enumerate() {
+                        // SAFETY: (m0+i, r) is inside the validated, non-overlapping y
+                        // view; each weight row r belongs to exactly one task.
+                        unsafe { *yptr.get().add(yl.index_of(&[m0 + i, r])) = *v };
+                    }
+                    m0 += mc;
                 }
-                m0 += mc;
             }
         }
     });
