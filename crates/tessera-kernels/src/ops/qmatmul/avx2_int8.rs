@@ -57,11 +57,39 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
 }
 
 /// [`dots`] for one layout: 4-bit pairs or bytes, signed-byte multiply, a minimum,
-/// per-half scales. Chunks go two at a time (one 4-bit load feeds both), and each pair
-/// adds to the accumulator once (`acc += l₀·dx₀ + l₁·dx₁`), which halves the
-/// loop-carried FMA chain that bounds a single activation row.
+/// per-half scales; then one loop per activation-row count.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const SPLIT: bool>(
+    w: &PackedWeights,
+    row: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    // SAFETY (all arms): forwarded contract; each arm gets exactly its count of rows.
+    unsafe {
+        match acts.len() {
+            0 => {}
+            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 1>(w, row, acts, out),
+            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 2>(w, row, acts, out),
+            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 3>(w, row, acts, out),
+            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, M_CHUNK>(w, row, acts, out),
+        }
+    }
+}
+
+/// The loop for M activation rows. Chunks go two at a time (one 4-bit load feeds both),
+/// and each pair adds to the accumulator once (`acc += l₀·dx₀ + l₁·dx₁`), which halves
+/// the loop-carried FMA chain that bounds a single activation row. The rows' pointers
+/// are taken out of their `QuantActs` once (a constant M unrolls the row loop, so they
+/// are not re-read through two indirections per chunk).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_m<
+    const FOUR: bool,
+    const SIGNED: bool,
+    const MIN: bool,
+    const SPLIT: bool,
+    const M: usize,
+>(
     w: &PackedWeights,
     row: usize,
     acts: &[&QuantActs],
@@ -70,7 +98,7 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
     let nb = w.cols / QK;
     let per_row = nb * w.halves();
     let rb = w.row_bytes();
-    debug_assert!(row < w.rows && acts.len() <= M_CHUNK && out.len() >= acts.len());
+    debug_assert!(row < w.rows && acts.len() == M && out.len() == M);
     debug_assert!(acts
         .iter()
         .all(|a| a.q.len() >= nb * QK && a.d8.len() >= nb));
@@ -84,12 +112,17 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
     } else {
         scales
     };
+    // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
+    let mut rows = [ActRow::default(); M];
+    for i in 0..M {
+        rows[i] = ActRow::of(acts[i]);
+    }
     let ctx = Ctx {
         nib: _mm256_set1_epi8(0x0F),
         ones: _mm256_set1_epi16(1),
         flip: _mm256_set1_epi8(-128),
     };
-    let mut acc = [_mm256_setzero_ps(); M_CHUNK];
+    let mut acc = [_mm256_setzero_ps(); M];
     let mut b = 0;
     while b + 1 < nb {
         // SAFETY: chunks b and b + 1 exist (b + 1 < nb); prefetching never faults.
@@ -110,13 +143,12 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
             };
             let w0 = ChunkW::<SPLIT>::new(&ctx, u0, scales, mins, b);
             let w1 = ChunkW::<SPLIT>::new(&ctx, u1, scales, mins, b + 1);
-            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+            for i in 0..M {
+                let a = &rows[i];
                 let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
                 let l1 = w1.lane::<SIGNED, MIN>(&ctx, a, b + 1);
-                let dx0 = _mm256_loadu_ps(a.d8.as_ptr().add(b) as *const f32);
-                let dx1 = _mm256_loadu_ps(a.d8.as_ptr().add(b + 1) as *const f32);
-                let pair = _mm256_fmadd_ps(l1, dx1, _mm256_mul_ps(l0, dx0));
-                *acc = _mm256_add_ps(*acc, pair);
+                let pair = _mm256_fmadd_ps(l1, a.dx(b + 1), _mm256_mul_ps(l0, a.dx(b)));
+                acc[i] = _mm256_add_ps(acc[i], pair);
             }
         }
         b += 2;
@@ -131,16 +163,58 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
                 _mm256_loadu_si256(quants.add(QK * b) as *const __m256i)
             };
             let wc = ChunkW::<SPLIT>::new(&ctx, u, scales, mins, b);
-            for (a, acc) in acts.iter().zip(acc.iter_mut()) {
-                let l = wc.lane::<SIGNED, MIN>(&ctx, a, b);
-                let dx = _mm256_loadu_ps(a.d8.as_ptr().add(b) as *const f32);
-                *acc = _mm256_fmadd_ps(l, dx, *acc);
+            for i in 0..M {
+                let l = wc.lane::<SIGNED, MIN>(&ctx, &rows[i], b);
+                acc[i] = _mm256_fmadd_ps(l, rows[i].dx(b), acc[i]);
             }
         }
     }
-    for (o, v) in out.iter_mut().zip(acc) {
+    for i in 0..M {
         // SAFETY: AVX per this function's contract.
-        *o = unsafe { hsum(v) };
+        out[i] = unsafe { hsum(acc[i]) };
+    }
+}
+
+/// One activation row's arrays as raw pointers, per 32-column block b: 32 code bytes at
+/// `q + 32b`, and 8 lanes each of d_x, start values and lane sums at `+ 8b`.
+#[derive(Clone, Copy)]
+struct ActRow {
+    q: *const i8,
+    init: *const i32,
+    d8: *const f32,
+    lane_sums: *const f32,
+}
+
+impl Default for ActRow {
+    fn default() -> Self {
+        ActRow {
+            q: std::ptr::null(),
+            init: std::ptr::null(),
+            d8: std::ptr::null(),
+            lane_sums: std::ptr::null(),
+        }
+    }
+}
+
+impl ActRow {
+    #[inline(always)]
+    fn of(a: &QuantActs) -> Self {
+        ActRow {
+            q: a.q.as_ptr(),
+            init: a.init.as_ptr().cast(),
+            d8: a.d8.as_ptr().cast(),
+            lane_sums: a.lane_sums.as_ptr().cast(),
+        }
+    }
+
+    /// Block b's d_x over 8 lanes.
+    ///
+    /// # Safety
+    /// AVX; the row holds block b.
+    #[inline(always)]
+    unsafe fn dx(&self, b: usize) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe { _mm256_loadu_ps(self.d8.add(8 * b)) }
     }
 }
 
@@ -198,12 +272,12 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
     unsafe fn lane<const SIGNED: bool, const MIN: bool>(
         &self,
         ctx: &Ctx,
-        a: &QuantActs,
+        a: &ActRow,
         b: usize,
     ) -> __m256 {
         // SAFETY: per the contract.
         unsafe {
-            let xq = _mm256_loadu_si256(a.q.as_ptr().add(QK * b) as *const __m256i);
+            let xq = _mm256_loadu_si256(a.q.add(QK * b) as *const __m256i);
             let sum = if SIGNED {
                 // s = u ^ 0x80 again (cheaper than keeping it live): its sign goes on q.
                 let s = _mm256_xor_si256(self.u, ctx.flip);
@@ -211,12 +285,12 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
                 _mm256_madd_epi16(pairs, ctx.ones)
             } else {
                 let pairs = _mm256_maddubs_epi16(self.u, xq);
-                let init = _mm256_loadu_si256(a.init.as_ptr().add(b) as *const __m256i);
+                let init = _mm256_loadu_si256(a.init.add(8 * b) as *const __m256i);
                 _mm256_add_epi32(_mm256_madd_epi16(pairs, ctx.ones), init)
             };
             let isum = _mm256_cvtepi32_ps(sum);
             if MIN {
-                let sl = _mm256_loadu_ps(a.lane_sums.as_ptr().add(b) as *const f32);
+                let sl = _mm256_loadu_ps(a.lane_sums.add(8 * b));
                 _mm256_fmadd_ps(isum, self.d, _mm256_mul_ps(self.m, sl))
             } else {
                 _mm256_mul_ps(isum, self.d)
