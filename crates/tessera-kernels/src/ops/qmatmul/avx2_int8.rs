@@ -65,7 +65,7 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
     acts: &[&QuantActs],
     out: &mut [f32],
 ) {
-    // SAFETY (all arms): forwarded contract; each arm gets exactly its count of rows.
+    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
     unsafe {
         match acts.len() {
             0 => {}
