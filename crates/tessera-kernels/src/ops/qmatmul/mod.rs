@@ -90,8 +90,8 @@ pub(super) fn weight_matmul(
 
 /// `y = x·Wᵀ` through the integer path: each activation row quantized to 8 bits per
 /// 32-block, weights pre-packed ([`PackedWeights`]), integer dot products — `vpdpbusd`
-/// when `isa` is AVX-512 and the CPU has AVX512_VNNI, the portable integer kernel
-/// (compiled for `isa`) otherwise. Error: see [`TOL_INT8`].
+/// when `isa` is AVX-512 and the CPU has AVX512_VNNI, `vpmaddubsw` on AVX2 (and AVX-512
+/// without VNNI), the portable integer kernel for the scalar ISA. Error: see [`TOL_INT8`].
 pub fn qmatmul_int8(
     isa: Isa,
     threads: usize,
