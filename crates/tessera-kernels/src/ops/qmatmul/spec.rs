@@ -45,6 +45,15 @@ impl Int8Labels {
         [self.vnni, self.avx2, self.scalar].contains(&v.label.as_str())
     }
 
+    /// [`TOL_INT8`] for these integer-activation variants, [`TOL`] otherwise.
+    pub fn tolerance(&self, v: &Variant) -> Tolerance {
+        if self.contains(v) {
+            TOL_INT8
+        } else {
+            TOL
+        }
+    }
+
     /// The f32-activation kernels per ISA, then the integer path per kernel this CPU
     /// runs, its portable baseline last.
     pub fn variants(&self) -> Vec<Variant> {
@@ -69,19 +78,6 @@ const INT8: Int8Labels = Int8Labels {
     avx2: "avx2-int8",
     scalar: "int8-scalar",
 };
-
-fn is_int8(v: &Variant) -> bool {
-    INT8.contains(v)
-}
-
-/// [`TOL_INT8`] for the integer-activation variants, [`TOL`] otherwise.
-pub(super) fn tolerance_of(int8_acts: bool) -> Tolerance {
-    if int8_acts {
-        TOL_INT8
-    } else {
-        TOL
-    }
-}
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
 #[derive(Clone, Debug, PartialEq)]
@@ -124,7 +120,7 @@ impl OpSpec for QMatmulOp {
         TOL
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
-        tolerance_of(is_int8(v))
+        INT8.tolerance(v)
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
@@ -382,7 +378,7 @@ impl<B: BlockFormat> QInstance<B> {
 
     /// The weights and activations a variant effectively multiplies.
     fn operands(&self, v: &Variant) -> (&[f64], Vec<Vec<f64>>) {
-        if is_int8(v) {
+        if INT8.contains(v) {
             let acts = self
                 .ops
                 .acts(Some((self.packed.offset(), ActScales::PerBlock)));
@@ -412,7 +408,7 @@ impl<B: BlockFormat> Instance for QInstance<B> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
         self.ops.call(|x, y| {
-            if is_int8(v) {
+            if INT8.contains(v) {
                 super::qmatmul_int8(v.isa(), threads, packed, x, y)
             } else {
                 qmatmul(v.isa(), threads, w, x, y)

@@ -2,7 +2,7 @@
 //! variant per ISA) or per-row int8 activations (W8A8: VNNI, AVX2 and the portable
 //! integer kernel). Shapes and tolerances as `qmatmul`'s.
 
-use super::spec::{bench_shapes, parse_shape, test_shapes, tolerance_of, Int8Labels};
+use super::spec::{bench_shapes, parse_shape, test_shapes, Int8Labels};
 use super::spec::{Operands, QMatmulProblem};
 use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, TOL};
 use crate::pool;
@@ -20,10 +20,6 @@ const W8A8: Int8Labels = Int8Labels {
     avx2: "avx2-w8a8",
     scalar: "int8-scalar-w8a8",
 };
-
-fn is_w8a8(v: &Variant) -> bool {
-    W8A8.contains(v)
-}
 
 /// The registry entry.
 #[derive(Debug)]
@@ -56,7 +52,7 @@ impl OpSpec for QMatmulI8Op {
         TOL
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
-        tolerance_of(is_w8a8(v))
+        W8A8.tolerance(v)
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
@@ -128,7 +124,9 @@ struct I8Instance {
 
 impl I8Instance {
     fn product(&self, v: &Variant, f: fn(f64) -> f64) -> Vec<f64> {
-        let int8 = is_w8a8(v).then_some((self.packed.offset(), ActScales::PerRow));
+        let int8 = W8A8
+            .contains(v)
+            .then_some((self.packed.offset(), ActScales::PerRow));
         self.ops.product(&self.exact, &self.ops.acts(int8), f)
     }
 }
@@ -150,7 +148,7 @@ impl Instance for I8Instance {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
         self.ops.call(|x, y| {
-            if is_w8a8(v) {
+            if W8A8.contains(v) {
                 qmatmul_w8a8(v.isa(), threads, packed, x, y)
             } else {
                 qmatmul_i8(v.isa(), threads, w, x, y)
