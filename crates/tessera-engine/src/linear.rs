@@ -5,7 +5,9 @@ use crate::gguf::{Gguf, TensorInfo};
 use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
-use tessera_kernels::ops::qmatmul::{qmatmul, qmatmul_fp8, qmatmul_i8};
+use tessera_kernels::ops::qmatmul::{
+    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_int8, PackedWeights, SMALL_M,
+};
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
 
@@ -24,6 +26,9 @@ pub trait Linear: Send + Sync + std::fmt::Debug {
     fn dense_weights(&self) -> Option<&[f32]> {
         None
     }
+    /// Switches decode-size matmuls to 8-bit activations and integer dot products where
+    /// the weight format has that path (the block formats); a no-op otherwise.
+    fn enable_int8_activations(&mut self) {}
 }
 
 /// Errors unless row `r` of a `rows × cols` matrix fits `out`.
@@ -41,11 +46,15 @@ fn check_row(r: usize, out: &[f32], rows: usize, cols: usize) -> Result<()> {
 #[derive(Debug)]
 pub struct QuantLinear<B> {
     w: QuantMatrix<B>,
+    /// The same weights repacked for the integer path, when decode-size matmuls
+    /// (≤ [`SMALL_M`] rows) quantize their activations to 8 bits. Prefill keeps f32
+    /// activations: its dequantize + GEMM path is the faster one (docs/performance.md).
+    packed: Option<PackedWeights>,
 }
 
 impl<B> QuantLinear<B> {
     pub fn new(w: QuantMatrix<B>) -> Self {
-        QuantLinear { w }
+        QuantLinear { w, packed: None }
     }
 }
 
@@ -58,7 +67,16 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
         let pool = tessera_kernels::pool::global();
-        Ok(qmatmul(Isa::best(), pool.threads(), &self.w, x, y)?)
+        let rows = x.dims().first().copied().unwrap_or(0);
+        match &self.packed {
+            Some(p) if rows <= SMALL_M => Ok(qmatmul_int8(Isa::best(), pool.threads(), p, x, y)?),
+            _ => Ok(qmatmul(Isa::best(), pool.threads(), &self.w, x, y)?),
+        }
+    }
+    fn enable_int8_activations(&mut self) {
+        if self.packed.is_none() {
+            self.packed = Some(PackedWeights::new(&self.w));
+        }
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         check_row(r, out, self.w.rows(), self.w.cols())?;
@@ -250,6 +268,9 @@ impl Linear for Biased {
     fn weight_bytes(&self) -> usize {
         self.inner.weight_bytes() + 4 * self.bias.len()
     }
+    fn enable_int8_activations(&mut self) {
+        self.inner.enable_int8_activations()
+    }
 }
 
 /// Loads a 2-D GGUF tensor as a linear layer, keeping its format (f16/bf16 widen to f32).
@@ -264,9 +285,9 @@ pub fn load(g: &Gguf, t: &TensorInfo) -> Result<Box<dyn Linear>> {
     let bytes = g.bytes(t);
     fn quant<B: BlockFormat>(rows: usize, cols: usize, bytes: &[u8]) -> Result<Box<dyn Linear>> {
         let blocks = blocks_from_bytes::<B>(bytes)?.to_vec();
-        Ok(Box::new(QuantLinear {
-            w: QuantMatrix::from_blocks(rows, cols, blocks)?,
-        }))
+        Ok(Box::new(QuantLinear::new(QuantMatrix::from_blocks(
+            rows, cols, blocks,
+        )?)))
     }
     if let Some(l) =
         with_block_format!(t.dtype, B => Some(quant::<B>(rows, cols, bytes)), _ => None)

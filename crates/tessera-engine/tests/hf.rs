@@ -378,6 +378,7 @@ fn hf_llama_and_qwen2_match_float64_reference() {
         // reference is the GGUF holding the same blocks.
         let q8 = LoadOptions {
             quantize: Some(DType::Q8_0),
+            ..LoadOptions::default()
         };
         check(&dir, &tensors, q8, DType::Q8_0);
         // Formats GGUF cannot hold (per-channel INT8 and FP8, 4-bit groups): the
@@ -386,6 +387,7 @@ fn hf_llama_and_qwen2_match_float64_reference() {
             let defined: Vec<Tensor> = tensors.iter().map(|t| defined_by(t, target)).collect();
             let opts = LoadOptions {
                 quantize: Some(target),
+                ..LoadOptions::default()
             };
             check_with_reference(&dir, &defined, opts, DType::F32, Scaling::None);
         }
