@@ -14,9 +14,10 @@
 //! `vpmaddwd` against ones then sums pairs of i16 into the same 4-element i32 lanes
 //! `vpdpbusd` gives, so scales, minima and activation metadata are the VNNI layout's.
 
-use super::packed::{PackedWeights, QuantActs};
+use super::packed::{Meta, PackedWeights, QuantActs};
 use super::M_CHUNK;
 use crate::quant::QK;
+use half::f16;
 use std::arch::x86_64::*;
 
 /// `out[i] = Σ_k W[row, k]·x̂_i[k]` for up to M_CHUNK quantized activation rows.
@@ -25,14 +26,23 @@ use std::arch::x86_64::*;
 /// The CPU must support AVX2 and FMA; `row < w.rows`; every `acts[i]` was built for
 /// `w.cols` columns and `w`'s offset; codes other than offset-128 ones are below 129
 /// ([`PackedWeights::signed_bytes`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
-    // One monomorphized loop per layout, so no format test runs per chunk.
+    // One monomorphized loop per layout and metadata width, so no format test runs per
+    // chunk.
     macro_rules! by_layout {
         ($(($f:literal, $s:literal, $m:literal, $h:literal)),*) => {
-            match (w.four_bit, w.signed_bytes(), !w.mins.is_empty(), w.split16) {
-                // SAFETY: forwarded contract.
-                $(($f, $s, $m, $h) => unsafe { dots_for::<$f, $s, $m, $h>(w, row, acts, out) },)*
+            match (w.four_bit, w.signed_bytes(), w.meta.has_min(), w.split16) {
+                $(($f, $s, $m, $h) => match &w.meta {
+                    // SAFETY: forwarded contract.
+                    Meta::F32 { scales, mins } => unsafe {
+                        dots_for::<$f, $s, $m, $h, f32>(w, (scales, mins), row, acts, out)
+                    },
+                    // SAFETY: forwarded contract.
+                    Meta::F16 { scales, mins } => unsafe {
+                        dots_for::<$f, $s, $m, $h, f16>(w, (scales, mins), row, acts, out)
+                    },
+                },)*
             }
         };
     }
@@ -56,11 +66,21 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
     )
 }
 
+/// `w`'s scales and minima, in their stored width.
+type MetaArrays<'a, E> = (&'a [E], &'a [E]);
+
 /// [`dots`] for one layout: 4-bit pairs or bytes, signed-byte multiply, a minimum,
-/// per-half scales; then one loop per activation-row count.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const SPLIT: bool>(
+/// per-half scales, f32 or f16 metadata; then one loop per activation-row count.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_for<
+    const FOUR: bool,
+    const SIGNED: bool,
+    const MIN: bool,
+    const SPLIT: bool,
+    E: MetaElem,
+>(
     w: &PackedWeights,
+    meta: MetaArrays<'_, E>,
     row: usize,
     acts: &[&QuantActs],
     out: &mut [f32],
@@ -69,10 +89,10 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
     unsafe {
         match acts.len() {
             0 => {}
-            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 1>(w, row, acts, out),
-            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 2>(w, row, acts, out),
-            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, 3>(w, row, acts, out),
-            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, M_CHUNK>(w, row, acts, out),
+            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1>(w, meta, row, acts, out),
+            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 2>(w, meta, row, acts, out),
+            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 3>(w, meta, row, acts, out),
+            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, M_CHUNK>(w, meta, row, acts, out),
         }
     }
 }
@@ -82,15 +102,17 @@ unsafe fn dots_for<const FOUR: bool, const SIGNED: bool, const MIN: bool, const 
 /// the loop-carried FMA chain that bounds a single activation row. The rows' pointers
 /// are taken out of their `QuantActs` once (a constant M unrolls the row loop, so they
 /// are not re-read through two indirections per chunk).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_m<
     const FOUR: bool,
     const SIGNED: bool,
     const MIN: bool,
     const SPLIT: bool,
+    E: MetaElem,
     const M: usize,
 >(
     w: &PackedWeights,
+    (all_scales, all_mins): MetaArrays<'_, E>,
     row: usize,
     acts: &[&QuantActs],
     out: &mut [f32],
@@ -102,13 +124,14 @@ unsafe fn dots_m<
     debug_assert!(acts
         .iter()
         .all(|a| a.q.len() >= nb * QK && a.d8.len() >= nb));
+    debug_assert!(all_scales.len() == w.rows * per_row);
     // SAFETY: row < rows, so the row's rb quant bytes start here.
     let quants = unsafe { w.quants.as_ptr().add(row * rb) };
     // SAFETY: and its per_row scales.
-    let scales = unsafe { w.scales.as_ptr().add(row * per_row) };
+    let scales = unsafe { all_scales.as_ptr().add(row * per_row) };
     let mins = if MIN {
         // SAFETY: a format with a minimum has one per scale.
-        unsafe { w.mins.as_ptr().add(row * per_row) }
+        unsafe { all_mins.as_ptr().add(row * per_row) }
     } else {
         scales
     };
@@ -141,8 +164,8 @@ unsafe fn dots_m<
                     _mm256_loadu_si256(quants.add(QK * (b + 1)) as *const __m256i),
                 )
             };
-            let w0 = ChunkW::<SPLIT>::new(&ctx, u0, scales, mins, b);
-            let w1 = ChunkW::<SPLIT>::new(&ctx, u1, scales, mins, b + 1);
+            let w0 = ChunkW::<SPLIT>::new::<E>(&ctx, u0, scales, mins, b);
+            let w1 = ChunkW::<SPLIT>::new::<E>(&ctx, u1, scales, mins, b + 1);
             for i in 0..M {
                 let a = &rows[i];
                 let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
@@ -162,7 +185,7 @@ unsafe fn dots_m<
             } else {
                 _mm256_loadu_si256(quants.add(QK * b) as *const __m256i)
             };
-            let wc = ChunkW::<SPLIT>::new(&ctx, u, scales, mins, b);
+            let wc = ChunkW::<SPLIT>::new::<E>(&ctx, u, scales, mins, b);
             for i in 0..M {
                 let l = wc.lane::<SIGNED, MIN>(&ctx, &rows[i], b);
                 acc[i] = _mm256_fmadd_ps(l, rows[i].dx(b), acc[i]);
@@ -241,16 +264,22 @@ struct ChunkW<const SPLIT: bool> {
 
 impl<const SPLIT: bool> ChunkW<SPLIT> {
     /// # Safety
-    /// AVX2; chunk c's scales (and minima, when `mins` is not `scales`) exist.
+    /// AVX2 and F16C; chunk c's scales (and minima, when `mins` is not `scales`) exist.
     #[inline(always)]
-    unsafe fn new(ctx: &Ctx, u: __m256i, scales: *const f32, mins: *const f32, c: usize) -> Self {
+    unsafe fn new<E: MetaElem>(
+        ctx: &Ctx,
+        u: __m256i,
+        scales: *const E,
+        mins: *const E,
+        c: usize,
+    ) -> Self {
         // SAFETY: per the contract.
         unsafe {
-            let spread = |v: *const f32| {
+            let spread = |v: *const E| {
                 if SPLIT {
-                    _mm256_set_m128(_mm_set1_ps(*v.add(2 * c + 1)), _mm_set1_ps(*v.add(2 * c)))
+                    E::spread_pair(v.add(2 * c))
                 } else {
-                    _mm256_set1_ps(*v.add(c))
+                    E::spread(v.add(c))
                 }
             };
             let s = _mm256_xor_si256(u, ctx.flip);
@@ -295,6 +324,49 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
             } else {
                 _mm256_mul_ps(isum, self.d)
             }
+        }
+    }
+}
+
+/// A stored scale or minimum (f32, or f16 where exact), widened on load.
+trait MetaElem: Copy {
+    /// `*p` in all 8 lanes.
+    ///
+    /// # Safety
+    /// AVX and F16C; `p` is readable.
+    unsafe fn spread(p: *const Self) -> __m256;
+    /// `*p` in lanes 0–3, `*p.add(1)` in lanes 4–7 (a chunk's two half scales).
+    ///
+    /// # Safety
+    /// As [`MetaElem::spread`], for two elements.
+    unsafe fn spread_pair(p: *const Self) -> __m256;
+}
+
+impl MetaElem for f32 {
+    #[inline(always)]
+    unsafe fn spread(p: *const f32) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe { _mm256_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn spread_pair(p: *const f32) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe { _mm256_set_m128(_mm_set1_ps(*p.add(1)), _mm_set1_ps(*p)) }
+    }
+}
+
+impl MetaElem for f16 {
+    #[inline(always)]
+    unsafe fn spread(p: *const f16) -> __m256 {
+        // SAFETY: per the contract; f16 is a transparent u16, widened exactly.
+        unsafe { _mm256_cvtph_ps(_mm_set1_epi16((*p).to_bits() as i16)) }
+    }
+    #[inline(always)]
+    unsafe fn spread_pair(p: *const f16) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe {
+            let (lo, hi) = ((*p).to_bits() as i16, (*p.add(1)).to_bits() as i16);
+            _mm256_cvtph_ps(_mm_set_epi16(hi, hi, hi, hi, lo, lo, lo, lo))
         }
     }
 }

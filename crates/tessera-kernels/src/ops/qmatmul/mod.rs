@@ -131,7 +131,7 @@ fn int8_path(
     let acts: Vec<QuantActs> = (0..m)
         .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
-    let kernel = IntKernel::for_isa(isa);
+    let kernel = IntKernel::for_isa(isa).reading(&w.meta);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
@@ -178,6 +178,16 @@ impl IntKernel {
             _ => {}
         }
         IntKernel::Portable
+    }
+
+    /// The kernel that reads `meta`: VNNI reads f32 metadata only, so f16 metadata
+    /// (packed on a CPU without VNNI) goes to the AVX2 kernel, which every VNNI CPU has.
+    fn reading(self, meta: &packed::Meta) -> Self {
+        match (self, meta) {
+            #[cfg(target_arch = "x86_64")]
+            (IntKernel::Vnni, packed::Meta::F16 { .. }) => IntKernel::Avx2,
+            _ => self,
+        }
     }
 }
 

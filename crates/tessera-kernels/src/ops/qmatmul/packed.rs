@@ -21,13 +21,58 @@
 //! 4-bit rows store chunk pairs as 32 bytes whose low nibbles are chunk 2p's 32 weights
 //! and high nibbles chunk 2p+1's, in element order (an odd last chunk has zero high
 //! nibbles); wider rows store each chunk's 32 bytes contiguously. Scales and minima are
-//! widened to f32 arrays, one per chunk (two, one per half, for SPLIT16 formats). The
-//! original blocks stay in the `QuantMatrix`.
+//! arrays, one per chunk (two, one per half, for SPLIT16 formats): f16 where every value
+//! is exactly an f16 (the 32-weight formats store them so) and the CPU has no VNNI, f32
+//! otherwise (the K-quants' d·sub-scale products need more bits). At decode the kernel
+//! streams these with the codes, so f16 is 20 bytes per 32 Q4_1 weights instead of 24.
+//! The VNNI kernel reads f32 only: on a VNNI CPU metadata stays f32, and f16 weights
+//! built elsewhere go to the AVX2 kernel. The original blocks stay in the `QuantMatrix`.
 
 use super::ActScales;
 use crate::multiversion;
 use crate::quant::{BlockFormat, Int8Matrix, QuantMatrix, QK};
-use tessera_core::DType;
+use half::f16;
+use tessera_core::{CpuFeatures, DType};
+
+/// Per-chunk scales d and minima m (minima empty for formats without one).
+#[derive(Clone, Debug)]
+pub(super) enum Meta {
+    F32 { scales: Vec<f32>, mins: Vec<f32> },
+    F16 { scales: Vec<f16>, mins: Vec<f16> },
+}
+
+impl Meta {
+    /// f16 when every value converts exactly and the VNNI kernel (f32 only) will not run.
+    fn compact(scales: Vec<f32>, mins: Vec<f32>) -> Self {
+        let exact = |v: &[f32]| v.iter().all(|&x| f16::from_f32(x).to_f32() == x);
+        if CpuFeatures::get().avx512_vnni || !exact(&scales) || !exact(&mins) {
+            return Meta::F32 { scales, mins };
+        }
+        let half = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect();
+        Meta::F16 {
+            scales: half(scales),
+            mins: half(mins),
+        }
+    }
+
+    pub(super) fn has_min(&self) -> bool {
+        match self {
+            Meta::F32 { mins, .. } => !mins.is_empty(),
+            Meta::F16 { mins, .. } => !mins.is_empty(),
+        }
+    }
+
+    /// (d, m) at flat index `at` (m = 0 without minima).
+    pub(super) fn get(&self, at: usize) -> (f32, f32) {
+        match self {
+            Meta::F32 { scales, mins } => (scales[at], mins.get(at).copied().unwrap_or(0.0)),
+            Meta::F16 { scales, mins } => (
+                scales[at].to_f32(),
+                mins.get(at).map_or(0.0, |m| m.to_f32()),
+            ),
+        }
+    }
+}
 
 /// Weights repacked for the integer path.
 #[derive(Clone, Debug)]
@@ -36,10 +81,8 @@ pub struct PackedWeights {
     pub(super) cols: usize,
     /// Per row: `cols/2` bytes (4-bit, block pairs) or `cols` bytes (8-bit).
     pub(super) quants: Vec<u8>,
-    /// Per row, per chunk (per half-chunk when `split16`): d.
-    pub(super) scales: Vec<f32>,
-    /// Like `scales`, m (formats with a minimum only; empty otherwise).
-    pub(super) mins: Vec<f32>,
+    /// Per row, per chunk (per half-chunk when `split16`): d and m.
+    pub(super) meta: Meta,
     pub(super) offset: i32,
     pub(super) four_bit: bool,
     /// Two scales per chunk, one per 16-weight half.
@@ -87,8 +130,7 @@ impl PackedWeights {
             rows,
             cols,
             quants,
-            scales,
-            mins,
+            meta: Meta::compact(scales, mins),
             offset: B::OFFSET,
             four_bit,
             split16: B::SPLIT16,
@@ -112,8 +154,10 @@ impl PackedWeights {
             rows,
             cols,
             quants,
-            scales,
-            mins: Vec::new(),
+            meta: Meta::F32 {
+                scales,
+                mins: Vec::new(),
+            },
             offset: 128,
             four_bit: false,
             split16: false,
@@ -244,7 +288,7 @@ multiversion! {
                 for l in 0..8 {
                     // Lane l covers elements 4l..4l+4: half l / 4.
                     let at = (row * nb + b) * hv + (l / 4) * (hv - 1);
-                    let (d, m) = (w.scales[at], w.mins.get(at).copied().unwrap_or(0.0));
+                    let (d, m) = w.meta.get(at);
                     let mut s = a.init[b][l];
                     for j in 4 * l..4 * l + 4 {
                         s += u[j] as i32 * q[j] as i32;
@@ -292,6 +336,58 @@ mod tests {
                 assert!(!p.four_bit, "{dtype}");
             } else if !p.four_bit {
                 assert!(widest < 64, "{dtype}: code {widest}");
+            }
+        }
+    }
+
+    /// f16 metadata holds the same values as f32 (it is chosen only where exact), so every
+    /// kernel must give bit-identical outputs from either width; and the 32-weight
+    /// formats do get f16 here unless the CPU has VNNI.
+    #[test]
+    fn f16_metadata_matches_f32_metadata_exactly() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let (rows, cols, m) = (7, 256, 3);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        for dtype in BLOCK_DTYPES {
+            let p = crate::with_block_format!(dtype,
+                B => PackedWeights::new(&QuantMatrix::<B>::quantize(rows, cols, &data).unwrap()),
+                _ => unreachable!("{dtype} is a block format")
+            );
+            let thirty_two = matches!(
+                dtype,
+                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
+            );
+            let is_f16 = matches!(p.meta, Meta::F16 { .. });
+            assert_eq!(
+                is_f16,
+                thirty_two && !CpuFeatures::get().avx512_vnni,
+                "{dtype}"
+            );
+            let Meta::F16 { scales, mins } = &p.meta else {
+                continue;
+            };
+            let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect();
+            let p32 = PackedWeights {
+                meta: Meta::F32 {
+                    scales: wide(scales),
+                    mins: wide(mins),
+                },
+                ..p.clone()
+            };
+            for isa in Isa::available() {
+                let run = |w: &PackedWeights| {
+                    let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
+                    let mut y = vec![f32::NAN; m * rows];
+                    let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
+                    qmatmul_int8(isa, 1, w, &xv, &mut yv).unwrap();
+                    y
+                };
+                let (a, b) = (run(&p), run(&p32));
+                assert!(a.iter().all(|v| v.is_finite()), "{dtype} {isa}");
+                assert_eq!(a, b, "{dtype} {isa}");
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The AVX512_VNNI kernel: two weight blocks per `vpdpbusd` (64 byte products), see
 //! [`super::packed`] for the algebra and layout.
 
-use super::packed::{PackedWeights, QuantActs};
+use super::packed::{Meta, PackedWeights, QuantActs};
 use super::M_CHUNK;
 use crate::quant::QK;
 use std::arch::x86_64::*;
@@ -10,7 +10,8 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW/DQ/VL and AVX512_VNNI; `row < w.rows`; every `acts[i]` was
-/// built for `w.cols` columns and `w`'s offset.
+/// built for `w.cols` columns and `w`'s offset; `w`'s metadata is f32 (`int8_path` sends
+/// f16 metadata to the AVX2 kernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
     let nb = w.cols / QK;
@@ -18,11 +19,14 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
     let rb = w.row_bytes();
     let quants = &w.quants[row * rb..(row + 1) * rb];
     let per_row = nb * w.halves();
-    let scales = &w.scales[row * per_row..(row + 1) * per_row];
-    let mins = if w.mins.is_empty() {
+    let Meta::F32 { scales, mins } = &w.meta else {
+        unreachable!("f16 metadata goes to the AVX2 kernel")
+    };
+    let scales = &scales[row * per_row..(row + 1) * per_row];
+    let mins = if mins.is_empty() {
         &[][..]
     } else {
-        &w.mins[row * per_row..(row + 1) * per_row]
+        &mins[row * per_row..(row + 1) * per_row]
     };
     // Lane i of a chunk pair belongs to half i / 4 of the pair's four halves.
     let quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
