@@ -131,7 +131,7 @@ fn int8_path(
     let acts: Vec<QuantActs> = (0..m)
         .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
-    let kernel = IntKernel::for_isa(isa).reading(&w.meta);
+    let kernel = IntKernel::for_isa(isa).reading(&w.meta).for_scales(w, act);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
@@ -149,6 +149,10 @@ fn int8_path(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             IntKernel::Avx2 => unsafe { avx2_int8::dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; `for_scales` chose it for one scale per weight row and
+            // per activation row and K below its overflow bound.
+            IntKernel::Avx2RowScaled => unsafe { avx2_w8a8::dots(w, r, &a[..mc], out) },
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     });
@@ -164,6 +168,10 @@ enum IntKernel {
     /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2 W8A8 with one scale per weight row and per activation row: integer sums over
+    /// the whole row, scaled once.
+    #[cfg(target_arch = "x86_64")]
+    Avx2RowScaled,
     /// The portable loop compiled for the ISA (the scalar baseline).
     Portable,
 }
@@ -188,6 +196,21 @@ impl IntKernel {
             (IntKernel::Vnni, packed::Meta::F16 { .. }) => IntKernel::Avx2,
             _ => self,
         }
+    }
+
+    /// The AVX2 kernel specialised to row scales where weights and activations both
+    /// have one scale per row (per-channel INT8 in W8A8).
+    fn for_scales(self, w: &PackedWeights, act: ActScales) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if self == IntKernel::Avx2
+            && act == ActScales::PerRow
+            && w.one_scale_per_row()
+            && w.cols() < avx2_w8a8::MAX_COLS
+        {
+            return IntKernel::Avx2RowScaled;
+        }
+        let _ = (w, act);
+        self
     }
 }
 
@@ -364,6 +387,8 @@ fn prefill(
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
+#[cfg(target_arch = "x86_64")]
+mod avx2_w8a8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]

@@ -62,6 +62,15 @@ impl Meta {
         }
     }
 
+    /// [`Meta::get`], None past the end.
+    fn get_checked(&self, at: usize) -> Option<(f32, f32)> {
+        let len = match self {
+            Meta::F32 { scales, .. } => scales.len(),
+            Meta::F16 { scales, .. } => scales.len(),
+        };
+        (at < len).then(|| self.get(at))
+    }
+
     /// (d, m) at flat index `at` (m = 0 without minima).
     pub(super) fn get(&self, at: usize) -> (f32, f32) {
         match self {
@@ -177,6 +186,16 @@ impl PackedWeights {
     /// The format's offset o in value = (u − o)·d + m (what [`QuantActs::new`] needs).
     pub fn offset(&self) -> i32 {
         self.offset
+    }
+    /// Whether every chunk of a row shares one scale (per-channel INT8 from
+    /// [`PackedWeights::from_int8`]), so a row's integer dot can be scaled once.
+    pub(super) fn one_scale_per_row(&self) -> bool {
+        self.dtype == DType::I8
+    }
+    /// Row `row`'s scale when [`PackedWeights::one_scale_per_row`] (0 for an empty row).
+    pub(super) fn row_scale(&self, row: usize) -> f32 {
+        let per_row = self.cols / QK * self.halves();
+        self.meta.get_checked(row * per_row).map_or(0.0, |(d, _)| d)
     }
     /// Whether the codes are full bytes (Q8_0, Q8_K, INT8: exactly the offset-128
     /// formats). Every other format's codes are below 64, which the AVX2 kernel's
