@@ -11,11 +11,12 @@
 //! Codes are signed weights s = u − 128 multiplied as |s| × sign(q_x, s) (see
 //! `avx2_int8`: pair sums ≤ 2·128·127 stay inside `vpmaddubsw`'s i16). A whole row's dot
 //! is at most K·128·127 in magnitude, so below [`MAX_COLS`] neither a lane nor the
-//! row's sum across lanes overflows i32, and the four rows' lanes are reduced together
-//! with `vphaddd`.
+//! row's sum across lanes overflows i32, and each four rows' lanes are reduced together
+//! with `vphaddd`. A call takes up to eight activation rows (the block kernels take
+//! four): the weight chunk's load, sign split and `|s|` and the call's fixed cost are
+//! shared by twice the work, and eight accumulators still leave registers spare.
 
 use super::packed::{PackedWeights, QuantActs};
-use super::M_CHUNK;
 use crate::quant::QK;
 use std::arch::x86_64::*;
 
@@ -23,10 +24,12 @@ use std::arch::x86_64::*;
 /// beyond any LLM's hidden size; wider rows take the block kernel).
 pub(super) const MAX_COLS: usize = (i32::MAX as usize) / (128 * 127);
 
-// The lane reduction below takes exactly four rows.
-const _: () = assert!(M_CHUNK == 4);
+/// Activation rows per call at most.
+pub(super) const ROWS: usize = 8;
 
-/// `out[i] = scale_w[row] · d_x(i) · Σ_k s_k·q_x,i[k]` for up to M_CHUNK activation rows.
+/// `out[i] = scale_w[row] · d_x(i) · Σ_k s_k·q_x,i[k]` for the `out.len()` ≤ [`ROWS`]
+/// first activation rows; `acts` holds at least [`ROWS`] rows when `out` has more than 4
+/// (5–7 rows run as 8, the extra ones being repeats whose results are dropped).
 ///
 /// # Safety
 /// The CPU must support AVX2; `row < w.rows`; `w` has offset-128 codes and one scale per
@@ -34,14 +37,17 @@ const _: () = assert!(M_CHUNK == 4);
 /// quantized with one scale per row for `w.cols` columns.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
-    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
+    debug_assert!(out.len() <= ROWS && acts.len() >= out.len());
+    debug_assert!(out.len() <= 4 || acts.len() >= ROWS);
+    // SAFETY: forwarded contract; each arm has at least its count of rows.
     unsafe {
-        match acts.len() {
+        match out.len() {
             0 => {}
             1 => dots_m::<1>(w, row, acts, out),
             2 => dots_m::<2>(w, row, acts, out),
             3 => dots_m::<3>(w, row, acts, out),
-            _ => dots_m::<M_CHUNK>(w, row, acts, out),
+            4 => dots_m::<4>(w, row, acts, out),
+            _ => dots_m::<ROWS>(w, row, acts, out),
         }
     }
 }
@@ -54,8 +60,8 @@ unsafe fn dots_m<const M: usize>(
     out: &mut [f32],
 ) {
     let k = w.cols;
-    debug_assert!(row < w.rows && acts.len() == M && out.len() == M && k < MAX_COLS);
-    debug_assert!(acts.iter().all(|a| a.q.len() >= k));
+    debug_assert!(row < w.rows && acts.len() >= M && out.len() <= M && k < MAX_COLS);
+    debug_assert!(acts[..M].iter().all(|a| a.q.len() >= k));
     // SAFETY: row < rows and 8-bit rows are `cols` bytes long.
     let quants = unsafe { w.quants.as_ptr().add(row * k) };
     let mut xs = [std::ptr::null::<i8>(); M];
@@ -82,22 +88,24 @@ unsafe fn dots_m<const M: usize>(
             }
         }
     }
-    // Lanes of rows 0..M (missing rows zero) summed pairwise into [Σ0, Σ1, Σ2, Σ3] per
-    // 128-bit half, then the halves added: one vector of the rows' dots.
+    // Each four rows' lanes (missing rows zero) summed pairwise into [Σ0, Σ1, Σ2, Σ3] per
+    // 128-bit half, then the halves added: one vector of four rows' dots.
     let zero = _mm256_setzero_si256();
     let row_acc = |i: usize| if i < M { acc[i] } else { zero };
-    let h = _mm256_hadd_epi32(
-        _mm256_hadd_epi32(row_acc(0), row_acc(1)),
-        _mm256_hadd_epi32(row_acc(2), row_acc(3)),
-    );
-    let dots = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-    let mut sums = [0f32; 4];
-    // SAFETY: 4 f32 lanes into a 4-element array.
-    unsafe { _mm_storeu_ps(sums.as_mut_ptr(), _mm_cvtepi32_ps(dots)) };
+    let mut sums = [0f32; 8];
+    for (g, four) in sums.chunks_exact_mut(4).enumerate().take(M.div_ceil(4)) {
+        let h = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(row_acc(4 * g), row_acc(4 * g + 1)),
+            _mm256_hadd_epi32(row_acc(4 * g + 2), row_acc(4 * g + 3)),
+        );
+        let dots = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        // SAFETY: 4 f32 lanes into a 4-element slice.
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), _mm_cvtepi32_ps(dots)) };
+    }
     let scale = w.row_scale(row);
-    for i in 0..M {
+    for (i, o) in out.iter_mut().enumerate() {
         let dx = acts[i].d8.first().map_or(0.0, |d| d[0]);
-        out[i] = sums[i] * scale * dx;
+        *o = sums[i] * scale * dx;
     }
 }
 

@@ -81,7 +81,7 @@ pub(super) fn weight_matmul(
         return prefill(isa, threads, (n, k), dequant, x, y);
     }
     let (xs, ld) = contiguous_rows(x);
-    for_weight_rows(threads, (n, m, m), y, |r, m0, mc, out| {
+    for_weight_rows::<M_CHUNK>(threads, (n, m, m), y, |r, m0, mc, out| {
         let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
         dots(r, &xr[..mc], out);
     });
@@ -137,8 +137,9 @@ fn int8_path(
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
     // Q4_0 on AVX2: 256 KiB (L2) 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
     let act_block = ((24 << 10) / (4 * k)).clamp(M_CHUNK, 256) / M_CHUNK * M_CHUNK;
-    for_weight_rows(threads, (n, m, act_block), y, |r, m0, mc, out| {
-        let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
+    let body = |r: usize, m0: usize, mc: usize, out: &mut [f32]| {
+        // Padded by repeating the last row: the row-scaled kernel runs 5–7 rows as 8.
+        let a: [&QuantActs; CALL_ROWS_MAX] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
         // The kernels' CPU features were checked by `for_isa`; r < rows; the activations
         // were built for these weights' columns and offset; PackedWeights keeps
         // non-offset-128 codes below 64.
@@ -152,12 +153,22 @@ fn int8_path(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `for_scales` chose it for one scale per weight row and
             // per activation row and K below its overflow bound.
-            IntKernel::Avx2RowScaled => unsafe { avx2_w8a8::dots(w, r, &a[..mc], out) },
+            IntKernel::Avx2RowScaled => unsafe { avx2_w8a8::dots(w, r, &a, out) },
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
-    });
+    };
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        IntKernel::Avx2RowScaled => {
+            for_weight_rows::<{ avx2_w8a8::ROWS }>(threads, (n, m, act_block), y, body)
+        }
+        _ => for_weight_rows::<M_CHUNK>(threads, (n, m, act_block), y, body),
+    }
     Ok(())
 }
+
+/// The most activation rows one integer-kernel call takes (the row-scaled kernel's 8).
+const CALL_ROWS_MAX: usize = 8;
 
 /// The integer dot-product kernel an ISA runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,13 +271,13 @@ fn contiguous_rows<'a>(x: &TensorView<'a, f32>) -> (std::borrow::Cow<'a, [f32]>,
     }
 }
 
-/// Runs `dots(r, m0, mc, out)` for every weight row r and chunk of ≤ M_CHUNK activation
+/// Runs `dots(r, m0, mc, out)` for every weight row r and chunk of ≤ ROWS activation
 /// rows starting at m0, storing `out[..mc]` into column r of y. Each thread takes one
 /// contiguous run of weight rows: long sequential streams keep the hardware prefetchers
 /// ahead (interleaved 16-row tasks left them restarting). Activation rows go in blocks
 /// of `act_block`, each block swept over all of the thread's weight rows: sized to stay
 /// in cache, so many rows (int8 prefill) are not re-streamed for every weight row.
-fn for_weight_rows(
+fn for_weight_rows<const ROWS: usize>(
     threads: usize,
     (n, m, act_block): (usize, usize, usize),
     y: &mut TensorViewMut<'_, f32>,
@@ -282,8 +293,8 @@ fn for_weight_rows(
             for r in t * per_task..((t + 1) * per_task).min(n) {
                 let mut m0 = a0;
                 while m0 < a1 {
-                    let mc = M_CHUNK.min(a1 - m0);
-                    let mut out = [0f32; M_CHUNK];
+                    let mc = ROWS.min(a1 - m0);
+                    let mut out = [0f32; ROWS];
                     dots(r, m0, mc, &mut out[..mc]);
                     for (i, v) in out[..mc].iter().enumerate() {
                         // SAFETY: (m0+i, r) is inside the validated, non-overlapping y
