@@ -6,7 +6,7 @@ use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::{
-    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_int8, PackedWeights, SMALL_M,
+    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_packed, PackedWeights,
 };
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
@@ -45,49 +45,65 @@ fn check_row(r: usize, out: &[f32], rows: usize, cols: usize) -> Result<()> {
 /// Block-quantized weights, kept quantized; matmuls dequantize in registers.
 #[derive(Debug)]
 pub struct QuantLinear<B> {
-    w: QuantMatrix<B>,
-    /// The same weights repacked for the integer path, when decode-size matmuls
-    /// (≤ [`SMALL_M`] rows) quantize their activations to 8 bits. Prefill keeps f32
-    /// activations: its dequantize + GEMM path is the faster one (docs/performance.md).
-    packed: Option<PackedWeights>,
+    w: Stored<B>,
+}
+
+/// One copy of the weights, in the form the enabled path reads.
+#[derive(Debug)]
+enum Stored<B> {
+    /// As loaded: f32-activation kernels.
+    Blocks(QuantMatrix<B>),
+    /// Repacked for 8-bit activations on decode-size matmuls (≤ 16 rows, `SMALL_M`); its
+    /// rows are the format's values bit for bit, so prefill (f32 activations: there the
+    /// dequantize + GEMM path is faster, docs/performance.md) and embedding rows read it
+    /// too, and the blocks are dropped.
+    Packed(PackedWeights),
 }
 
 impl<B> QuantLinear<B> {
     pub fn new(w: QuantMatrix<B>) -> Self {
-        QuantLinear { w, packed: None }
+        QuantLinear {
+            w: Stored::Blocks(w),
+        }
+    }
+}
+
+impl<B: BlockFormat> QuantLinear<B> {
+    fn matrix(&self) -> &dyn RowMatrix {
+        match &self.w {
+            Stored::Blocks(w) => w,
+            Stored::Packed(w) => w,
+        }
     }
 }
 
 impl<B: BlockFormat> Linear for QuantLinear<B> {
     fn in_features(&self) -> usize {
-        self.w.cols()
+        self.matrix().cols()
     }
     fn out_features(&self) -> usize {
-        self.w.rows()
+        self.matrix().rows()
     }
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
         let pool = tessera_kernels::pool::global();
-        let rows = x.dims().first().copied().unwrap_or(0);
-        match &self.packed {
-            Some(p) if rows <= SMALL_M => Ok(qmatmul_int8(Isa::best(), pool.threads(), p, x, y)?),
-            _ => Ok(qmatmul(Isa::best(), pool.threads(), &self.w, x, y)?),
-        }
+        Ok(self.matrix().matmul(pool.threads(), x, y)?)
     }
     fn enable_int8_activations(&mut self) {
-        if self.packed.is_none() {
-            self.packed = Some(PackedWeights::new(&self.w));
+        if let Stored::Blocks(w) = &self.w {
+            self.w = Stored::Packed(PackedWeights::new(w));
         }
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        check_row(r, out, self.w.rows(), self.w.cols())?;
-        self.w.dequantize_row(r, out);
+        let m = self.matrix();
+        check_row(r, out, m.rows(), m.cols())?;
+        m.dequantize_row(r, out);
         Ok(())
     }
     fn dtype(&self) -> DType {
         B::DTYPE
     }
     fn weight_bytes(&self) -> usize {
-        self.w.size_bytes()
+        self.matrix().size_bytes()
     }
 }
 
@@ -140,6 +156,33 @@ macro_rules! row_matrix {
 }
 row_matrix!(Int8Matrix, qmatmul_i8);
 row_matrix!(Fp8Matrix, qmatmul_fp8);
+row_matrix!(PackedWeights, qmatmul_packed);
+
+impl<B: BlockFormat> RowMatrix for QuantMatrix<B> {
+    fn rows(&self) -> usize {
+        QuantMatrix::rows(self)
+    }
+    fn cols(&self) -> usize {
+        QuantMatrix::cols(self)
+    }
+    fn size_bytes(&self) -> usize {
+        QuantMatrix::size_bytes(self)
+    }
+    fn dtype(&self) -> DType {
+        B::DTYPE
+    }
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        QuantMatrix::dequantize_row(self, r, out)
+    }
+    fn matmul(
+        &self,
+        threads: usize,
+        x: &TensorView<'_, f32>,
+        y: &mut TensorViewMut<'_, f32>,
+    ) -> tessera_core::Result<()> {
+        qmatmul(Isa::best(), threads, self, x, y)
+    }
+}
 
 /// A linear layer over a [`RowMatrix`] (`--quantize i8`, `f8e4m3`, `f8e5m2`).
 #[derive(Debug)]

@@ -58,7 +58,8 @@ pub struct LoadOptions {
     /// activations to 8 bits per 32 values and use integer dot products, as llama.cpp
     /// does: faster decode where the integer kernel beats the f32-activation one (every
     /// block format on AVX2), at the cost of the 8-bit rounding (under 1% perplexity on
-    /// the default model). Keeps a second, repacked copy of those weights.
+    /// the default model). The weights are repacked at load and held once (prefill
+    /// dequantizes the packed rows, which are the format's values bit for bit).
     pub int8_activations: bool,
 }
 

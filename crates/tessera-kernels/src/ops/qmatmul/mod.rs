@@ -102,6 +102,33 @@ pub fn qmatmul_int8(
     int8_path(isa, threads, w, x, y, ActScales::PerBlock)
 }
 
+/// `y = x·Wᵀ` over weights held only in the packed layout: the integer path
+/// ([`qmatmul_int8`], activations quantized per 32-block) for decode-size M ≤
+/// [`SMALL_M`], f32 activations through dequantize + GEMM for prefill, where that path
+/// is the faster one (docs/performance.md). What an engine runs when it keeps one copy
+/// of the weights for `--int8-acts`.
+pub fn qmatmul_packed(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    if x.dims().first().is_some_and(|&m| m <= SMALL_M) {
+        return qmatmul_int8(isa, threads, w, x, y);
+    }
+    let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
+    // Reached only for M ≤ SMALL_M, which went to the integer path above; kept correct.
+    let dots = |r: usize, xr: &[&[f32]], out: &mut [f32]| {
+        let mut row = vec![0f32; w.cols()];
+        w.dequantize_row(r, &mut row);
+        for (o, x) in out.iter_mut().zip(xr) {
+            *o = row.iter().zip(*x).map(|(a, b)| a * b).sum();
+        }
+    };
+    weight_matmul(isa, threads, (w.rows(), w.cols()), x, y, dequant, dots)
+}
+
 /// How activations are quantized to 8 bits for the integer path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActScales {

@@ -177,6 +177,52 @@ impl PackedWeights {
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Bytes held: codes plus scales and minima.
+    pub fn size_bytes(&self) -> usize {
+        let meta = match &self.meta {
+            Meta::F32 { scales, mins } => 4 * (scales.len() + mins.len()),
+            Meta::F16 { scales, mins } => 2 * (scales.len() + mins.len()),
+        };
+        self.quants.len() + meta
+    }
+
+    /// Row r's values, (u − offset)·d + m, into `out`: the format's own values, so the
+    /// packed copy can stand in for the blocks (prefill, embedding rows). Panics, like
+    /// slice indexing, unless r < rows and `out.len() == cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(
+            r < self.rows && out.len() == self.cols,
+            "row {r} of {} values",
+            self.cols
+        );
+        let rb = self.row_bytes();
+        let quants = &self.quants[r * rb..(r + 1) * rb];
+        let halves = self.halves();
+        let first = r * (self.cols / QK) * halves;
+        let has_min = self.meta.has_min();
+        let mut codes = [0u8; QK];
+        for (b, chunk) in out.chunks_exact_mut(QK).enumerate() {
+            if self.four_bit {
+                let pair = &quants[(b / 2) * QK..][..QK];
+                for (c, &p) in codes.iter_mut().zip(pair) {
+                    *c = (p >> (4 * (b % 2))) & 0xF;
+                }
+            } else {
+                codes.copy_from_slice(&quants[b * QK..(b + 1) * QK]);
+            }
+            let parts = chunk
+                .chunks_exact_mut(QK / halves)
+                .zip(codes.chunks_exact(QK / halves));
+            for (h, (part, cs)) in parts.enumerate() {
+                let (d, m) = self.meta.get(first + b * halves + h);
+                for (o, &u) in part.iter_mut().zip(cs) {
+                    let v = (i32::from(u) - self.offset) as f32 * d;
+                    // No `+ 0.0` without a minimum: it would turn the format's −0 into +0.
+                    *o = if has_min { v + m } else { v };
+                }
+            }
+        }
+    }
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -408,6 +454,50 @@ mod tests {
                 assert!(a.iter().all(|v| v.is_finite()), "{dtype} {isa}");
                 assert_eq!(a, b, "{dtype} {isa}");
             }
+        }
+    }
+
+    /// The packed copy stands in for the blocks (`qmatmul_packed`, an engine's embedding
+    /// rows), so its rows must be the format's values bit for bit, and its prefill the
+    /// block path's; with outliers, so K-quant sub-scales span their range.
+    #[test]
+    fn packed_rows_are_the_formats_values() {
+        use crate::ops::qmatmul::{qmatmul, qmatmul_packed};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let (rows, cols, m) = (9, 512, 20);
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|i| rng.random_range(-1.0f32..1.0) * if i % 61 == 0 { 30.0 } else { 1.0 })
+            .collect();
+        let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let isa = Isa::best();
+        for dtype in BLOCK_DTYPES {
+            let (p, want, y_blocks) = crate::with_block_format!(dtype, B => {
+                let q = QuantMatrix::<B>::quantize(rows, cols, &data).unwrap();
+                let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
+                let mut y = vec![f32::NAN; m * rows];
+                let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
+                qmatmul(isa, 2, &q, &xv, &mut yv).unwrap();
+                (PackedWeights::new(&q), q.dequantize(), y)
+            }, _ => unreachable!("{dtype} is a block format"));
+            let mut row = vec![f32::NAN; cols];
+            for r in 0..rows {
+                p.dequantize_row(r, &mut row);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&row),
+                    bits(&want[r * cols..(r + 1) * cols]),
+                    "{dtype} row {r}"
+                );
+            }
+            let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
+            let mut y = vec![f32::NAN; m * rows];
+            let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
+            qmatmul_packed(isa, 2, &p, &xv, &mut yv).unwrap();
+            assert_eq!(y, y_blocks, "{dtype}: prefill over packed rows");
+            assert!(
+                p.size_bytes() > 0 && p.size_bytes() < rows * cols * 2,
+                "{dtype}"
+            );
         }
     }
 
