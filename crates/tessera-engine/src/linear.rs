@@ -124,10 +124,11 @@ pub trait RowMatrix: Send + Sync + std::fmt::Debug {
     ) -> tessera_core::Result<()>;
 }
 
-/// [`RowMatrix`] for a matrix type with the same inherent methods and its matmul.
+/// [`RowMatrix`] for a matrix type with the same inherent methods and its matmul
+/// (optionally generic over one bounded parameter).
 macro_rules! row_matrix {
-    ($t:ty, $matmul:path) => {
-        impl RowMatrix for $t {
+    ($t:ty, $matmul:path $(, $g:ident: $bound:path)?) => {
+        impl$(<$g: $bound>)? RowMatrix for $t {
             fn rows(&self) -> usize {
                 <$t>::rows(self)
             }
@@ -157,32 +158,7 @@ macro_rules! row_matrix {
 row_matrix!(Int8Matrix, qmatmul_i8);
 row_matrix!(Fp8Matrix, qmatmul_fp8);
 row_matrix!(PackedWeights, qmatmul_packed);
-
-impl<B: BlockFormat> RowMatrix for QuantMatrix<B> {
-    fn rows(&self) -> usize {
-        QuantMatrix::rows(self)
-    }
-    fn cols(&self) -> usize {
-        QuantMatrix::cols(self)
-    }
-    fn size_bytes(&self) -> usize {
-        QuantMatrix::size_bytes(self)
-    }
-    fn dtype(&self) -> DType {
-        B::DTYPE
-    }
-    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        QuantMatrix::dequantize_row(self, r, out)
-    }
-    fn matmul(
-        &self,
-        threads: usize,
-        x: &TensorView<'_, f32>,
-        y: &mut TensorViewMut<'_, f32>,
-    ) -> tessera_core::Result<()> {
-        qmatmul(Isa::best(), threads, self, x, y)
-    }
-}
+row_matrix!(QuantMatrix<B>, qmatmul, B: BlockFormat);
 
 /// A linear layer over a [`RowMatrix`] (`--quantize i8`, `f8e4m3`, `f8e5m2`).
 #[derive(Debug)]

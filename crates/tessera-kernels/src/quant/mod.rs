@@ -221,6 +221,10 @@ impl<B: BlockFormat> QuantMatrix<B> {
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// The block format's dtype.
+    pub fn dtype(&self) -> DType {
+        B::DTYPE
+    }
     pub fn blocks(&self) -> &[B] {
         &self.blocks
     }
