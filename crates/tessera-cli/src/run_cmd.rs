@@ -84,10 +84,22 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file"])))]
 pub struct ScoreArgs {
     /// The text to score (raw, no chat template).
     #[arg(long)]
-    text: String,
+    text: Option<String>,
+    /// Read the text to score from this file instead.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Score as llama.cpp's `llama-perplexity -c N` does: chunks of N tokens, each from
+    /// an empty cache, counting the second half of each; prints the running perplexity
+    /// after every chunk (at most --chunks of them).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// With --ctx: chunks to score at most (default: all whole chunks).
+    #[arg(long, requires = "ctx")]
+    chunks: Option<usize>,
     #[command(flatten)]
     model: ModelArgs,
     /// Alternatives to list per position.
@@ -229,8 +241,42 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 pub fn score(a: ScoreArgs) -> Result<()> {
+    let text = match (&a.text, &a.file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
+        }
+        (None, None) => anyhow::bail!("give --text or --file"),
+    };
     let (model, tok) = load(a.model)?;
-    let ids = tok.encode(&a.text)?;
+    let ids = tok.encode(&text)?;
+    if let Some(ctx) = a.ctx {
+        let whole = ids.len() / ctx.max(1);
+        if whole == 0 || a.chunks == Some(0) {
+            anyhow::bail!(
+                "--ctx {ctx} needs at least one whole chunk: the text has {} tokens{}",
+                ids.len(),
+                if a.chunks == Some(0) {
+                    ", --chunks 0"
+                } else {
+                    ""
+                }
+            );
+        }
+        let ids = &ids[..a.chunks.unwrap_or(whole).min(whole) * ctx];
+        let running = tessera_engine::score::chunked_perplexity(&model, ids, ctx)?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"ctx": ctx, "running_perplexity": running})
+            );
+        } else {
+            for (i, p) in running.iter().enumerate() {
+                println!("after chunk {:>3}: perplexity {p:.4}", i + 1);
+            }
+        }
+        return Ok(());
+    }
     let s = tessera_engine::score::score(&model, &ids, a.top_k)?;
     if a.json {
         let positions: Vec<_> = s

@@ -152,6 +152,8 @@ pub struct Llama {
     output: Option<Box<dyn Linear>>,
     /// RoPE frequency of each rotated pair, scaling applied.
     rope_freqs: Vec<f64>,
+    /// Loaded with [`LoadOptions::int8_activations`].
+    int8_activations: bool,
 }
 
 /// A norm's weights, checked against the model width.
@@ -290,7 +292,14 @@ impl Llama {
             layers,
             output,
             rope_freqs,
+            int8_activations: opts.int8_activations,
         })
+    }
+
+    /// Whether matmuls of up to [`tessera_kernels::ops::qmatmul::SMALL_M`] rows run with
+    /// 8-bit activations ([`LoadOptions::int8_activations`]).
+    pub fn int8_activations(&self) -> bool {
+        self.int8_activations
     }
 
     /// Runs `tokens` at the cache's next positions and returns the logits of the last one.

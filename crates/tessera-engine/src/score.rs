@@ -22,7 +22,9 @@ pub struct Scored {
     pub perplexity: f64,
 }
 
-/// Scores `tokens[1..]` given their prefixes (one prefill over the whole text).
+/// Scores `tokens[1..]` given their prefixes: one prefill over the whole text, or, for a
+/// model with 8-bit activations, windows of `SMALL_M` tokens, so that its matmuls take
+/// the integer path they take when generating (a long prefill keeps f32 activations).
 pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
     if tokens.len() < 2 {
         return Err(Error::Model("scoring needs at least two tokens".into()));
@@ -36,7 +38,15 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
     }
     let mut cache = KvCache::new(&model.cfg, tokens.len())?;
     let n = tokens.len() - 1;
-    let logits = model.forward_all(&tokens[..n], &mut cache)?;
+    let window = if model.int8_activations() {
+        tessera_kernels::ops::qmatmul::SMALL_M
+    } else {
+        n
+    };
+    let mut logits = Vec::with_capacity(n * model.cfg.vocab);
+    for w in tokens[..n].chunks(window) {
+        logits.extend(model.forward_all(w, &mut cache)?);
+    }
     let v = model.cfg.vocab;
     let positions: Vec<PositionScore> = (0..n)
         .map(|i| {
@@ -49,16 +59,17 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
                     .sum::<f64>()
                     .ln();
             let next = tokens[i + 1];
-            let mut top: Vec<(u32, f32)> = row
-                .iter()
-                .enumerate()
-                .map(|(j, &l)| (j as u32, l))
-                .collect();
             let k = top_k.min(v);
+            let mut top: Vec<(u32, f32)> = Vec::new();
             if k > 0 {
+                top = row
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &l)| (j as u32, l))
+                    .collect();
                 top.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+                top.truncate(k);
             }
-            top.truncate(k);
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
             PositionScore {
                 next,
@@ -72,4 +83,28 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
         perplexity: (-mean).exp(),
         positions,
     })
+}
+
+/// Perplexity as llama.cpp's `llama-perplexity -c ctx` measures it, for side-by-side
+/// comparison: consecutive chunks of `ctx` tokens, each from an empty cache, scoring only
+/// the predictions made at positions ctx/2 ..= ctx−2 (ctx/2 − 1 per chunk, each with at
+/// least ctx/2 tokens of context). Returns the running perplexity after each chunk.
+pub fn chunked_perplexity(model: &Llama, tokens: &[u32], ctx: usize) -> Result<Vec<f64>> {
+    if ctx < 4 || tokens.len() < ctx {
+        return Err(Error::Model(format!(
+            "chunked perplexity needs ctx ≥ 4 and at least ctx tokens (ctx {ctx}, {} tokens)",
+            tokens.len()
+        )));
+    }
+    let (mut nll, mut scored) = (0.0, 0usize);
+    let mut running = Vec::new();
+    for chunk in tokens.chunks_exact(ctx) {
+        let s = score(model, chunk, 0)?;
+        for p in &s.positions[ctx / 2..] {
+            nll -= p.logprob;
+            scored += 1;
+        }
+        running.push((nll / scored as f64).exp());
+    }
+    Ok(running)
 }

@@ -75,6 +75,24 @@ fn scoring_matches_forward_and_perplexity_is_sane() {
         s.perplexity
     );
     assert!(tessera_engine::score::score(&model, &ids[..1], 3).is_err());
+    // llama-perplexity's scheme: chunk c's value counts positions ctx/2.. of chunk c,
+    // each chunk from an empty cache (so chunk 2 alone scores as chunk 1 of its tokens).
+    use tessera_engine::score::chunked_perplexity;
+    let running = chunked_perplexity(&model, &ids, 4).expect("chunks");
+    assert_eq!(running.len(), ids.len() / 4);
+    let second = chunked_perplexity(&model, &ids[4..8], 4).expect("one chunk");
+    let alone = tessera_engine::score::score(&model, &ids[4..8], 0).expect("scores");
+    // ctx 4: only position 2 (predicting token 3) is in the second half.
+    let want = (-alone.positions[2].logprob).exp();
+    assert!(
+        (second[0] - want).abs() < 1e-9 * want,
+        "{second:?} vs {want}"
+    );
+    assert!(chunked_perplexity(&model, &ids, 3).is_err(), "ctx below 4");
+    assert!(
+        chunked_perplexity(&model, &ids[..3], 4).is_err(),
+        "fewer tokens than ctx"
+    );
 }
 
 #[test]
@@ -244,4 +262,18 @@ fn int8_activations_keep_perplexity() {
     assert!(agree >= INT8_ACTS_MIN_AGREEMENT, "{agree}");
     // The integer path ran: with f32 activations the two would agree exactly.
     assert!(nll_int8 != nll_f32);
+    // `score` honours the option: its 16-token windows take the integer path too.
+    let score_ppl = |m: &Llama| {
+        tessera_engine::score::score(m, &ids, 0)
+            .expect("scores")
+            .perplexity
+    };
+    let (s_f32, s_int8) = (score_ppl(&f32_acts), score_ppl(&int8_acts));
+    assert!(
+        (s_f32.ln() - nll_f32).abs() < 1e-4,
+        "{s_f32} vs {}",
+        nll_f32.exp()
+    );
+    assert!(s_int8 != s_f32);
+    assert!((s_int8.ln() - s_f32.ln()).abs() < INT8_ACTS_PPL_RATIO_TOL.ln_1p());
 }

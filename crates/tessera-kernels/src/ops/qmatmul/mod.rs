@@ -114,19 +114,18 @@ pub fn qmatmul_packed(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    if x.dims().first().is_some_and(|&m| m <= SMALL_M) {
+    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m <= SMALL_M {
         return qmatmul_int8(isa, threads, w, x, y);
     }
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    if n == 0 {
+        return Ok(());
+    }
     let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
-    // Reached only for M ≤ SMALL_M, which went to the integer path above; kept correct.
-    let dots = |r: usize, xr: &[&[f32]], out: &mut [f32]| {
-        let mut row = vec![0f32; w.cols()];
-        w.dequantize_row(r, &mut row);
-        for (o, x) in out.iter_mut().zip(xr) {
-            *o = row.iter().zip(*x).map(|(a, b)| a * b).sum();
-        }
-    };
-    weight_matmul(isa, threads, (w.rows(), w.cols()), x, y, dequant, dots)
+    prefill(isa, threads, (n, w.cols()), dequant, x, y)
 }
 
 /// How activations are quantized to 8 bits for the integer path.
@@ -196,6 +195,8 @@ fn int8_path(
 
 /// The most activation rows one integer-kernel call takes (the row-scaled kernel's 8).
 const CALL_ROWS_MAX: usize = 8;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(avx2_w8a8::ROWS <= CALL_ROWS_MAX && M_CHUNK <= CALL_ROWS_MAX);
 
 /// The integer dot-product kernel an ISA runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -372,7 +372,20 @@ mod tests {
     use crate::ops::qmatmul::qmatmul_int8;
     use crate::quant::{BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
     use rand::{Rng, SeedableRng};
-    use tessera_core::{Isa, TensorView, TensorViewMut};
+    use tessera_core::{Isa, Result, TensorView, TensorViewMut};
+
+    /// `y [m, n]` (NaN-poisoned first) from `matmul(x [m, k], y)`.
+    fn apply(
+        x: &[f32],
+        (m, k, n): (usize, usize, usize),
+        matmul: impl FnOnce(&TensorView<'_, f32>, &mut TensorViewMut<'_, f32>) -> Result<()>,
+    ) -> Vec<f32> {
+        let xv = TensorView::contiguous(x, &[m, k]).unwrap();
+        let mut y = vec![f32::NAN; m * n];
+        let mut yv = TensorViewMut::contiguous(&mut y, &[m, n]).unwrap();
+        matmul(&xv, &mut yv).unwrap();
+        y
+    }
 
     /// The AVX2 kernel multiplies codes unsigned with saturating i16 pair sums: every
     /// format but the offset-128 ones must keep its codes below 64 (2·63·127 < 2¹⁵), on
@@ -444,11 +457,7 @@ mod tests {
             };
             for isa in Isa::available() {
                 let run = |w: &PackedWeights| {
-                    let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
-                    let mut y = vec![f32::NAN; m * rows];
-                    let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
-                    qmatmul_int8(isa, 1, w, &xv, &mut yv).unwrap();
-                    y
+                    apply(&x, (m, cols, rows), |x, y| qmatmul_int8(isa, 1, w, x, y))
                 };
                 let (a, b) = (run(&p), run(&p32));
                 assert!(a.iter().all(|v| v.is_finite()), "{dtype} {isa}");
@@ -473,10 +482,7 @@ mod tests {
         for dtype in BLOCK_DTYPES {
             let (p, want, y_blocks) = crate::with_block_format!(dtype, B => {
                 let q = QuantMatrix::<B>::quantize(rows, cols, &data).unwrap();
-                let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
-                let mut y = vec![f32::NAN; m * rows];
-                let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
-                qmatmul(isa, 2, &q, &xv, &mut yv).unwrap();
+                let y = apply(&x, (m, cols, rows), |x, y| qmatmul(isa, 2, &q, x, y));
                 (PackedWeights::new(&q), q.dequantize(), y)
             }, _ => unreachable!("{dtype} is a block format"));
             let mut row = vec![f32::NAN; cols];
@@ -489,11 +495,15 @@ mod tests {
                     "{dtype} row {r}"
                 );
             }
-            let xv = TensorView::contiguous(&x, &[m, cols]).unwrap();
-            let mut y = vec![f32::NAN; m * rows];
-            let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
-            qmatmul_packed(isa, 2, &p, &xv, &mut yv).unwrap();
+            let y = apply(&x, (m, cols, rows), |x, y| qmatmul_packed(isa, 2, &p, x, y));
             assert_eq!(y, y_blocks, "{dtype}: prefill over packed rows");
+            let short = TensorView::contiguous(&x[..m * (cols - QK)], &[m, cols - QK]).unwrap();
+            let mut y = vec![0f32; m * rows];
+            let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
+            assert!(
+                qmatmul_packed(isa, 2, &p, &short, &mut yv).is_err(),
+                "{dtype}: K"
+            );
             assert!(
                 p.size_bytes() > 0 && p.size_bytes() < rows * cols * 2,
                 "{dtype}"
@@ -524,13 +534,7 @@ mod tests {
         let q8_0 = PackedWeights::new(&QuantMatrix::<BlockQ8_0>::quantize(4, k, &w).unwrap());
         let q8_k = PackedWeights::new(&QuantMatrix::<BlockQ8K>::quantize(4, k, &w).unwrap());
         for w in [&q8_0, &q8_k] {
-            let run = |isa| {
-                let xv = TensorView::contiguous(&x, &[4, k]).unwrap();
-                let mut y = vec![f32::NAN; 16];
-                let mut yv = TensorViewMut::contiguous(&mut y, &[4, 4]).unwrap();
-                qmatmul_int8(isa, 1, w, &xv, &mut yv).unwrap();
-                y
-            };
+            let run = |isa| apply(&x, (4, k, 4), |x, y| qmatmul_int8(isa, 1, w, x, y));
             let (fast, portable) = (run(Isa::Avx2), run(Isa::Scalar));
             for (f, p) in fast.iter().zip(&portable) {
                 assert!(
