@@ -69,6 +69,14 @@ impl Variant {
         }
     }
 
+    /// A CPU variant with its own label (one of several kernels for one ISA).
+    pub fn labelled(isa: Isa, label: &str) -> Self {
+        Variant {
+            backend: Backend::Cpu(isa),
+            label: label.into(),
+        }
+    }
+
     /// The CPU ISA of a CPU variant.
     pub fn isa(&self) -> Isa {
         match self.backend {

@@ -329,7 +329,12 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
 }
 
 /// A stored scale or minimum (f32, or f16 where exact), widened on load.
-trait MetaElem: Copy {
+pub(super) trait MetaElem: Copy {
+    /// `p[0..8]` in the 8 lanes.
+    ///
+    /// # Safety
+    /// AVX and F16C; 8 elements at `p` are readable.
+    unsafe fn load8(p: *const Self) -> __m256;
     /// `*p` in all 8 lanes.
     ///
     /// # Safety
@@ -344,6 +349,11 @@ trait MetaElem: Copy {
 
 impl MetaElem for f32 {
     #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: per the contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
     unsafe fn spread(p: *const f32) -> __m256 {
         // SAFETY: per the contract.
         unsafe { _mm256_set1_ps(*p) }
@@ -356,6 +366,11 @@ impl MetaElem for f32 {
 }
 
 impl MetaElem for f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        // SAFETY: per the contract; 8 f16 are 16 bytes, widened exactly.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
     #[inline(always)]
     unsafe fn spread(p: *const f16) -> __m256 {
         // SAFETY: per the contract; f16 is a transparent u16, widened exactly.
@@ -373,7 +388,7 @@ impl MetaElem for f16 {
 
 /// The sum of 8 f32 lanes.
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     // SAFETY: AVX per the caller.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));

@@ -81,7 +81,7 @@ pub(super) fn weight_matmul(
         return prefill(isa, threads, (n, k), dequant, x, y);
     }
     let (xs, ld) = contiguous_rows(x);
-    for_weight_rows::<M_CHUNK>(threads, (n, m, m), y, |r, m0, mc, out| {
+    for_weight_rows::<M_CHUNK, 1>(threads, (n, m, m), y, |r, m0, mc, out| {
         let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
         dots(r, &xr[..mc], out);
     });
@@ -157,7 +157,7 @@ fn int8_path(
     let acts: Vec<QuantActs> = (0..m)
         .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
         .collect();
-    let kernel = IntKernel::for_isa(isa).reading(&w.meta).for_scales(w, act);
+    let kernel = IntKernel::for_isa(isa).reading(w).for_scales(w, act);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
@@ -177,6 +177,10 @@ fn int8_path(
             // SAFETY: as above.
             IntKernel::Avx2 => unsafe { avx2_int8::dots(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; `reading` chose it for interleaved weights, and the
+            // driver below hands it whole groups (r a multiple of 8, out 8 × M_CHUNK).
+            IntKernel::Avx2Rows8 => unsafe { avx2_rows8::dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `for_scales` chose it for one scale per weight row and
             // per activation row and K below its overflow bound.
             IntKernel::Avx2RowScaled => unsafe { avx2_w8a8::dots(w, r, &a, out) },
@@ -186,9 +190,13 @@ fn int8_path(
     match kernel {
         #[cfg(target_arch = "x86_64")]
         IntKernel::Avx2RowScaled => {
-            for_weight_rows::<{ avx2_w8a8::ROWS }>(threads, (n, m, act_block), y, body)
+            for_weight_rows::<{ avx2_w8a8::ROWS }, 1>(threads, (n, m, act_block), y, body)
         }
-        _ => for_weight_rows::<M_CHUNK>(threads, (n, m, act_block), y, body),
+        #[cfg(target_arch = "x86_64")]
+        IntKernel::Avx2Rows8 => {
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
+        }
+        _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
     }
     Ok(())
 }
@@ -207,6 +215,9 @@ enum IntKernel {
     /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// `vpmaddubsw` over 4-bit weights interleaved 8 rows at a time, 8 rows per call.
+    #[cfg(target_arch = "x86_64")]
+    Avx2Rows8,
     /// AVX2 W8A8 with one scale per weight row and per activation row: integer sums over
     /// the whole row, scaled once.
     #[cfg(target_arch = "x86_64")]
@@ -227,14 +238,20 @@ impl IntKernel {
         IntKernel::Portable
     }
 
-    /// The kernel that reads `meta`: VNNI reads f32 metadata only, so f16 metadata
-    /// (packed on a CPU without VNNI) goes to the AVX2 kernel, which every VNNI CPU has.
-    fn reading(self, meta: &packed::Meta) -> Self {
-        match (self, meta) {
-            #[cfg(target_arch = "x86_64")]
-            (IntKernel::Vnni, packed::Meta::F16 { .. }) => IntKernel::Avx2,
-            _ => self,
+    /// The kernel that reads `w`'s layout: VNNI reads row-major codes and f32 metadata
+    /// only, so f16 metadata or interleaved rows (packed on a CPU without VNNI) go to the
+    /// AVX2 kernels, which every VNNI CPU has; interleaved rows take their own.
+    fn reading(self, w: &PackedWeights) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            IntKernel::Vnni | IntKernel::Avx2 if w.interleaved => return IntKernel::Avx2Rows8,
+            IntKernel::Vnni if matches!(w.meta, packed::Meta::F16 { .. }) => {
+                return IntKernel::Avx2
+            }
+            _ => {}
         }
+        let _ = w;
+        self
     }
 
     /// The AVX2 kernel specialised to row scales where weights and activations both
@@ -299,13 +316,15 @@ fn contiguous_rows<'a>(x: &TensorView<'a, f32>) -> (std::borrow::Cow<'a, [f32]>,
     }
 }
 
-/// Runs `dots(r, m0, mc, out)` for every weight row r and chunk of ≤ ROWS activation
-/// rows starting at m0, storing `out[..mc]` into column r of y. Each thread takes one
+/// Runs `dots(r, m0, mc, out)` for every group of G weight rows starting at r and chunk
+/// of ≤ ROWS activation rows starting at m0, storing `out[g·ROWS + i]` (i < mc; `out`
+/// ends at the last of them) into y[m0 + i, r + g] (rows past N are dropped: a last
+/// group may be padding). Each thread takes one
 /// contiguous run of weight rows: long sequential streams keep the hardware prefetchers
 /// ahead (interleaved 16-row tasks left them restarting). Activation rows go in blocks
 /// of `act_block`, each block swept over all of the thread's weight rows: sized to stay
 /// in cache, so many rows (int8 prefill) are not re-streamed for every weight row.
-fn for_weight_rows<const ROWS: usize>(
+fn for_weight_rows<const ROWS: usize, const G: usize>(
     threads: usize,
     (n, m, act_block): (usize, usize, usize),
     y: &mut TensorViewMut<'_, f32>,
@@ -313,21 +332,33 @@ fn for_weight_rows<const ROWS: usize>(
 ) {
     let yl = *y.layout();
     let yptr = SharedMut(y.data_mut().as_mut_ptr());
-    let per_task = n.div_ceil(threads.max(1)).max(ROWS_PER_TASK);
+    let per_task = n
+        .div_ceil(threads.max(1))
+        .max(ROWS_PER_TASK)
+        .next_multiple_of(G);
     let act_block = act_block.max(1);
     pool::global().run(n.div_ceil(per_task), threads.max(1), |t| {
         for a0 in (0..m).step_by(act_block) {
             let a1 = (a0 + act_block).min(m);
-            for r in t * per_task..((t + 1) * per_task).min(n) {
+            for r in (t * per_task..((t + 1) * per_task).min(n)).step_by(G) {
                 let mut m0 = a0;
                 while m0 < a1 {
                     let mc = ROWS.min(a1 - m0);
-                    let mut out = [0f32; ROWS];
-                    dots(r, m0, mc, &mut out[..mc]);
-                    for (i, v) in out[..mc].iter().enumerate() {
-                        // SAFETY: (m0+i, r) is inside the validated, non-overlapping y
-                        // view; each weight row r belongs to exactly one task.
-                        unsafe { *yptr.get().add(yl.index_of(&[m0 + i, r])) = *v };
+                    let mut out = [[0f32; ROWS]; G];
+                    // Ends at the last group row's mc outputs: [..mc] for G = 1.
+                    dots(
+                        r,
+                        m0,
+                        mc,
+                        &mut out.as_flattened_mut()[..(G - 1) * ROWS + mc],
+                    );
+                    for (g, outs) in out.iter().enumerate().take(n - r) {
+                        for (i, v) in outs[..mc].iter().enumerate() {
+                            // SAFETY: (m0+i, r+g) is inside the validated,
+                            // non-overlapping y view (r + g < n); each weight row
+                            // belongs to exactly one task.
+                            unsafe { *yptr.get().add(yl.index_of(&[m0 + i, r + g])) = *v };
+                        }
                     }
                     m0 += mc;
                 }
@@ -426,6 +457,8 @@ fn prefill(
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_w8a8;
 #[cfg(target_arch = "x86_64")]

@@ -1,12 +1,12 @@
 //! Registry entry for `qmatmul`: problems, float64 reference, cost model.
 
-use super::{qmatmul, ActScales, QuantActs};
+use super::{qmatmul, ActScales, PackedWeights, QuantActs};
 use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
 use crate::registry::{
-    parse_dims, Backend, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
-    TuneConfig, TuneParam, TuneSpace, Variant,
+    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneParam, TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
@@ -58,10 +58,7 @@ impl Int8Labels {
     /// runs, its portable baseline last.
     pub fn variants(&self) -> Vec<Variant> {
         let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-        let int8 = |isa, label: &str| Variant {
-            backend: Backend::Cpu(isa),
-            label: label.into(),
-        };
+        let int8 = Variant::labelled;
         if CpuFeatures::get().avx512_vnni {
             v.push(int8(Isa::Avx512, self.vnni));
         }
@@ -78,6 +75,20 @@ const INT8: Int8Labels = Int8Labels {
     avx2: "avx2-int8",
     scalar: "int8-scalar",
 };
+
+/// The AVX2 integer kernel over weights interleaved 8 rows at a time
+/// ([`PackedWeights::interleaved`]; "avx2-int8" runs the row-major layout).
+const INTERLEAVED: &str = "avx2-int8-r8";
+
+/// Whether a variant takes 8-bit activations.
+fn is_int8(v: &Variant) -> bool {
+    INT8.contains(v) || v.label == INTERLEAVED
+}
+
+/// Whether `dtype`'s weights can be interleaved.
+fn interleaves(dtype: DType) -> bool {
+    crate::with_block_format!(dtype, B => PackedWeights::can_interleave::<B>(), _ => false)
+}
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
 #[derive(Clone, Debug, PartialEq)]
@@ -113,14 +124,22 @@ impl OpSpec for QMatmulOp {
     fn dtypes(&self) -> &'static [DType] {
         &BLOCK_DTYPES
     }
-    fn variants(&self, _: DType) -> Vec<Variant> {
-        INT8.variants()
+    fn variants(&self, dtype: DType) -> Vec<Variant> {
+        let mut v = INT8.variants();
+        if Isa::Avx2.is_available() && interleaves(dtype) {
+            v.insert(v.len() - 1, Variant::labelled(Isa::Avx2, INTERLEAVED));
+        }
+        v
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
-        INT8.tolerance(v)
+        if is_int8(v) {
+            TOL_INT8
+        } else {
+            TOL
+        }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
@@ -327,8 +346,10 @@ impl Operands {
 
 struct QInstance<B> {
     w: QuantMatrix<B>,
-    /// The same weights repacked for the int8 path (at "load time", outside the timing).
-    packed: super::PackedWeights,
+    /// The same weights repacked for the int8 path (at "load time", outside the timing):
+    /// row-major, and interleaved where the format allows.
+    packed: PackedWeights,
+    interleaved: Option<PackedWeights>,
     /// The weights' defined values as the f32 formulas give them (the f32-activation
     /// kernels use exactly these).
     w_deq: Vec<f64>,
@@ -355,7 +376,7 @@ impl<B: BlockFormat> QInstance<B> {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let w = QuantMatrix::<B>::quantize(p.n, p.k, &wf)?;
-        let packed = super::PackedWeights::new(&w);
+        let packed = PackedWeights::row_major(&w);
         let mut w_exact = Vec::with_capacity(p.n * p.k);
         let mut u = [0u8; QK];
         for b in w.blocks() {
@@ -371,6 +392,7 @@ impl<B: BlockFormat> QInstance<B> {
             w_deq: w.dequantize().into_iter().map(f64::from).collect(),
             w_exact,
             packed,
+            interleaved: PackedWeights::interleaved(&w),
             w,
             ops: Operands::new(p, rng),
         })
@@ -378,7 +400,7 @@ impl<B: BlockFormat> QInstance<B> {
 
     /// The weights and activations a variant effectively multiplies.
     fn operands(&self, v: &Variant) -> (&[f64], Vec<Vec<f64>>) {
-        if INT8.contains(v) {
+        if is_int8(v) {
             let acts = self
                 .ops
                 .acts(Some((self.packed.offset(), ActScales::PerBlock)));
@@ -407,8 +429,13 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
+        let interleaved = self.interleaved.as_ref();
         self.ops.call(|x, y| {
-            if INT8.contains(v) {
+            if v.label == INTERLEAVED {
+                let w = interleaved
+                    .ok_or_else(|| Error::Unsupported(format!("{INTERLEAVED} for {}", B::DTYPE)))?;
+                super::qmatmul_int8(v.isa(), threads, w, x, y)
+            } else if INT8.contains(v) {
                 super::qmatmul_int8(v.isa(), threads, packed, x, y)
             } else {
                 qmatmul(v.isa(), threads, w, x, y)

@@ -1,0 +1,220 @@
+//! The AVX2 integer kernel for 4-bit weights interleaved eight rows at a time
+//! ([`PackedWeights::interleaved`]).
+//!
+//! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
+//! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
+//! and 4-bit decode on AVX2 was bound by those instructions, not by DRAM
+//! (docs/performance.md). Here a ymm holds 4 codes of each of 8 rows: one `vpmaddubsw`
+//! against 4 activation bytes broadcast to every lane gives the 8 rows' partial sums,
+//! 8 of them cover the chunk, and one `vpmaddwd`, one conversion and one FMA finish the
+//! chunk for all 8 rows, whose scales are one load. About 4 vector instructions per 32
+//! weights instead of ~10, and the 8 i32 lanes are the 8 rows' dots, so no horizontal
+//! sum either.
+//!
+//! The 8 partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`): codes
+//! ≤ 15 and |q_x| ≤ 127 bound each pair sum by 2·15·127 = 3810, and 8·3810 = 30480
+//! < 2¹⁵.
+//!
+//! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
+//! start value exact in i32, the minimum term from the activation's precomputed
+//! d_x·Σq_x ([`QuantActs`]'s `block_sums`).
+
+use super::avx2_int8::MetaElem;
+use super::packed::{Meta, PackedWeights, QuantActs, GROUP_PAIR_BYTES, ROWS8};
+use super::M_CHUNK;
+use crate::quant::QK;
+use half::f16;
+use std::arch::x86_64::*;
+
+/// `out[g·M_CHUNK + i] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `w.interleaved`; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
+/// ≤ M_CHUNK, each built for `w.cols` columns and `w`'s offset; out.len() ≥
+/// 7·M_CHUNK + acts.len().
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match &w.meta {
+            Meta::F32 { scales, mins } => by_rows::<f32>(w, (scales, mins), r0, acts, out),
+            Meta::F16 { scales, mins } => by_rows::<f16>(w, (scales, mins), r0, acts, out),
+        }
+    }
+}
+
+/// `w`'s scales and minima, in their stored width.
+type MetaArrays<'a, E> = (&'a [E], &'a [E]);
+
+/// One monomorphized loop per minimum / no minimum and activation-row count.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn by_rows<E: MetaElem>(
+    w: &PackedWeights,
+    meta: MetaArrays<'_, E>,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
+    unsafe {
+        match (!meta.1.is_empty(), acts.len()) {
+            (_, 0) => {}
+            (false, 1) => dots_m::<false, E, 1>(w, meta, r0, acts, out),
+            (false, 2) => dots_m::<false, E, 2>(w, meta, r0, acts, out),
+            (false, 3) => dots_m::<false, E, 3>(w, meta, r0, acts, out),
+            (false, _) => dots_m::<false, E, M_CHUNK>(w, meta, r0, acts, out),
+            (true, 1) => dots_m::<true, E, 1>(w, meta, r0, acts, out),
+            (true, 2) => dots_m::<true, E, 2>(w, meta, r0, acts, out),
+            (true, 3) => dots_m::<true, E, 3>(w, meta, r0, acts, out),
+            (true, _) => dots_m::<true, E, M_CHUNK>(w, meta, r0, acts, out),
+        }
+    }
+}
+
+/// The group's codes and metadata, and the loop constants.
+struct Group<E> {
+    codes: *const u8,
+    scales: *const E,
+    /// `scales` again for formats without a minimum (never read then).
+    mins: *const E,
+    nib: __m256i,
+    ones: __m256i,
+}
+
+/// One activation row's per-block arrays as raw pointers.
+#[derive(Clone, Copy)]
+struct ActRow {
+    q: *const i8,
+    /// d_x at `8b` (the first of the 8 lanes `QuantActs::d8` repeats it in).
+    dx: *const f32,
+    init: *const i32,
+    sums: *const f32,
+}
+
+impl Default for ActRow {
+    fn default() -> Self {
+        ActRow {
+            q: std::ptr::null(),
+            dx: std::ptr::null(),
+            init: std::ptr::null(),
+            sums: std::ptr::null(),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_m<const MIN: bool, E: MetaElem, const M: usize>(
+    w: &PackedWeights,
+    (scales, mins): MetaArrays<'_, E>,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    let nb = w.cols / QK;
+    let group = r0 / ROWS8;
+    debug_assert!(w.interleaved && r0.is_multiple_of(ROWS8) && r0 < w.rows);
+    debug_assert!(acts.len() == M && out.len() > (ROWS8 - 1) * M_CHUNK + M - 1);
+    debug_assert!(scales.len() >= (group + 1) * nb * ROWS8);
+    debug_assert!(w.quants.len() >= (group + 1) * nb.div_ceil(2) * GROUP_PAIR_BYTES);
+    debug_assert!(acts.iter().all(|a| a.block_sums.len() >= nb));
+    // SAFETY: the group's codes and metadata start here (checked above).
+    let g = unsafe {
+        let meta = group * nb * ROWS8;
+        Group {
+            codes: w
+                .quants
+                .as_ptr()
+                .add(group * nb.div_ceil(2) * GROUP_PAIR_BYTES),
+            scales: scales.as_ptr().add(meta),
+            mins: if MIN {
+                mins.as_ptr().add(meta)
+            } else {
+                scales.as_ptr()
+            },
+            nib: _mm256_set1_epi8(0x0F),
+            ones: _mm256_set1_epi16(1),
+        }
+    };
+    // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
+    let mut rows = [ActRow::default(); M];
+    for i in 0..M {
+        rows[i] = ActRow {
+            q: acts[i].q.as_ptr(),
+            dx: acts[i].d8.as_ptr().cast(),
+            init: acts[i].block_init.as_ptr(),
+            sums: acts[i].block_sums.as_ptr(),
+        };
+    }
+    let mut acc = [_mm256_setzero_ps(); M];
+    let mut c = 0;
+    // SAFETY: chunks c (and c + 1) < nb exist in the group and in every activation row.
+    unsafe {
+        while c + 1 < nb {
+            chunk::<false, MIN, E, M>(&g, &rows, c, &mut acc);
+            chunk::<true, MIN, E, M>(&g, &rows, c + 1, &mut acc);
+            c += 2;
+        }
+        if c < nb {
+            chunk::<false, MIN, E, M>(&g, &rows, c, &mut acc);
+        }
+    }
+    let mut lanes = [0f32; ROWS8];
+    for i in 0..M {
+        // SAFETY: 8 floats fit `lanes`.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+        for (r, &v) in lanes.iter().enumerate() {
+            out[r * M_CHUNK + i] = v;
+        }
+    }
+}
+
+/// Adds chunk c (the high nibbles of its pair when HI) of the group's 8 rows, against
+/// every activation row, to `acc`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; chunk c exists in the group and in every row of `rows`.
+#[inline(always)]
+unsafe fn chunk<const HI: bool, const MIN: bool, E: MetaElem, const M: usize>(
+    g: &Group<E>,
+    rows: &[ActRow; M],
+    c: usize,
+    acc: &mut [__m256; M],
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        let base = g.codes.add((c / 2) * GROUP_PAIR_BYTES);
+        let mut s16 = [_mm256_setzero_si256(); M];
+        for t in 0..QK / 4 {
+            let v = _mm256_loadu_si256(base.add(QK * t) as *const __m256i);
+            let u = if HI {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), g.nib)
+            } else {
+                _mm256_and_si256(v, g.nib)
+            };
+            for i in 0..M {
+                let four = rows[i].q.add(QK * c + 4 * t).cast::<i32>().read_unaligned();
+                let x = _mm256_set1_epi32(four);
+                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(u, x));
+            }
+        }
+        let d = E::load8(g.scales.add(ROWS8 * c));
+        let m = if MIN {
+            E::load8(g.mins.add(ROWS8 * c))
+        } else {
+            d
+        };
+        for i in 0..M {
+            let r = &rows[i];
+            let s = _mm256_add_epi32(
+                _mm256_madd_epi16(s16[i], g.ones),
+                _mm256_set1_epi32(*r.init.add(c)),
+            );
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(*r.dx.add(8 * c)));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[i]);
+            if MIN {
+                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(*r.sums.add(c)), acc[i]);
+            }
+        }
+    }
+}
