@@ -37,7 +37,7 @@ use super::ActScales;
 use crate::multiversion;
 use crate::quant::{BlockFormat, Int8Matrix, QuantMatrix, QK};
 use half::f16;
-use tessera_core::{CpuFeatures, DType};
+use tessera_core::{CpuFeatures, DType, Isa};
 
 /// Per-chunk scales d and minima m (minima empty for formats without one).
 #[derive(Clone, Debug)]
@@ -371,10 +371,7 @@ impl QuantActs {
 
     /// As [`QuantActs::new`], with one scale per block or one for the whole row.
     pub fn with_scales(x: &[f32], offset: i32, act: ActScales) -> Self {
-        let nb = x.len() / QK;
-        let row_amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let row_finite = x.iter().all(|v| v.is_finite());
-        let padded = nb.div_ceil(2) * 2;
+        let padded = (x.len() / QK).div_ceil(2) * 2;
         let mut a = QuantActs {
             q: vec![0; padded * QK],
             d8: vec![[0.0; 8]; padded],
@@ -383,30 +380,10 @@ impl QuantActs {
             block_init: vec![0; padded],
             block_sums: vec![0.0; padded],
         };
-        for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let (amax, finite) = match act {
-                ActScales::PerBlock => (
-                    xb.iter().fold(0f32, |m, v| m.max(v.abs())),
-                    xb.iter().all(|v| v.is_finite()),
-                ),
-                ActScales::PerRow => (row_amax, row_finite),
-            };
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, &v) in a.q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
-                *q = (v * id).round() as i8;
-            }
-            let d = if finite { d } else { f32::NAN };
-            a.d8[b] = [d; 8];
-            let q = &a.q[b * QK..(b + 1) * QK];
-            let sums: [i32; 8] =
-                std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum());
-            a.init[b] = sums.map(|s| -offset * s);
-            a.lane_sums[b] = sums.map(|s| s as f32);
-            let total: i32 = sums.iter().sum();
-            a.block_init[b] = -offset * total;
-            a.block_sums[b] = d * total as f32;
-        }
+        // Compiled per ISA: at decode this runs on one thread before the matmul's
+        // threads start, and the portable build calls libm's `roundf` per value (~5 µs
+        // at K = 1536, a fifth of the matmul).
+        quantize_into(Isa::best(), x, offset, act, &mut a);
         a
     }
 
@@ -415,6 +392,52 @@ impl QuantActs {
         (0..k)
             .map(|i| self.q[i] as f64 * self.d8[i / QK][0] as f64)
             .collect()
+    }
+}
+
+/// max |v| over `x` (NaN ignored: the finiteness check catches it) and whether every
+/// value is finite, in 8 lanes the compiler can vectorize.
+#[inline(always)]
+fn amax_finite(x: &[f32]) -> (f32, bool) {
+    let (mut m, mut finite) = ([0f32; 8], true);
+    for c in x.chunks(8) {
+        for (l, &v) in c.iter().enumerate() {
+            let a = v.abs();
+            m[l] = if a > m[l] { a } else { m[l] };
+            finite &= v.is_finite();
+        }
+    }
+    (m.iter().fold(0f32, |a, &b| a.max(b)), finite)
+}
+
+multiversion! {
+    /// Fills `a` (sized for `x`) with `x` quantized per 32-block, and what the kernels
+    /// preload. Non-finite input makes its block's (or row's) scale NaN.
+    fn quantize_into(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+        let row = match act {
+            ActScales::PerBlock => None,
+            ActScales::PerRow => Some(amax_finite(x)),
+        };
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let (amax, finite) = row.unwrap_or_else(|| amax_finite(xb));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let q = &mut a.q[b * QK..(b + 1) * QK];
+            for (q, &v) in q.iter_mut().zip(xb) {
+                *q = (v * id).round() as i8;
+            }
+            let d = if finite { d } else { f32::NAN };
+            let mut sums = [0i32; 8];
+            for (s, four) in sums.iter_mut().zip(q.chunks_exact(4)) {
+                *s = four.iter().map(|&v| v as i32).sum();
+            }
+            let total: i32 = sums.iter().sum();
+            a.d8[b] = [d; 8];
+            a.init[b] = sums.map(|s| -offset * s);
+            a.lane_sums[b] = sums.map(|s| s as f32);
+            a.block_init[b] = -offset * total;
+            a.block_sums[b] = d * total as f32;
+        }
     }
 }
 
@@ -447,275 +470,5 @@ multiversion! {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops::qmatmul::qmatmul_int8;
-    use crate::quant::{BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
-    use rand::{Rng, SeedableRng};
-    use tessera_core::{Isa, Result, TensorView, TensorViewMut};
-
-    /// `y [m, n]` (NaN-poisoned first) from `matmul(x [m, k], y)`.
-    fn apply(
-        x: &[f32],
-        (m, k, n): (usize, usize, usize),
-        matmul: impl FnOnce(&TensorView<'_, f32>, &mut TensorViewMut<'_, f32>) -> Result<()>,
-    ) -> Vec<f32> {
-        let xv = TensorView::contiguous(x, &[m, k]).unwrap();
-        let mut y = vec![f32::NAN; m * n];
-        let mut yv = TensorViewMut::contiguous(&mut y, &[m, n]).unwrap();
-        matmul(&xv, &mut yv).unwrap();
-        y
-    }
-
-    /// The AVX2 kernel multiplies codes unsigned with saturating i16 pair sums: every
-    /// format but the offset-128 ones must keep its codes below 64 (2·63·127 < 2¹⁵), on
-    /// data with outliers too.
-    #[test]
-    fn only_offset_128_formats_have_wide_codes() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let (rows, cols) = (4, 512);
-        let data: Vec<f32> = (0..rows * cols)
-            .map(|i| {
-                let v: f32 = rng.random_range(-1.0..1.0);
-                if i % 97 == 0 {
-                    v * 50.0
-                } else {
-                    v
-                }
-            })
-            .collect();
-        for dtype in BLOCK_DTYPES {
-            let p = crate::with_block_format!(dtype,
-                B => PackedWeights::new(&QuantMatrix::<B>::quantize(rows, cols, &data).unwrap()),
-                _ => unreachable!("{dtype} is a block format")
-            );
-            let widest = p.quants.iter().map(|&q| q as u32).max().unwrap();
-            if p.signed_bytes() {
-                assert!(!p.four_bit, "{dtype}");
-            } else if !p.four_bit {
-                assert!(widest < 64, "{dtype}: code {widest}");
-            }
-        }
-    }
-
-    /// Both layouts of `dtype`'s weights: row-major, then interleaved where it applies.
-    fn layouts(dtype: DType, (rows, cols): (usize, usize), data: &[f32]) -> Vec<PackedWeights> {
-        crate::with_block_format!(dtype, B => {
-            let q = QuantMatrix::<B>::quantize(rows, cols, data).unwrap();
-            std::iter::once(PackedWeights::row_major(&q))
-                .chain(PackedWeights::interleaved(&q))
-                .collect()
-        }, _ => unreachable!("{dtype} is a block format"))
-    }
-
-    /// `p` with its metadata in the other width: f16 → f32 always, f32 → f16 where
-    /// every value is exact (None otherwise).
-    fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
-        let meta = match &p.meta {
-            Meta::F16 { scales, mins } => {
-                let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect();
-                Meta::F32 {
-                    scales: wide(scales),
-                    mins: wide(mins),
-                }
-            }
-            Meta::F32 { scales, mins } => {
-                let exact = |v: &[f32]| v.iter().all(|&x| f16::from_f32(x).to_f32() == x);
-                if !exact(scales) || !exact(mins) {
-                    return None;
-                }
-                let half = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect();
-                Meta::F16 {
-                    scales: half(scales),
-                    mins: half(mins),
-                }
-            }
-        };
-        Some(PackedWeights { meta, ..p.clone() })
-    }
-
-    /// f16 metadata holds the same values as f32 (it is chosen only where exact), so every
-    /// kernel, in either layout, must give bit-identical outputs from either width; and
-    /// the 32-weight formats do get f16 here unless the CPU has VNNI.
-    #[test]
-    fn f16_metadata_matches_f32_metadata_exactly() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let (rows, cols, m) = (7, 256, 3);
-        let data: Vec<f32> = (0..rows * cols)
-            .map(|_| rng.random_range(-2.0..2.0))
-            .collect();
-        let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-        for dtype in BLOCK_DTYPES {
-            let thirty_two = matches!(
-                dtype,
-                DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0
-            );
-            let auto = crate::with_block_format!(dtype,
-                B => PackedWeights::new(&QuantMatrix::<B>::quantize(rows, cols, &data).unwrap()),
-                _ => unreachable!("{dtype} is a block format")
-            );
-            let is_f16 = matches!(auto.meta, Meta::F16 { .. });
-            let want_f16 = thirty_two && !CpuFeatures::get().avx512_vnni;
-            assert_eq!(is_f16, want_f16, "{dtype}");
-            for p in layouts(dtype, (rows, cols), &data) {
-                let Some(q) = other_width(&p) else {
-                    assert!(!thirty_two, "{dtype}: its scales are f16 values");
-                    continue;
-                };
-                for isa in Isa::available() {
-                    let run = |w: &PackedWeights| {
-                        apply(&x, (m, cols, rows), |x, y| qmatmul_int8(isa, 1, w, x, y))
-                    };
-                    let (a, b) = (run(&p), run(&q));
-                    let at = format!("{dtype} {isa} interleaved {}", p.interleaved);
-                    assert!(a.iter().all(|v| v.is_finite()), "{at}");
-                    assert_eq!(a, b, "{at}");
-                }
-            }
-        }
-    }
-
-    /// The packed copy stands in for the blocks (`qmatmul_packed`, an engine's embedding
-    /// rows), so its rows must be the format's values bit for bit, and its prefill the
-    /// block path's, in either layout; with outliers, so K-quant sub-scales span their
-    /// range.
-    #[test]
-    fn packed_rows_are_the_formats_values() {
-        use crate::ops::qmatmul::{qmatmul, qmatmul_packed};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let (rows, cols, m) = (9, 512, 20);
-        let data: Vec<f32> = (0..rows * cols)
-            .map(|i| rng.random_range(-1.0f32..1.0) * if i % 61 == 0 { 30.0 } else { 1.0 })
-            .collect();
-        let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let isa = Isa::best();
-        for dtype in BLOCK_DTYPES {
-            let (want, y_blocks) = crate::with_block_format!(dtype, B => {
-                let q = QuantMatrix::<B>::quantize(rows, cols, &data).unwrap();
-                let y = apply(&x, (m, cols, rows), |x, y| qmatmul(isa, 2, &q, x, y));
-                (q.dequantize(), y)
-            }, _ => unreachable!("{dtype} is a block format"));
-            for p in layouts(dtype, (rows, cols), &data) {
-                let at = format!("{dtype} interleaved {}", p.interleaved);
-                let mut row = vec![f32::NAN; cols];
-                for r in 0..rows {
-                    p.dequantize_row(r, &mut row);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&row),
-                        bits(&want[r * cols..(r + 1) * cols]),
-                        "{at} row {r}"
-                    );
-                }
-                let y = apply(&x, (m, cols, rows), |x, y| qmatmul_packed(isa, 2, &p, x, y));
-                assert_eq!(y, y_blocks, "{at}: prefill over packed rows");
-                let short = TensorView::contiguous(&x[..m * (cols - QK)], &[m, cols - QK]).unwrap();
-                let mut y = vec![0f32; m * rows];
-                let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
-                assert!(
-                    qmatmul_packed(isa, 2, &p, &short, &mut yv).is_err(),
-                    "{at}: K"
-                );
-                assert!(
-                    p.size_bytes() > 0 && p.size_bytes() < rows * cols * 2,
-                    "{at}"
-                );
-            }
-        }
-    }
-
-    /// The interleaved kernel against the portable integer kernel on the row-major
-    /// layout, over ragged groups (1, 7, 9, 17 rows: padding in the last group), odd
-    /// chunk counts (K = 96), every activation-row count of a call (1–4, and 6 = 4 + 2),
-    /// and 1 or 3 threads (groups split across tasks); NaN-poisoned outputs, and a NaN
-    /// activation reaching exactly its row.
-    #[test]
-    fn interleaved_kernel_matches_portable() {
-        if !Isa::Avx2.is_available() {
-            eprintln!("skipped: no AVX2");
-            return;
-        }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-        let mut formats = 0;
-        for dtype in BLOCK_DTYPES {
-            let ks: &[usize] = if dtype.block_size() == QK {
-                &[96, 320]
-            } else {
-                &[256, 512]
-            };
-            for (&rows, &k) in [1, 7, 9, 17].iter().zip(ks.iter().cycle()) {
-                let data: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let [row_major, interleaved] = &layouts(dtype, (rows, k), &data)[..] else {
-                    continue;
-                };
-                formats += usize::from(rows == 1);
-                for m in [1, 2, 3, 4, 6] {
-                    let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-                    let want = apply(&x, (m, k, rows), |x, y| {
-                        qmatmul_int8(Isa::Scalar, 1, row_major, x, y)
-                    });
-                    let scale: f32 = x.iter().map(|v| v.abs()).sum::<f32>() / m as f32;
-                    for threads in [1, 3] {
-                        let got = apply(&x, (m, k, rows), |x, y| {
-                            qmatmul_int8(Isa::Avx2, threads, interleaved, x, y)
-                        });
-                        for (g, w) in got.iter().zip(&want) {
-                            assert!(
-                                (g - w).abs() <= 1e-5 * scale,
-                                "{dtype} {rows}x{k} m {m}: {g} vs {w}"
-                            );
-                        }
-                    }
-                    x[(m - 1) * k + k / 2] = f32::NAN;
-                    let got = apply(&x, (m, k, rows), |x, y| {
-                        qmatmul_int8(Isa::Avx2, 2, interleaved, x, y)
-                    });
-                    let (before, last) = got.split_at((m - 1) * rows);
-                    assert!(before.iter().all(|v| v.is_finite()), "{dtype} m {m}");
-                    assert!(last.iter().all(|v| v.is_nan()), "{dtype} m {m}");
-                }
-            }
-        }
-        // Q4_0, Q4_1, Q4_K and the three group formats.
-        assert_eq!(formats, 6);
-    }
-
-    /// Full-range 8-bit codes against full-range activations: rows and activation rows
-    /// of ±max in several sign patterns, where a plain unsigned×signed multiply would
-    /// saturate (2·255·127 > 2¹⁵), must match the portable integer kernel.
-    #[test]
-    fn full_byte_codes_do_not_saturate() {
-        if !Isa::Avx2.is_available() {
-            eprintln!("skipped: no AVX2");
-            return;
-        }
-        let k = 256;
-        // Pattern p's sign at j: all +, all −, pairs alternating, singles alternating.
-        let sign = |p: usize, j: usize| match p {
-            0 => 1.0f32,
-            1 => -1.0,
-            2 => [1.0, -1.0][(j / 2) % 2],
-            _ => [1.0, -1.0][j % 2],
-        };
-        let pattern =
-            |n: usize| -> Vec<f32> { (0..n * k).map(|i| sign(i / k % 4, i % k)).collect() };
-        let (w, x) = (pattern(4), pattern(4));
-        let q8_0 = PackedWeights::new(&QuantMatrix::<BlockQ8_0>::quantize(4, k, &w).unwrap());
-        let q8_k = PackedWeights::new(&QuantMatrix::<BlockQ8K>::quantize(4, k, &w).unwrap());
-        for w in [&q8_0, &q8_k] {
-            let run = |isa| apply(&x, (4, k, 4), |x, y| qmatmul_int8(isa, 1, w, x, y));
-            let (fast, portable) = (run(Isa::Avx2), run(Isa::Scalar));
-            for (f, p) in fast.iter().zip(&portable) {
-                assert!(
-                    (f - p).abs() <= 1e-5 * p.abs().max(1.0),
-                    "{fast:?} vs {portable:?}"
-                );
-            }
-            // Equal patterns dot to ±k: the saturating cases are really there.
-            assert!(
-                (portable[0] - k as f32).abs() < 1e-2 * k as f32,
-                "{portable:?}"
-            );
-        }
-    }
-}
+#[path = "packed_tests.rs"]
+mod tests;
