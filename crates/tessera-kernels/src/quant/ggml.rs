@@ -47,6 +47,21 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// for each 16-weight half: value = (u − OFFSET)·d + m (Q8_0 stores u = q + 128).
     /// For the integer kernels; d and m are exact products of the stored fields.
     fn unsigned(&self, c: usize, u: &mut [u8; QK]) -> [(f32, f32); 2];
+    /// For super-blocks whose 8 chunk scales and minima are small integers times one f16
+    /// each (Q4_K: d·sc and (−dmin)·mn, sc and mn < 64): (d, −dmin, per chunk (sc, mn)),
+    /// whose products are exactly [`BlockFormat::unsigned`]'s (d, m). None otherwise.
+    fn factored_scales(&self) -> Option<FactoredScales> {
+        None
+    }
+}
+
+/// A super-block's scales as [`BlockFormat::factored_scales`] gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct FactoredScales {
+    pub d: f16,
+    pub neg_dmin: f16,
+    /// Per 32-weight chunk: (sc, mn).
+    pub chunks: [(u8, u8); 8],
 }
 
 /// Chunk values `(u − B::OFFSET)·d (+ m)`, (d, m) per 16-weight half, one rounding per

@@ -22,7 +22,7 @@
 //! Quantizers (`super::kquantize`) follow llama.cpp's reference quantizers step for step.
 //! Non-finite input gives a block whose scales are NaN (so it dequantizes to NaN).
 
-use super::ggml::{dequantize_chunk, BlockFormat, QK};
+use super::ggml::{dequantize_chunk, BlockFormat, FactoredScales, QK};
 use super::kquantize as kq;
 use half::f16;
 use tessera_core::DType;
@@ -260,6 +260,13 @@ impl BlockFormat for BlockQ4K {
     kquant_block_format!(kq::q4_k);
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.dmin.is_finite()
+    }
+    fn factored_scales(&self) -> Option<FactoredScales> {
+        Some(FactoredScales {
+            d: self.d,
+            neg_dmin: -self.dmin,
+            chunks: std::array::from_fn(|c| scale_min_k4(c, &self.scales)),
+        })
     }
 }
 

@@ -16,7 +16,9 @@ mod kquantize;
 pub mod kquants;
 
 pub use fp8_matrix::{Fp8Matrix, Fp8Scaling};
-pub use ggml::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+pub use ggml::{
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, FactoredScales, QK,
+};
 pub use group::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 pub use int8::Int8Matrix;
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, KQuant, QK_K};

@@ -42,8 +42,28 @@ use tessera_core::{CpuFeatures, DType, Isa};
 /// Per-chunk scales d and minima m (minima empty for formats without one).
 #[derive(Clone, Debug)]
 pub(super) enum Meta {
-    F32 { scales: Vec<f32>, mins: Vec<f32> },
-    F16 { scales: Vec<f16>, mins: Vec<f16> },
+    F32 {
+        scales: Vec<f32>,
+        mins: Vec<f32>,
+    },
+    F16 {
+        scales: Vec<f16>,
+        mins: Vec<f16>,
+    },
+    /// Interleaved Q4_K: the file's own fields, 2.5 bytes per chunk instead of f32's 8.
+    Factored(Factored),
+}
+
+/// Scales and minima as [`crate::quant::FactoredScales`] keeps them: d = d_s·sc and
+/// m = (−dmin)_s·mn, exact in f32 (an f16 times a 6-bit integer needs 17 bits).
+#[derive(Clone, Debug)]
+pub(super) struct Factored {
+    /// Per super-block of 8 chunks, at [`PackedWeights::super_index`].
+    pub d: Vec<f16>,
+    pub neg_dmin: Vec<f16>,
+    /// Per chunk, at [`PackedWeights::meta_index`].
+    pub sc: Vec<u8>,
+    pub mn: Vec<u8>,
 }
 
 impl Meta {
@@ -64,26 +84,7 @@ impl Meta {
         match self {
             Meta::F32 { mins, .. } => !mins.is_empty(),
             Meta::F16 { mins, .. } => !mins.is_empty(),
-        }
-    }
-
-    /// [`Meta::get`], None past the end.
-    fn get_checked(&self, at: usize) -> Option<(f32, f32)> {
-        let len = match self {
-            Meta::F32 { scales, .. } => scales.len(),
-            Meta::F16 { scales, .. } => scales.len(),
-        };
-        (at < len).then(|| self.get(at))
-    }
-
-    /// (d, m) at flat index `at` (m = 0 without minima).
-    pub(super) fn get(&self, at: usize) -> (f32, f32) {
-        match self {
-            Meta::F32 { scales, mins } => (scales[at], mins.get(at).copied().unwrap_or(0.0)),
-            Meta::F16 { scales, mins } => (
-                scales[at].to_f32(),
-                mins.get(at).map_or(0.0, |m| m.to_f32()),
-            ),
+            Meta::Factored(_) => true,
         }
     }
 }
@@ -191,8 +192,39 @@ impl PackedWeights {
                 }
             }
         }
-        p.meta = Meta::compact(scales, mins);
+        let factored = interleaved && w.blocks().first().and_then(B::factored_scales).is_some();
+        p.meta = if factored {
+            Meta::Factored(p.factored(w))
+        } else {
+            Meta::compact(scales, mins)
+        };
         p
+    }
+
+    /// `w`'s [`Factored`] metadata at this layout's indices.
+    fn factored<B: BlockFormat>(&self, w: &QuantMatrix<B>) -> Factored {
+        let nb = self.cols / QK;
+        let chunks = self.stored_rows() * nb;
+        let mut f = Factored {
+            d: vec![f16::ZERO; chunks / 8],
+            neg_dmin: vec![f16::ZERO; chunks / 8],
+            sc: vec![0; chunks],
+            mn: vec![0; chunks],
+        };
+        for r in 0..self.rows {
+            for (s, blk) in w.row(r).iter().enumerate() {
+                let Some(fs) = blk.factored_scales() else {
+                    continue;
+                };
+                let at = self.super_index(r, 8 * s);
+                (f.d[at], f.neg_dmin[at]) = (fs.d, fs.neg_dmin);
+                for (c, &(sc, mn)) in fs.chunks.iter().enumerate() {
+                    let at = self.meta_index(r, 8 * s + c, 0);
+                    (f.sc[at], f.mn[at]) = (sc, mn);
+                }
+            }
+        }
+        f
     }
 
     /// Where row r's byte j (0..32) of chunk pair `unit` (4-bit) or chunk `unit`
@@ -216,6 +248,36 @@ impl PackedWeights {
         }
     }
 
+    /// Where row r's super-block scales for chunk b (of 8 per super-block) are stored
+    /// ([`Meta::Factored`]).
+    pub(super) fn super_index(&self, r: usize, b: usize) -> usize {
+        let ns = self.cols / QK / 8;
+        if self.interleaved {
+            ((r / ROWS8) * ns + b / 8) * ROWS8 + r % ROWS8
+        } else {
+            r * ns + b / 8
+        }
+    }
+
+    /// Row r's (d, m) for chunk b, half h (m = 0 without minima).
+    pub(super) fn scale_min(&self, r: usize, b: usize, h: usize) -> (f32, f32) {
+        let at = self.meta_index(r, b, h);
+        match &self.meta {
+            Meta::F32 { scales, mins } => (scales[at], mins.get(at).copied().unwrap_or(0.0)),
+            Meta::F16 { scales, mins } => (
+                scales[at].to_f32(),
+                mins.get(at).map_or(0.0, |m| m.to_f32()),
+            ),
+            Meta::Factored(f) => {
+                let s = self.super_index(r, b);
+                (
+                    f.d[s].to_f32() * f32::from(f.sc[at]),
+                    f.neg_dmin[s].to_f32() * f32::from(f.mn[at]),
+                )
+            }
+        }
+    }
+
     /// Row r's 32 codes of chunk b.
     fn chunk_codes(&self, r: usize, b: usize, out: &mut [u8; QK]) {
         if self.four_bit {
@@ -230,7 +292,7 @@ impl PackedWeights {
     }
 
     /// Rows held: `rows`, padded to a multiple of [`ROWS8`] when interleaved.
-    fn stored_rows(&self) -> usize {
+    pub(super) fn stored_rows(&self) -> usize {
         if self.interleaved {
             self.rows.next_multiple_of(ROWS8)
         } else {
@@ -274,6 +336,7 @@ impl PackedWeights {
         let meta = match &self.meta {
             Meta::F32 { scales, mins } => 4 * (scales.len() + mins.len()),
             Meta::F16 { scales, mins } => 2 * (scales.len() + mins.len()),
+            Meta::Factored(f) => 2 * (f.d.len() + f.neg_dmin.len()) + f.sc.len() + f.mn.len(),
         };
         self.quants.len() + meta
     }
@@ -296,7 +359,7 @@ impl PackedWeights {
                 .chunks_exact_mut(QK / halves)
                 .zip(codes.chunks_exact(QK / halves));
             for (h, (part, cs)) in parts.enumerate() {
-                let (d, m) = self.meta.get(self.meta_index(r, b, h));
+                let (d, m) = self.scale_min(r, b, h);
                 for (o, &u) in part.iter_mut().zip(cs) {
                     let v = (i32::from(u) - self.offset) as f32 * d;
                     // No `+ 0.0` without a minimum: it would turn the format's −0 into +0.
@@ -322,8 +385,10 @@ impl PackedWeights {
     }
     /// Row `row`'s scale when [`PackedWeights::one_scale_per_row`] (0 for an empty row).
     pub(super) fn row_scale(&self, row: usize) -> f32 {
-        let per_row = self.cols / QK * self.halves();
-        self.meta.get_checked(row * per_row).map_or(0.0, |(d, _)| d)
+        if self.cols < QK {
+            return 0.0;
+        }
+        self.scale_min(row, 0, 0).0
     }
     /// Whether the codes are full bytes (Q8_0, Q8_K, INT8: exactly the offset-128
     /// formats). Every other format's codes are below 64, which the AVX2 kernel's
@@ -456,7 +521,7 @@ multiversion! {
                 let q = &a.q[b * QK..(b + 1) * QK];
                 for l in 0..8 {
                     // Lane l covers elements 4l..4l+4: half l / 4.
-                    let (d, m) = w.meta.get(w.meta_index(row, b, (l / 4) * (w.halves() - 1)));
+                    let (d, m) = w.scale_min(row, b, (l / 4) * (w.halves() - 1));
                     let mut s = a.init[b][l];
                     for j in 4 * l..4 * l + 4 {
                         s += u[j] as i32 * q[j] as i32;

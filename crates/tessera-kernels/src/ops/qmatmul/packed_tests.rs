@@ -61,10 +61,22 @@ fn layouts(dtype: DType, (rows, cols): (usize, usize), data: &[f32]) -> Vec<Pack
     }, _ => unreachable!("{dtype} is a block format"))
 }
 
-/// `p` with its metadata in the other width: f16 → f32 always, f32 → f16 where
-/// every value is exact (None otherwise).
+/// `p` with its metadata in the other width: f16 and factored → f32 always, f32 → f16
+/// where every value is exact (None otherwise).
 fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
     let meta = match &p.meta {
+        Meta::Factored(_) => {
+            let nb = p.cols / QK;
+            let (mut scales, mut mins) = (vec![0.0; p.stored_rows() * nb], vec![]);
+            mins.resize(scales.len(), 0.0);
+            for r in 0..p.stored_rows() {
+                for b in 0..nb {
+                    let at = p.meta_index(r, b, 0);
+                    (scales[at], mins[at]) = p.scale_min(r, b, 0);
+                }
+            }
+            Meta::F32 { scales, mins }
+        }
         Meta::F16 { scales, mins } => {
             let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect();
             Meta::F32 {
@@ -87,9 +99,10 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
     Some(PackedWeights { meta, ..p.clone() })
 }
 
-/// f16 metadata holds the same values as f32 (it is chosen only where exact), so every
-/// kernel, in either layout, must give bit-identical outputs from either width; and
-/// the 32-weight formats do get f16 here unless the CPU has VNNI.
+/// f16 and factored metadata hold the same values as f32 (chosen only where exact), so
+/// every kernel, in either layout, must give bit-identical outputs from either form;
+/// the 32-weight formats do get f16 here unless the CPU has VNNI, and interleaved Q4_K
+/// gets factored metadata.
 #[test]
 fn f16_metadata_matches_f32_metadata_exactly() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -111,6 +124,8 @@ fn f16_metadata_matches_f32_metadata_exactly() {
         let want_f16 = thirty_two && !CpuFeatures::get().avx512_vnni;
         assert_eq!(is_f16, want_f16, "{dtype}");
         for p in layouts(dtype, (rows, cols), &data) {
+            let factored = matches!(p.meta, Meta::Factored(_));
+            assert_eq!(factored, dtype == DType::Q4_K && p.interleaved, "{dtype}");
             let Some(q) = other_width(&p) else {
                 assert!(!thirty_two, "{dtype}: its scales are f16 values");
                 continue;

@@ -20,7 +20,7 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
     let quants = &w.quants[row * rb..(row + 1) * rb];
     let per_row = nb * w.halves();
     let Meta::F32 { scales, mins } = &w.meta else {
-        unreachable!("f16 metadata goes to the AVX2 kernel")
+        unreachable!("f16 or factored metadata goes to the AVX2 kernels")
     };
     let scales = &scales[row * per_row..(row + 1) * per_row];
     let mins = if mins.is_empty() {
