@@ -178,7 +178,8 @@ fn int8_path(
             IntKernel::Avx2 => unsafe { avx2_int8::dots(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `reading` chose it for interleaved weights, and the
-            // driver below hands it whole groups (r a multiple of 8, out 8 × M_CHUNK).
+            // driver below hands it whole groups (r a multiple of 8, out reaching the
+            // 8th row's mc outputs at 7·M_CHUNK + mc).
             IntKernel::Avx2Rows8 => unsafe { avx2_rows8::dots(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `for_scales` chose it for one scale per weight row and
