@@ -44,6 +44,7 @@ fn int8_dot_avx512(iters: usize) -> i32 {
 
 /// Chains in the AVX2 probe: each has its own weight register (12 registers in all with
 /// the accumulators), so no two steps are the same computation.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2_CHAINS: usize = 6;
 
 /// AVX2's 8-bit dot step, as the integer kernels run it: `vpmaddubsw` (32 u8×i8

@@ -34,7 +34,9 @@ use super::gemm::{gemm_with, tuned_blocking, GemmParams};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
-use tessera_core::{CpuFeatures, Error, Isa, Layout, Result, TensorView, TensorViewMut};
+#[cfg(target_arch = "x86_64")]
+use tessera_core::CpuFeatures;
+use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
 pub const SMALL_M: usize = 16;
@@ -236,6 +238,7 @@ impl IntKernel {
             Isa::Avx512 | Isa::Avx2 if Isa::Avx2.is_available() => return IntKernel::Avx2,
             _ => {}
         }
+        let _ = isa;
         IntKernel::Portable
     }
 

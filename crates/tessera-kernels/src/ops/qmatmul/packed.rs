@@ -380,10 +380,12 @@ impl PackedWeights {
     }
     /// Whether every chunk of a row shares one scale (per-channel INT8 from
     /// [`PackedWeights::from_int8`]), so a row's integer dot can be scaled once.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
     pub(super) fn one_scale_per_row(&self) -> bool {
         self.dtype == DType::I8
     }
     /// Row `row`'s scale when [`PackedWeights::one_scale_per_row`] (0 for an empty row).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
     pub(super) fn row_scale(&self, row: usize) -> f32 {
         if self.cols < QK {
             return 0.0;
@@ -393,6 +395,7 @@ impl PackedWeights {
     /// Whether the codes are full bytes (Q8_0, Q8_K, INT8: exactly the offset-128
     /// formats). Every other format's codes are below 64, which the AVX2 kernel's
     /// saturating `vpmaddubsw` relies on (tested over every format).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
     pub(super) fn signed_bytes(&self) -> bool {
         self.offset == 128
     }
