@@ -25,7 +25,8 @@ mod vnni;
 
 pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
-pub use packed::{PackedWeights, QuantActs};
+pub use packed::PackedWeights;
+use packed::QuantActs;
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 pub use spec_fp8::{Fp8Problem, QMatmulFp8Op};
 pub use spec_int8::{I8Problem, QMatmulI8Op};
@@ -156,9 +157,42 @@ fn int8_path(
     }
     let k = w.cols();
     let (xs, ld) = contiguous_rows(x);
-    let acts: Vec<QuantActs> = (0..m)
-        .map(|i| QuantActs::with_scales(&xs[i * ld..][..k], w.offset(), act))
-        .collect();
+    // Rows past m (from an earlier, larger call) are kept for their buffers.
+    let quantize = |acts: &mut Vec<QuantActs>| {
+        if acts.len() < m {
+            acts.resize_with(m, QuantActs::default);
+        }
+        for (i, a) in acts[..m].iter_mut().enumerate() {
+            a.refill(&xs[i * ld..][..k], w.offset(), act);
+        }
+    };
+    // Decode-size calls (hundreds per token) reuse this thread's buffers; larger ones
+    // allocate (their compute dwarfs it) rather than keep megabytes per thread.
+    thread_local! {
+        static DECODE_ACTS: std::cell::RefCell<Vec<QuantActs>> = const {
+            std::cell::RefCell::new(Vec::new())
+        };
+    }
+    DECODE_ACTS.with(|cell| {
+        let mut fresh = Vec::new();
+        let mut reused = cell.try_borrow_mut().ok().filter(|_| m <= SMALL_M);
+        let acts = reused.as_deref_mut().unwrap_or(&mut fresh);
+        quantize(acts);
+        run_int8(isa, threads, w, act, &acts[..m], y);
+    });
+    Ok(())
+}
+
+/// The integer kernels over activation rows already quantized for `w`, into y.
+fn run_int8(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    act: ActScales,
+    acts: &[QuantActs],
+    y: &mut TensorViewMut<'_, f32>,
+) {
+    let (m, n, k) = (acts.len(), w.rows(), w.cols());
     let kernel = IntKernel::for_isa(isa).reading(w).for_scales(w, act);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
@@ -201,7 +235,6 @@ fn int8_path(
         }
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
     }
-    Ok(())
 }
 
 /// The most activation rows one integer-kernel call takes (the row-scaled kernel's 8).

@@ -374,7 +374,7 @@ impl PackedWeights {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
-    /// The format's offset o in value = (u − o)·d + m (what [`QuantActs::new`] needs).
+    /// The format's offset o in value = (u − o)·d + m (what [`QuantActs::with_scales`] needs).
     pub fn offset(&self) -> i32 {
         self.offset
     }
@@ -414,7 +414,7 @@ impl PackedWeights {
 
 /// One activation row quantized per 32-block, with what the kernel preloads.
 #[derive(Clone, Debug, Default)]
-pub struct QuantActs {
+pub(super) struct QuantActs {
     /// q_x, K bytes (padded by one zero block when K/32 is odd, so pair loads stay inside).
     pub(super) q: Vec<i8>,
     /// d_x replicated over the 8 lanes that hold its block's partial sums.
@@ -431,32 +431,40 @@ pub struct QuantActs {
 }
 
 impl QuantActs {
-    /// Quantizes `x` (length a multiple of 32) for weights with this `offset`. Non-finite
-    /// input makes its block's scale NaN, so the outputs it reaches are NaN.
-    pub fn new(x: &[f32], offset: i32) -> Self {
-        Self::with_scales(x, offset, ActScales::PerBlock)
-    }
-
-    /// As [`QuantActs::new`], with one scale per block or one for the whole row.
-    pub fn with_scales(x: &[f32], offset: i32, act: ActScales) -> Self {
-        let padded = (x.len() / QK).div_ceil(2) * 2;
-        let mut a = QuantActs {
-            q: vec![0; padded * QK],
-            d8: vec![[0.0; 8]; padded],
-            init: vec![[0; 8]; padded],
-            lane_sums: vec![[0.0; 8]; padded],
-            block_init: vec![0; padded],
-            block_sums: vec![0.0; padded],
-        };
-        // Compiled per ISA: at decode this runs on one thread before the matmul's
-        // threads start, and the portable build calls libm's `roundf` per value (~5 µs
-        // at K = 1536, a fifth of the matmul).
-        quantize_into(Isa::best(), x, offset, act, &mut a);
+    /// Quantizes `x` (its length a multiple of 32: the weights' K, checked by the
+    /// matmul) for weights with this `offset`, one scale per block or one for the row.
+    /// Non-finite input makes its block's (or row's) scale NaN, so the outputs it
+    /// reaches are NaN.
+    pub(super) fn with_scales(x: &[f32], offset: i32, act: ActScales) -> Self {
+        let mut a = QuantActs::default();
+        a.refill(x, offset, act);
         a
     }
 
+    /// [`QuantActs::with_scales`] into this row's buffers, reusing their allocations
+    /// (decode quantizes a row per matmul, several hundred per token).
+    pub(super) fn refill(&mut self, x: &[f32], offset: i32, act: ActScales) {
+        debug_assert!(x.len().is_multiple_of(QK));
+        let padded = (x.len() / QK).div_ceil(2) * 2;
+        // Cleared, then zero-filled: the padding block must read as zeros.
+        fn zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+            v.clear();
+            v.resize(len, T::default());
+        }
+        zeroed(&mut self.q, padded * QK);
+        zeroed(&mut self.d8, padded);
+        zeroed(&mut self.init, padded);
+        zeroed(&mut self.lane_sums, padded);
+        zeroed(&mut self.block_init, padded);
+        zeroed(&mut self.block_sums, padded);
+        // Compiled per ISA: at decode this runs on one thread before the matmul's
+        // threads start, and the portable build calls libm's `roundf` per value (~5 µs
+        // at K = 1536, a fifth of the matmul).
+        quantize_into(Isa::best(), x, offset, act, self);
+    }
+
     /// The values the kernel effectively multiplies by, q·d_x, exactly (f64).
-    pub fn dequantized(&self, k: usize) -> Vec<f64> {
+    pub(super) fn dequantized(&self, k: usize) -> Vec<f64> {
         (0..k)
             .map(|i| self.q[i] as f64 * self.d8[i / QK][0] as f64)
             .collect()

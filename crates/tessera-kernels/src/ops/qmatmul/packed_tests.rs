@@ -344,3 +344,36 @@ fn full_byte_codes_do_not_saturate() {
         );
     }
 }
+
+/// Decode-size calls reuse a thread's activation buffers: a sequence of calls with
+/// different K, M and offsets (Q4_0 offset 8, Q8_0 128) must give, bit for bit, what
+/// each call gives on a fresh thread, whose buffers are new.
+#[test]
+fn reused_activation_buffers_give_fresh_results() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let calls: Vec<(DType, usize, usize)> = vec![
+        (DType::Q4_0, 4, 256),
+        (DType::Q8_0, 1, 64),
+        (DType::Q4_0, 2, 96),
+        (DType::Q8_0, 6, 256),
+        (DType::Q4_0, 1, 32),
+    ];
+    let cases: Vec<(PackedWeights, Vec<f32>, usize)> = calls
+        .iter()
+        .map(|&(dtype, m, k)| {
+            let data: Vec<f32> = (0..5 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            (layouts(dtype, (5, k), &data).remove(0), x, m)
+        })
+        .collect();
+    let run = |(w, x, m): &(PackedWeights, Vec<f32>, usize)| {
+        apply(x, (*m, w.cols(), 5), |x, y| {
+            qmatmul_int8(Isa::best(), 1, w, x, y)
+        })
+    };
+    let in_sequence: Vec<Vec<f32>> = cases.iter().map(run).collect();
+    for (case, got) in cases.iter().zip(&in_sequence) {
+        let fresh = std::thread::scope(|s| s.spawn(|| run(case)).join().unwrap());
+        assert_eq!(got, &fresh, "{} m {}", case.0.dtype(), case.2);
+    }
+}
