@@ -10,8 +10,8 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// The CPU must support AVX-512F/BW/DQ/VL and AVX512_VNNI; `row < w.rows`; every `acts[i]` was
-/// built for `w.cols` columns and `w`'s offset; `w`'s metadata is f32 (`int8_path` sends
-/// f16 metadata to the AVX2 kernel).
+/// built for `w.cols` columns and `w`'s offset; `w` is row-major with f32 metadata
+/// (`IntKernel::reading` sends f16, factored or interleaved weights to the AVX2 kernels).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
     let nb = w.cols / QK;
