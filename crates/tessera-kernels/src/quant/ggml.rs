@@ -53,6 +53,23 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn factored_scales(&self) -> Option<FactoredScales> {
         None
     }
+    /// Whether [`BlockFormat::split_scales`] gives this format's half scales.
+    const SPLIT_I8_SCALES: bool = false;
+    /// For super-blocks without minima whose 16 half scales are each an i8 times one
+    /// f16 (Q3_K: d·(sc − 32), Q6_K: d·sc): (d, per half the i8), whose products are
+    /// exactly [`BlockFormat::unsigned`]'s d. None unless
+    /// [`BlockFormat::SPLIT_I8_SCALES`].
+    fn split_scales(&self) -> Option<SplitScales> {
+        None
+    }
+}
+
+/// A super-block's scales as [`BlockFormat::split_scales`] gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitScales {
+    pub d: f16,
+    /// Per 16-weight half, in element order.
+    pub sc: [i8; 16],
 }
 
 /// A super-block's scales as [`BlockFormat::factored_scales`] gives them.

@@ -22,7 +22,7 @@
 //! Quantizers (`super::kquantize`) follow llama.cpp's reference quantizers step for step.
 //! Non-finite input gives a block whose scales are NaN (so it dequantizes to NaN).
 
-use super::ggml::{dequantize_chunk, BlockFormat, FactoredScales, QK};
+use super::ggml::{dequantize_chunk, BlockFormat, FactoredScales, SplitScales, QK};
 use super::kquantize as kq;
 use half::f16;
 use tessera_core::DType;
@@ -223,9 +223,17 @@ impl BlockFormat for BlockQ3K {
     const OFFSET: i32 = 4;
     const NIBBLES: bool = true;
     const SPLIT16: bool = true;
+    const SPLIT_I8_SCALES: bool = true;
     kquant_block_format!(kq::q3_k);
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
+    }
+    fn split_scales(&self) -> Option<SplitScales> {
+        Some(SplitScales {
+            d: self.d,
+            // 6-bit sc − 32 ∈ −32..32.
+            sc: std::array::from_fn(|j| (scale_q3k(j, &self.scales) - 32) as i8),
+        })
     }
 }
 
@@ -307,9 +315,16 @@ impl BlockFormat for BlockQ6K {
     const DTYPE: DType = DType::Q6_K;
     const OFFSET: i32 = 32;
     const SPLIT16: bool = true;
+    const SPLIT_I8_SCALES: bool = true;
     kquant_block_format!(kq::q6_k);
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite()
+    }
+    fn split_scales(&self) -> Option<SplitScales> {
+        Some(SplitScales {
+            d: self.d,
+            sc: self.scales,
+        })
     }
 }
 

@@ -17,7 +17,8 @@ pub mod kquants;
 
 pub use fp8_matrix::{Fp8Matrix, Fp8Scaling};
 pub use ggml::{
-    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, FactoredScales, QK,
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, FactoredScales,
+    SplitScales, QK,
 };
 pub use group::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 pub use int8::Int8Matrix;

@@ -234,3 +234,49 @@ fn block_dtypes_are_exactly_the_block_formats_and_all_dispatch() {
         assert_eq!((dtype, block), (d, d.block_size()));
     }
 }
+
+/// The factored forms the interleaved layouts store ([`BlockFormat::factored_scales`],
+/// [`BlockFormat::split_scales`]) must multiply back to exactly the (d, m) that
+/// [`BlockFormat::unsigned`] gives, on blocks with outliers so the small integers span
+/// their range; and `SPLIT_I8_SCALES` must say exactly which formats give split scales.
+fn factored_forms_are_exact<B: BlockFormat>() {
+    use rand::Rng as _;
+    let mut r = rng(41);
+    let x: Vec<f32> = (0..4 * B::BLOCK)
+        .map(|i| r.random_range(-1.0f32..1.0) * if i % 37 == 0 { 20.0 } else { 1.0 })
+        .collect();
+    let mut u = [0u8; QK];
+    for xb in x.chunks_exact(B::BLOCK) {
+        let b = B::quantize(xb);
+        assert_eq!(
+            b.split_scales().is_some(),
+            B::SPLIT_I8_SCALES,
+            "{}",
+            B::DTYPE
+        );
+        for c in 0..B::BLOCK / QK {
+            let halves = b.unsigned(c, &mut u);
+            if let Some(f) = b.factored_scales() {
+                let (sc, mn) = f.chunks[c];
+                let got = (
+                    f.d.to_f32() * f32::from(sc),
+                    f.neg_dmin.to_f32() * f32::from(mn),
+                );
+                assert_eq!(got, halves[0], "{} chunk {c}", B::DTYPE);
+            }
+            if let Some(s) = b.split_scales() {
+                for (h, &(d, m)) in halves.iter().enumerate() {
+                    let got = s.d.to_f32() * f32::from(s.sc[2 * c + h]);
+                    assert_eq!((got, m), (d, 0.0), "{} chunk {c} half {h}", B::DTYPE);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn factored_scales_multiply_back_exactly() {
+    for d in super::BLOCK_DTYPES {
+        crate::with_block_format!(d, B => factored_forms_are_exact::<B>(), _ => panic!("{d}"));
+    }
+}

@@ -42,8 +42,9 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
                     Meta::F16 { scales, mins } => unsafe {
                         dots_for::<$f, $s, $m, $h, f16>(w, (scales, mins), row, acts, out)
                     },
-                    Meta::Factored(_) => unreachable!("factored metadata is only built \
-                        interleaved, which `int8_path` sends to `avx2_rows8`"),
+                    Meta::Factored(_) | Meta::SplitI8(_) => unreachable!("factored \
+                        metadata is only built interleaved, which `reading` sends to \
+                        `avx2_rows8`"),
                 },)*
             }
         };

@@ -1,5 +1,5 @@
 //! The AVX2 integer kernel for 4-bit weights interleaved eight rows at a time
-//! ([`PackedWeights::interleaved`]).
+//! ([`PackedWeights::interleaved`]); Q3_K/Q6_K's split scales go on to `avx2_planes8`.
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
@@ -64,6 +64,7 @@ pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out
                 };
                 by_rows(w, m, true, r0, acts, out)
             }
+            Meta::SplitI8(s) => super::avx2_planes8::dots(w, s, r0, acts, out),
         }
     }
 }

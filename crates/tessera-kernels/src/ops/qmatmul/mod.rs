@@ -500,6 +500,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
+mod avx2_planes8;
+#[cfg(target_arch = "x86_64")]
 mod avx2_rows8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_w8a8;

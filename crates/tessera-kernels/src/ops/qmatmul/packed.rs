@@ -28,10 +28,12 @@
 //! The VNNI kernel reads f32 only: on a VNNI CPU metadata stays f32, and f16 weights
 //! built elsewhere go to the AVX2 kernel.
 //!
-//! On CPUs without VNNI, 4-bit formats with one scale per chunk are instead interleaved
-//! 8 rows at a time ([`PackedWeights::interleaved`]), the layout the AVX2 decode kernel
-//! needs to stop being instruction-bound; the bytes are the same, only their order
-//! changes, and `dequantize_row` reads either.
+//! On CPUs without VNNI, 4-bit formats with one scale per chunk, and Q3_K/Q6_K, are
+//! instead interleaved 8 rows at a time ([`PackedWeights::interleaved`]), the layout
+//! the AVX2 decode kernels need to stop being instruction-bound; 4-bit bytes are the
+//! same, only their order changes, and Q6_K's codes split into a nibble plane and a
+//! 2-bit plane, its file's 6.5625 bits per weight instead of the row layout's 10.
+//! `dequantize_row` reads every layout.
 
 use super::ActScales;
 use crate::multiversion;
@@ -52,6 +54,8 @@ pub(super) enum Meta {
     },
     /// Interleaved Q4_K: the file's own fields, 2.5 bytes per chunk instead of f32's 8.
     Factored(Factored),
+    /// Interleaved Q3_K/Q6_K: the file's own fields, 2.25 bytes per chunk instead of 8.
+    SplitI8(SplitI8),
 }
 
 /// Scales and minima as [`crate::quant::FactoredScales`] keeps them: d = d_s·sc and
@@ -64,6 +68,16 @@ pub(super) struct Factored {
     /// Per chunk, at [`PackedWeights::meta_index`].
     pub sc: Vec<u8>,
     pub mn: Vec<u8>,
+}
+
+/// Half scales as [`crate::quant::SplitScales`] keeps them: d = d_s·sc, exact in f32
+/// (an f16 times an i8 needs 19 bits).
+#[derive(Clone, Debug)]
+pub(super) struct SplitI8 {
+    /// Per super-block of 8 chunks, at [`PackedWeights::super_index`].
+    pub d: Vec<f16>,
+    /// Per 16-weight half, at [`PackedWeights::meta_index`].
+    pub sc: Vec<i8>,
 }
 
 impl Meta {
@@ -85,6 +99,7 @@ impl Meta {
             Meta::F32 { mins, .. } => !mins.is_empty(),
             Meta::F16 { mins, .. } => !mins.is_empty(),
             Meta::Factored(_) => true,
+            Meta::SplitI8(_) => false,
         }
     }
 }
@@ -102,16 +117,20 @@ pub struct PackedWeights {
     pub(super) four_bit: bool,
     /// Two scales per chunk, one per 16-weight half.
     pub(super) split16: bool,
-    /// 4-bit codes and metadata interleaved [`ROWS8`] rows at a time (see
+    /// Codes and metadata interleaved [`ROWS8`] rows at a time (see
     /// [`PackedWeights::interleaved`]); rows padded to a multiple of 8 with zeros.
+    /// Without `four_bit`, the codes are 6-bit planes.
     pub(super) interleaved: bool,
     pub(super) dtype: DType,
 }
 
 /// Weight rows per interleaved group: one i32 lane each in a ymm register.
 pub(super) const ROWS8: usize = 8;
-/// Bytes of one interleaved group's chunk pair: 8 rows × 32 bytes.
+/// Bytes of one interleaved group's chunk pair: 8 rows × 32 bytes (of nibbles).
 pub(super) const GROUP_PAIR_BYTES: usize = ROWS8 * QK;
+/// Bytes of a 6-bit group's chunk pair: the nibble plane, then 8 rows × 16 bytes of
+/// 2-bit codes.
+pub(super) const PLANES_PAIR_BYTES: usize = GROUP_PAIR_BYTES + GROUP_PAIR_BYTES / 2;
 
 impl PackedWeights {
     /// Repacks `w` (dequantization semantics unchanged: the packed values are the
@@ -136,13 +155,20 @@ impl PackedWeights {
     /// horizontal reduction, so a decode kernel spends ~2.5× fewer instructions per
     /// weight (`avx2_rows8`). Scales and minima go per group, per chunk, 8 rows
     /// contiguous, so one load covers a chunk's 8 rows.
+    ///
+    /// Also Q3_K and Q6_K, whose 16-weight halves have their own i8 scales (times one
+    /// f16 per super-block, [`crate::quant::SplitScales`]): their codes' low 4 bits are
+    /// laid out as above, and Q6_K's top 2 bits follow each chunk pair's nibbles in 4
+    /// registers of 32 bytes, at the same byte as their low bits, register t mod 4, bits
+    /// 2·(2h + t/4) for chunk 2p + h (`avx2_planes8`). The i8 scales go per chunk as 8
+    /// rows' (half 0, half 1) pairs, the f16s per super-block, 8 rows contiguous.
     pub fn interleaved<B: BlockFormat>(w: &QuantMatrix<B>) -> Option<Self> {
         Self::can_interleave::<B>().then(|| Self::build(w, true))
     }
 
     /// Whether [`PackedWeights::interleaved`] takes format B.
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
-        B::NIBBLES && !B::SPLIT16
+        (B::NIBBLES && !B::SPLIT16) || B::SPLIT_I8_SCALES
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {
@@ -181,24 +207,46 @@ impl PackedWeights {
                         mins[at] = *m;
                     }
                 }
-                let (unit, shift) = if p.four_bit {
-                    (b / 2, 4 * (b % 2))
-                } else {
-                    (b, 0)
-                };
+                let low = p.low_mask();
                 for (j, &q) in u.iter().enumerate() {
-                    let at = p.code_index(r, unit, j);
-                    p.quants[at] |= q << shift;
+                    let ((at, shift), top) = p.code_places(r, b, j);
+                    p.quants[at] |= (q & low) << shift;
+                    if let Some((at, shift)) = top {
+                        p.quants[at] |= (q >> 4) << shift;
+                    }
                 }
             }
         }
         let factored = interleaved && w.blocks().first().and_then(B::factored_scales).is_some();
         p.meta = if factored {
             Meta::Factored(p.factored(w))
+        } else if interleaved && B::SPLIT_I8_SCALES {
+            Meta::SplitI8(p.split_i8(w))
         } else {
             Meta::compact(scales, mins)
         };
         p
+    }
+
+    /// `w`'s [`SplitI8`] metadata at this layout's indices.
+    fn split_i8<B: BlockFormat>(&self, w: &QuantMatrix<B>) -> SplitI8 {
+        let chunks = self.stored_rows() * (self.cols / QK);
+        let mut f = SplitI8 {
+            d: vec![f16::ZERO; chunks / 8],
+            sc: vec![0; 2 * chunks],
+        };
+        for r in 0..self.rows {
+            for (s, blk) in w.row(r).iter().enumerate() {
+                let Some(ss) = blk.split_scales() else {
+                    continue;
+                };
+                f.d[self.super_index(r, 8 * s)] = ss.d;
+                for (half, &sc) in ss.sc.iter().enumerate() {
+                    f.sc[self.meta_index(r, 8 * s + half / 2, half % 2)] = sc;
+                }
+            }
+        }
+        f
     }
 
     /// `w`'s [`Factored`] metadata at this layout's indices.
@@ -227,14 +275,40 @@ impl PackedWeights {
         f
     }
 
-    /// Where row r's byte j (0..32) of chunk pair `unit` (4-bit) or chunk `unit`
-    /// (bytes) is stored.
-    fn code_index(&self, r: usize, unit: usize, j: usize) -> usize {
-        if self.interleaved {
-            let pairs = (self.cols / QK).div_ceil(2);
-            ((r / ROWS8) * pairs + unit) * GROUP_PAIR_BYTES + (j / 4) * QK + (r % ROWS8) * 4 + j % 4
+    /// Where row r's code j (0..32) of chunk b is stored: the byte and bit shift of
+    /// its low bits ([`PackedWeights::low_mask`]), and in 6-bit planes of its top 2.
+    fn code_places(&self, r: usize, b: usize, j: usize) -> ((usize, u32), Option<(usize, u32)>) {
+        let nibble = 4 * (b % 2) as u32;
+        if !self.interleaved {
+            let low = if self.four_bit {
+                (r * self.row_bytes() + (b / 2) * QK + j, nibble)
+            } else {
+                (r * self.row_bytes() + b * QK + j, 0)
+            };
+            return (low, None);
+        }
+        let pairs = (self.cols / QK).div_ceil(2);
+        let unit = ((r / ROWS8) * pairs + b / 2) * self.group_pair_bytes();
+        let lane = (r % ROWS8) * 4 + j % 4;
+        let low = (unit + (j / 4) * QK + lane, nibble);
+        let top = (!self.four_bit).then(|| {
+            let register = (j / 4) % 4;
+            let crumb = 2 * (b % 2) + j / 16;
+            (
+                unit + GROUP_PAIR_BYTES + register * QK + lane,
+                2 * crumb as u32,
+            )
+        });
+        (low, top)
+    }
+
+    /// The bits of a code stored at its low place: 4 in nibble layouts (the 6-bit
+    /// planes' low plane included), all 8 in byte rows.
+    fn low_mask(&self) -> u8 {
+        if self.four_bit || self.interleaved {
+            0xF
         } else {
-            r * self.row_bytes() + unit * QK + j
+            0xFF
         }
     }
 
@@ -242,7 +316,7 @@ impl PackedWeights {
     pub(super) fn meta_index(&self, r: usize, b: usize, h: usize) -> usize {
         let nb = self.cols / QK;
         if self.interleaved {
-            ((r / ROWS8) * nb + b) * ROWS8 + r % ROWS8
+            (((r / ROWS8) * nb + b) * ROWS8 + r % ROWS8) * self.halves() + h
         } else {
             (r * nb + b) * self.halves() + h
         }
@@ -275,19 +349,22 @@ impl PackedWeights {
                     f.neg_dmin[s].to_f32() * f32::from(f.mn[at]),
                 )
             }
+            Meta::SplitI8(f) => {
+                let s = self.super_index(r, b);
+                (f.d[s].to_f32() * f32::from(f.sc[at]), 0.0)
+            }
         }
     }
 
     /// Row r's 32 codes of chunk b.
     fn chunk_codes(&self, r: usize, b: usize, out: &mut [u8; QK]) {
-        if self.four_bit {
-            let shift = 4 * (b % 2);
-            for (j, o) in out.iter_mut().enumerate() {
-                *o = (self.quants[self.code_index(r, b / 2, j)] >> shift) & 0xF;
+        let mask = self.low_mask();
+        for (j, o) in out.iter_mut().enumerate() {
+            let ((at, shift), top) = self.code_places(r, b, j);
+            *o = (self.quants[at] >> shift) & mask;
+            if let Some((at, shift)) = top {
+                *o |= ((self.quants[at] >> shift) & 3) << 4;
             }
-        } else {
-            let at = self.code_index(r, b, 0);
-            out.copy_from_slice(&self.quants[at..at + QK]);
         }
     }
 
@@ -337,6 +414,7 @@ impl PackedWeights {
             Meta::F32 { scales, mins } => 4 * (scales.len() + mins.len()),
             Meta::F16 { scales, mins } => 2 * (scales.len() + mins.len()),
             Meta::Factored(f) => 2 * (f.d.len() + f.neg_dmin.len()) + f.sc.len() + f.mn.len(),
+            Meta::SplitI8(f) => 2 * f.d.len() + f.sc.len(),
         };
         self.quants.len() + meta
     }
@@ -403,9 +481,22 @@ impl PackedWeights {
     pub(super) fn halves(&self) -> usize {
         1 + self.split16 as usize
     }
-    pub(super) fn row_bytes(&self) -> usize {
+    /// Bytes of an interleaved group's chunk pair.
+    pub(super) fn group_pair_bytes(&self) -> usize {
         if self.four_bit {
-            (self.cols / QK).div_ceil(2) * QK
+            GROUP_PAIR_BYTES
+        } else {
+            PLANES_PAIR_BYTES
+        }
+    }
+    /// Code bytes per row: 16 per 32 weights for nibbles (an odd last chunk padded),
+    /// 24 for 6-bit planes, 32 for bytes.
+    pub(super) fn row_bytes(&self) -> usize {
+        let pairs = (self.cols / QK).div_ceil(2);
+        if self.four_bit {
+            pairs * QK
+        } else if self.interleaved {
+            pairs * PLANES_PAIR_BYTES / ROWS8
         } else {
             self.cols
         }
@@ -428,6 +519,9 @@ pub(super) struct QuantActs {
     pub(super) block_init: Vec<i32>,
     /// Per block: d_x·Σq_x (the interleaved kernel's minimum term; NaN with d_x).
     pub(super) block_sums: Vec<f32>,
+    /// Per block: Σq_x over elements 0..16 in the low i16, over 16..32 in the high one
+    /// (the 6-bit kernel's offset term, one `vpmaddwd` against two half scales).
+    pub(super) half_sums: Vec<i32>,
 }
 
 impl QuantActs {
@@ -457,6 +551,7 @@ impl QuantActs {
         zeroed(&mut self.lane_sums, padded);
         zeroed(&mut self.block_init, padded);
         zeroed(&mut self.block_sums, padded);
+        zeroed(&mut self.half_sums, padded);
         // Compiled per ISA: at decode this runs on one thread before the matmul's
         // threads start, and the portable build calls libm's `roundf` per value (~5 µs
         // at K = 1536, a fifth of the matmul).
@@ -513,6 +608,9 @@ multiversion! {
             a.lane_sums[b] = sums.map(|s| s as f32);
             a.block_init[b] = -offset * total;
             a.block_sums[b] = d * total as f32;
+            // |Σ| ≤ 16·127 fits an i16.
+            let half = |s: &[i32]| i32::from(s.iter().sum::<i32>() as i16 as u16);
+            a.half_sums[b] = half(&sums[..4]) | (half(&sums[4..]) << 16);
         }
     }
 }

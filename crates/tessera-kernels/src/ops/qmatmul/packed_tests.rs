@@ -42,7 +42,12 @@ fn only_offset_128_formats_have_wide_codes() {
             B => PackedWeights::new(&QuantMatrix::<B>::quantize(rows, cols, &data).unwrap()),
             _ => unreachable!("{dtype} is a block format")
         );
-        let widest = p.quants.iter().map(|&q| q as u32).max().unwrap();
+        let mut codes = [0u8; QK];
+        let mut widest = 0;
+        for (r, b) in (0..rows).flat_map(|r| (0..cols / QK).map(move |b| (r, b))) {
+            p.chunk_codes(r, b, &mut codes);
+            widest = widest.max(*codes.iter().max().unwrap());
+        }
         if p.signed_bytes() {
             assert!(!p.four_bit, "{dtype}");
         } else if !p.four_bit {
@@ -62,9 +67,12 @@ fn layouts(dtype: DType, (rows, cols): (usize, usize), data: &[f32]) -> Vec<Pack
 }
 
 /// `p` with its metadata in the other width: f16 and factored → f32 always, f32 → f16
-/// where every value is exact (None otherwise).
+/// where every value is exact (None otherwise). None for split i8 scales too: only the
+/// 6-bit kernel reads interleaved split-scale codes (`interleaved_kernel_matches_portable`
+/// checks it against the row layout).
 fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
     let meta = match &p.meta {
+        Meta::SplitI8(_) => return None,
         Meta::Factored(_) => {
             let nb = p.cols / QK;
             let (mut scales, mut mins) = (vec![0.0; p.stored_rows() * nb], vec![]);
@@ -101,8 +109,8 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
 
 /// f16 and factored metadata hold the same values as f32 (chosen only where exact), so
 /// every kernel, in either layout, must give bit-identical outputs from either form;
-/// the 32-weight formats do get f16 here unless the CPU has VNNI, and interleaved Q4_K
-/// gets factored metadata.
+/// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K
+/// gets factored metadata and interleaved Q3_K/Q6_K split i8 scales.
 #[test]
 fn f16_metadata_matches_f32_metadata_exactly() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -126,6 +134,9 @@ fn f16_metadata_matches_f32_metadata_exactly() {
         for p in layouts(dtype, (rows, cols), &data) {
             let factored = matches!(p.meta, Meta::Factored(_));
             assert_eq!(factored, dtype == DType::Q4_K && p.interleaved, "{dtype}");
+            let split = matches!(p.meta, Meta::SplitI8(_));
+            let split_format = matches!(dtype, DType::Q3_K | DType::Q6_K);
+            assert_eq!(split, split_format && p.interleaved, "{dtype}");
             let Some(q) = other_width(&p) else {
                 assert!(!thirty_two, "{dtype}: its scales are f16 values");
                 continue;
@@ -244,8 +255,8 @@ fn interleaved_kernel_matches_portable() {
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K and the three group formats.
-    assert_eq!(formats, 6);
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K.
+    assert_eq!(formats, 8);
 }
 
 /// Activation quantization is compiled per ISA (it runs on one thread before every
@@ -274,6 +285,7 @@ fn activation_quantization_is_the_same_on_every_isa() {
             f(&a.lane_sums),
             a.block_init.clone(),
             s,
+            a.half_sums.clone(),
         )
     };
     for act in [ActScales::PerBlock, ActScales::PerRow] {
@@ -286,6 +298,7 @@ fn activation_quantization_is_the_same_on_every_isa() {
                 lane_sums: vec![[0.0; 8]; padded],
                 block_init: vec![0; padded],
                 block_sums: vec![0.0; padded],
+                half_sums: vec![0; padded],
             };
             quantize_into(isa, &x, 8, act, &mut a);
             a
@@ -301,6 +314,11 @@ fn activation_quantization_is_the_same_on_every_isa() {
             .map(|b| act == ActScales::PerRow || b == 3 || b == 5)
             .collect();
         assert_eq!(nan_blocks, want, "{act:?}");
+        for (b, &h) in portable.half_sums.iter().enumerate() {
+            let sum = |r: std::ops::Range<usize>| portable.q[r].iter().map(|&v| i32::from(v)).sum();
+            let want: (i32, i32) = (sum(b * QK..b * QK + 16), sum(b * QK + 16..(b + 1) * QK));
+            assert_eq!((h as i16 as i32, h >> 16), want, "{act:?} block {b}");
+        }
         for isa in Isa::available() {
             assert!(bits(&run(isa)) == bits(&portable), "{isa} {act:?}");
         }
