@@ -16,6 +16,7 @@
 //! sub-scale-weighted sum is exact in i32 (|·| < 2²⁶), and one conversion and one FMA
 //! by d·d_x finish it.
 
+use super::avx2_rows8::prefetch_pair;
 use super::packed::{PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
 use super::M_CHUNK;
 use crate::quant::QK;
@@ -132,6 +133,7 @@ unsafe fn dots_m<const CRUMBS: bool, const M: usize>(
     // SAFETY: chunks c and c + 1 < nb exist in the group and in every activation row.
     unsafe {
         for c in (0..nb).step_by(2) {
+            prefetch_pair(g.codes, c / 2, pair_bytes);
             chunk::<false, CRUMBS, M>(&g, &rows, c, &mut acc);
             chunk::<true, CRUMBS, M>(&g, &rows, c + 1, &mut acc);
         }
