@@ -356,14 +356,30 @@ impl PackedWeights {
         }
     }
 
-    /// Row r's 32 codes of chunk b.
+    /// Row r's 32 codes of chunk b. Places are found once per chunk (prefill over
+    /// packed rows dequantizes every weight through here): in every layout, codes
+    /// 4t..4t+4 are 4 consecutive bytes, the groups of 4 `stride` bytes apart.
     fn chunk_codes(&self, r: usize, b: usize, out: &mut [u8; QK]) {
-        let mask = self.low_mask();
-        for (j, o) in out.iter_mut().enumerate() {
-            let ((at, shift), top) = self.code_places(r, b, j);
-            *o = (self.quants[at] >> shift) & mask;
-            if let Some((at, shift)) = top {
-                *o |= ((self.quants[at] >> shift) & 3) << 4;
+        let ((low, shift), top) = self.code_places(r, b, 0);
+        if !self.interleaved && !self.four_bit {
+            out.copy_from_slice(&self.quants[low..low + QK]);
+            return;
+        }
+        let stride = if self.interleaved { QK } else { 4 };
+        for (t, four) in out.chunks_exact_mut(4).enumerate() {
+            let bytes = &self.quants[low + t * stride..][..4];
+            for (o, &v) in four.iter_mut().zip(bytes) {
+                *o = (v >> shift) & 0xF;
+            }
+        }
+        if let Some((top, _)) = top {
+            // Register t mod 4, crumb 2·(b mod 2) + t/4 (see `code_places`).
+            for (t, four) in out.chunks_exact_mut(4).enumerate() {
+                let shift = 2 * (2 * (b % 2) + t / 4);
+                let bytes = &self.quants[top + (t % 4) * QK..][..4];
+                for (o, &v) in four.iter_mut().zip(bytes) {
+                    *o |= ((v >> shift) & 3) << 4;
+                }
             }
         }
     }
