@@ -109,7 +109,8 @@ unsafe fn dots_m<const M: usize>(
     }
 }
 
-/// Bytes ahead of the current chunk to prefetch (as in `avx2_int8`).
+/// Bytes ahead of the current chunk to prefetch. `avx2_int8`'s 2.5 KiB measured no
+/// different here (0.95 and 1.06 over 5 rounds), so this stays at 1 KiB.
 const PREFETCH: usize = 1024;
 
 #[cfg(test)]
