@@ -16,7 +16,7 @@
 //! sub-scale-weighted sum is exact in i32 (|·| < 2²⁶), and one conversion and one FMA
 //! by d·d_x finish it.
 
-use super::avx2_rows8::prefetch_pair;
+use super::avx2_rows8::{prefetch_pair, store_group};
 use super::packed::{PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
 use super::M_CHUNK;
 use crate::quant::QK;
@@ -138,14 +138,8 @@ unsafe fn dots_m<const CRUMBS: bool, const M: usize>(
             chunk::<true, CRUMBS, M>(&g, &rows, c + 1, &mut acc);
         }
     }
-    let mut lanes = [0f32; ROWS8];
-    for i in 0..M {
-        // SAFETY: 8 floats fit `lanes`.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-        for (r, &v) in lanes.iter().enumerate() {
-            out[r * M_CHUNK + i] = v;
-        }
-    }
+    // SAFETY: this function's target features include AVX.
+    unsafe { store_group(&acc, out) };
 }
 
 /// Bits 4–5 of the codes in `v`'s 2-bit plane at crumb k (bits 2k..2k+2 of each byte).

@@ -280,10 +280,21 @@ unsafe fn dots_m<const MIN: bool, C: ChunkMeta, const M: usize>(
             chunk::<false, MIN, C, M>(&g, &rows, c, &mut acc);
         }
     }
+    // SAFETY: this function's target features include AVX.
+    unsafe { store_group(&acc, out) };
+}
+
+/// Writes the group's dots, lane r of `acc[i]` (row r0 + r against activation row i),
+/// to `out[r·M_CHUNK + i]`, the layout the driver reads.
+///
+/// # Safety
+/// AVX.
+#[inline(always)]
+pub(super) unsafe fn store_group<const M: usize>(acc: &[__m256; M], out: &mut [f32]) {
     let mut lanes = [0f32; ROWS8];
-    for i in 0..M {
-        // SAFETY: 8 floats fit `lanes`.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+    for (i, a) in acc.iter().enumerate() {
+        // SAFETY: AVX per the contract; 8 floats fit `lanes`.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
         for (r, &v) in lanes.iter().enumerate() {
             out[r * M_CHUNK + i] = v;
         }
