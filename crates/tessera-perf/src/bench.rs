@@ -22,6 +22,11 @@ pub fn llc_bytes() -> usize {
         << 20
 }
 
+/// The most instances one benchmark rotates. Small decode matmuls need many: 1 536
+/// copies of a 576×192 Q4_0 matrix (62 KB) make 3× a 32 MiB L3, and with 256 (the
+/// old cap) the k/v projection was timed out of L3 while reported against DRAM.
+const MAX_ROTATION: usize = 8192;
+
 /// The time origin of [`BenchResult::sample_starts_s`].
 fn epoch() -> Instant {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -109,7 +114,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     if mem_bound {
         let target = 3 * llc_bytes();
         let each = instances[0].footprint().max(1);
-        let count = target.div_ceil(each).clamp(1, 256);
+        let count = target.div_ceil(each).clamp(1, MAX_ROTATION);
         for _ in 1..count {
             instances.push(spec.problem.instantiate(spec.dtype, &mut rng)?);
         }

@@ -195,15 +195,30 @@ pub fn sum_slice(v: &[f32]) -> f32 {
     sum(v)
 }
 
+/// Compiled for the widest vectors the CPU has: built for baseline x86-64 (SSE2) the
+/// loop read 10–18 % less from DRAM on an AVX2-only host than the same loop built for
+/// AVX2 (paired passes over 256 MiB), and kernels that read at the AVX2 rate showed up
+/// as >100 % of DRAM.
 fn sum(v: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if Isa::best() == Isa::Avx512 {
-        #[target_feature(enable = "avx512f,fma")]
-        fn s(v: &[f32]) -> f32 {
-            sum_portable(v)
+    match Isa::best() {
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,fma")]
+            fn s(v: &[f32]) -> f32 {
+                sum_portable(v)
+            }
+            // SAFETY: AVX-512 available.
+            return unsafe { s(v) };
         }
-        // SAFETY: AVX-512 available.
-        return unsafe { s(v) };
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            fn s(v: &[f32]) -> f32 {
+                sum_portable(v)
+            }
+            // SAFETY: AVX2 and FMA available (what `Isa::Avx2` means).
+            return unsafe { s(v) };
+        }
+        _ => {}
     }
     sum_portable(v)
 }
