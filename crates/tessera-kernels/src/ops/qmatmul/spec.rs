@@ -204,8 +204,10 @@ pub(super) fn bench_shapes() -> Vec<(&'static str, QMatmulProblem)> {
         ("batch8 up", p(8, 1536, 576)),
         ("prefill up", p(512, 1536, 576)),
         // The K-quants need K a multiple of 256: the same layers with K = 512
-        // (SmolLM2's 576 is not), and a 7B-class 4096² projection.
+        // (SmolLM2's 576 is not; its down projection, K = 1536, is), and a 7B-class
+        // 4096² projection.
         ("decode q/o k512", p(1, 576, 512)),
+        ("decode k/v k512", p(1, 192, 512)),
         ("decode up k512", p(1, 1536, 512)),
         ("decode lm head k512", p(1, 49152, 512)),
         ("decode 4096²", p(1, 4096, 4096)),
@@ -350,12 +352,6 @@ struct QInstance<B> {
     /// row-major, and interleaved where the format allows.
     packed: PackedWeights,
     interleaved: Option<PackedWeights>,
-    /// The weights' defined values as the f32 formulas give them (the f32-activation
-    /// kernels use exactly these).
-    w_deq: Vec<f64>,
-    /// The same values before f32 rounding, (u − o)·d + m exactly: the integer kernels
-    /// combine d·Σu·q and m·Σq in one fused step, so they see these.
-    w_exact: Vec<f64>,
     ops: Operands,
 }
 
@@ -376,37 +372,44 @@ impl<B: BlockFormat> QInstance<B> {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let w = QuantMatrix::<B>::quantize(p.n, p.k, &wf)?;
-        let packed = PackedWeights::row_major(&w);
-        let mut w_exact = Vec::with_capacity(p.n * p.k);
-        let mut u = [0u8; QK];
-        for b in w.blocks() {
-            for c in 0..B::BLOCK / QK {
-                let halves = b.unsigned(c, &mut u);
-                w_exact.extend(u.iter().enumerate().map(|(j, &u)| {
-                    let (d, m) = halves[j / 16];
-                    (u as i32 - B::OFFSET) as f64 * d as f64 + m as f64
-                }));
-            }
-        }
         Ok(QInstance {
-            w_deq: w.dequantize().into_iter().map(f64::from).collect(),
-            w_exact,
-            packed,
+            packed: PackedWeights::row_major(&w),
             interleaved: PackedWeights::interleaved(&w),
             w,
             ops: Operands::new(p, rng),
         })
     }
 
+    /// The weights' values before f32 rounding, (u − o)·d + m exactly: the integer
+    /// kernels combine d·Σu·q and m·Σq in one fused step, so they see these.
+    fn exact_weights(&self) -> Vec<f64> {
+        let mut exact = Vec::with_capacity(self.w.rows() * self.w.cols());
+        let mut u = [0u8; QK];
+        for b in self.w.blocks() {
+            for c in 0..B::BLOCK / QK {
+                let halves = b.unsigned(c, &mut u);
+                exact.extend(u.iter().enumerate().map(|(j, &u)| {
+                    let (d, m) = halves[j / 16];
+                    (u as i32 - B::OFFSET) as f64 * d as f64 + m as f64
+                }));
+            }
+        }
+        exact
+    }
+
     /// The weights and activations a variant effectively multiplies.
-    fn operands(&self, v: &Variant) -> (&[f64], Vec<Vec<f64>>) {
+    /// Built per call rather than held: the benchmark rotates enough instances to
+    /// exceed the last-level cache several times, and float64 copies would multiply
+    /// their memory by 16 per weight.
+    fn operands(&self, v: &Variant) -> (Vec<f64>, Vec<Vec<f64>>) {
         if is_int8(v) {
             let acts = self
                 .ops
                 .acts(Some((self.packed.offset(), ActScales::PerBlock)));
-            (&self.w_exact, acts)
+            (self.exact_weights(), acts)
         } else {
-            (&self.w_deq, self.ops.acts(None))
+            let defined = self.w.dequantize().into_iter().map(f64::from).collect();
+            (defined, self.ops.acts(None))
         }
     }
 }
@@ -417,11 +420,11 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     }
     fn reference_for(&self, v: &Variant) -> Vec<f64> {
         let (w, x) = self.operands(v);
-        self.ops.product(w, &x, |t| t)
+        self.ops.product(&w, &x, |t| t)
     }
     fn magnitude(&self, v: &Variant) -> Option<Vec<f64>> {
         let (w, x) = self.operands(v);
-        Some(self.ops.product(w, &x, f64::abs))
+        Some(self.ops.product(&w, &x, f64::abs))
     }
     fn poison(&mut self) {
         self.ops.poison();

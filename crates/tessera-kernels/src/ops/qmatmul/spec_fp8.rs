@@ -116,21 +116,8 @@ impl ProblemCase for Fp8Problem {
             .map(|i| rng.random_range(-1.0f32..1.0) * (1 + (i / p.k) % 5) as f32)
             .collect();
         let w = Fp8Matrix::quantize(format, self.scaling, p.n, p.k, &wf)?;
-        let table = format.table();
-        let exact: Vec<f64> = (0..p.n)
-            .flat_map(|r| {
-                let s = w.scales()[r] as f64;
-                let row: Vec<f64> = w
-                    .row(r)
-                    .iter()
-                    .map(|&c| table[c as usize] as f64 * s)
-                    .collect();
-                row
-            })
-            .collect();
         Ok(Box::new(Fp8Instance {
             w,
-            exact,
             ops: Operands::new(p, rng),
         }))
     }
@@ -138,19 +125,32 @@ impl ProblemCase for Fp8Problem {
 
 struct Fp8Instance {
     w: Fp8Matrix,
-    /// decode(code)·scale in f64, the values the weights stand for.
-    exact: Vec<f64>,
     ops: Operands,
+}
+
+impl Fp8Instance {
+    /// decode(code)·scale in f64, the values the weights stand for. Built per call,
+    /// not held: benchmarks rotate many instances.
+    fn exact_weights(&self) -> Vec<f64> {
+        let (w, table) = (&self.w, self.w.format().table());
+        (0..w.rows())
+            .flat_map(|r| {
+                let s = w.scales()[r] as f64;
+                w.row(r).iter().map(move |&c| table[c as usize] as f64 * s)
+            })
+            .collect()
+    }
 }
 
 impl Instance for Fp8Instance {
     fn reference(&self) -> Vec<f64> {
-        self.ops.product(&self.exact, &self.ops.acts(None), |t| t)
+        self.ops
+            .product(&self.exact_weights(), &self.ops.acts(None), |t| t)
     }
     fn magnitude(&self, _: &Variant) -> Option<Vec<f64>> {
         Some(
             self.ops
-                .product(&self.exact, &self.ops.acts(None), f64::abs),
+                .product(&self.exact_weights(), &self.ops.acts(None), f64::abs),
         )
     }
     fn poison(&mut self) {

@@ -96,19 +96,9 @@ impl ProblemCase for I8Problem {
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let w = Int8Matrix::quantize(p.n, p.k, &wf)?;
-        let exact: Vec<f64> = (0..p.n)
-            .flat_map(|r| {
-                let s = w.scales()[r] as f64;
-                w.row(r)
-                    .iter()
-                    .map(move |&q| q as f64 * s)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
         Ok(Box::new(I8Instance {
             packed: PackedWeights::from_int8(&w),
             w,
-            exact,
             ops: Operands::new(p, rng),
         }))
     }
@@ -117,17 +107,28 @@ impl ProblemCase for I8Problem {
 struct I8Instance {
     w: Int8Matrix,
     packed: PackedWeights,
-    /// q·scale in f64: what both paths multiply by (the f32 path scales Σq·x once).
-    exact: Vec<f64>,
     ops: Operands,
 }
 
 impl I8Instance {
+    /// q·scale in f64: what both paths multiply by (the f32 path scales Σq·x once).
+    /// Built per call, not held: benchmarks rotate many instances.
+    fn exact_weights(&self) -> Vec<f64> {
+        let w = &self.w;
+        (0..w.rows())
+            .flat_map(|r| {
+                let s = w.scales()[r] as f64;
+                w.row(r).iter().map(move |&q| q as f64 * s)
+            })
+            .collect()
+    }
+
     fn product(&self, v: &Variant, f: fn(f64) -> f64) -> Vec<f64> {
         let int8 = W8A8
             .contains(v)
             .then_some((self.packed.offset(), ActScales::PerRow));
-        self.ops.product(&self.exact, &self.ops.acts(int8), f)
+        self.ops
+            .product(&self.exact_weights(), &self.ops.acts(int8), f)
     }
 }
 
