@@ -498,6 +498,8 @@ fn prefill(
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_acts;
+#[cfg(target_arch = "x86_64")]
 mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_planes8;

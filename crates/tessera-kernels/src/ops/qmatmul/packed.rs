@@ -554,6 +554,18 @@ impl QuantActs {
     /// [`QuantActs::with_scales`] into this row's buffers, reusing their allocations
     /// (decode quantizes a row per matmul, several hundred per token).
     pub(super) fn refill(&mut self, x: &[f32], offset: i32, act: ActScales) {
+        self.refill_on(Isa::best(), x, offset, act)
+    }
+
+    /// [`QuantActs::with_scales`] with the quantizer `isa` runs (for tests).
+    #[cfg(test)]
+    pub(super) fn with_scales_on(isa: Isa, x: &[f32], offset: i32, act: ActScales) -> Self {
+        let mut a = QuantActs::default();
+        a.refill_on(isa, x, offset, act);
+        a
+    }
+
+    fn refill_on(&mut self, isa: Isa, x: &[f32], offset: i32, act: ActScales) {
         debug_assert!(x.len().is_multiple_of(QK));
         let padded = (x.len() / QK).div_ceil(2) * 2;
         // Cleared, then zero-filled: the padding block must read as zeros.
@@ -568,10 +580,10 @@ impl QuantActs {
         zeroed(&mut self.block_init, padded);
         zeroed(&mut self.block_sums, padded);
         zeroed(&mut self.half_sums, padded);
-        // Compiled per ISA: at decode this runs on one thread before the matmul's
-        // threads start, and the portable build calls libm's `roundf` per value (~5 µs
-        // at K = 1536, a fifth of the matmul).
-        quantize_into(Isa::best(), x, offset, act, self);
+        // Per ISA: at decode this runs on one thread before the matmul's threads
+        // start, and the portable build calls libm's `roundf` per value (~5 µs at
+        // K = 1536, a fifth of the matmul).
+        quantize_into(isa, x, offset, act, self);
     }
 
     /// The values the kernel effectively multiplies by, q·d_x, exactly (f64).
@@ -597,10 +609,23 @@ fn amax_finite(x: &[f32]) -> (f32, bool) {
     (m.iter().fold(0f32, |a, &b| a.max(b)), finite)
 }
 
+/// Fills `a` (sized for `x`) with `x` quantized per 32-block, and what the kernels
+/// preload. Non-finite input makes its block's (or row's) scale NaN. On x86 the AVX2
+/// quantizer (bit-exact with the portable loop, which stays scalar when compiled).
+pub(super) fn quantize_into(isa: Isa, x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
+        // `refill` sized a's arrays for them.
+        return unsafe { super::avx2_acts::quantize_into(x, offset, act, a) };
+    }
+    quantize_portable(isa, x, offset, act, a)
+}
+
 multiversion! {
-    /// Fills `a` (sized for `x`) with `x` quantized per 32-block, and what the kernels
-    /// preload. Non-finite input makes its block's (or row's) scale NaN.
-    fn quantize_into(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+    /// [`quantize_into`] in portable Rust, compiled per ISA (NEON, and the baseline the
+    /// AVX2 quantizer is checked against).
+    fn quantize_portable(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
         let row = match act {
             ActScales::PerBlock => None,
             ActScales::PerRow => Some(amax_finite(x)),
@@ -611,7 +636,9 @@ multiversion! {
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             let q = &mut a.q[b * QK..(b + 1) * QK];
             for (q, &v) in q.iter_mut().zip(xb) {
-                *q = (v * id).round() as i8;
+                // Clamped for a subnormal d, whose 1/d overflows: ±∞ would saturate
+                // to −128 on one side, and every kernel bounds |q_x| by 127.
+                *q = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
             let d = if finite { d } else { f32::NAN };
             let mut sums = [0i32; 8];

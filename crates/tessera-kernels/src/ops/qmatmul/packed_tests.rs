@@ -266,8 +266,13 @@ fn interleaved_kernel_matches_portable() {
 #[test]
 fn activation_quantization_is_the_same_on_every_isa() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(23);
-    let k = 8 * QK;
+    let k = 10 * QK;
     let mut x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+    // Block 8 all zeros (d = 0); block 9 so small that 1/d overflows to ∞.
+    x[8 * QK..9 * QK].fill(0.0);
+    for v in &mut x[9 * QK..] {
+        *v = rng.random_range(-1e-38..1e-38);
+    }
     // Block 1 holds exact ties: amax 127 makes d = 1, so v = n + 0.5 sits on one.
     for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
         *v = j as f32 - 15.5;
@@ -321,6 +326,19 @@ fn activation_quantization_is_the_same_on_every_isa() {
         }
         for isa in Isa::available() {
             assert!(bits(&run(isa)) == bits(&portable), "{isa} {act:?}");
+        }
+    }
+    // Random rows of every magnitude, through `refill` as the matmuls call it.
+    for _ in 0..200 {
+        let k = QK * rng.random_range(1..40);
+        let scale = 10f32.powi(rng.random_range(-6..6));
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-scale..scale)).collect();
+        for act in [ActScales::PerBlock, ActScales::PerRow] {
+            let want = bits(&QuantActs::with_scales_on(Isa::Scalar, &x, 128, act));
+            for isa in Isa::available() {
+                let got = bits(&QuantActs::with_scales_on(isa, &x, 128, act));
+                assert!(got == want, "{isa} {act:?} K = {k}, scale {scale}");
+            }
         }
     }
 }
