@@ -14,7 +14,7 @@
 //! `vpmaddwd` against ones then sums pairs of i16 into the same 4-element i32 lanes
 //! `vpdpbusd` gives, so scales, minima and activation metadata are the VNNI layout's.
 
-use super::packed::{Meta, PackedWeights, QuantActs};
+use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs};
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;
@@ -32,7 +32,7 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
     // chunk.
     macro_rules! by_layout {
         ($(($f:literal, $s:literal, $m:literal, $h:literal)),*) => {
-            match (w.four_bit, w.signed_bytes(), w.meta.has_min(), w.split16) {
+            match (w.layout == CodeLayout::Nibbles, w.signed_bytes(), w.meta.has_min(), w.split16) {
                 $(($f, $s, $m, $h) => match &w.meta {
                     // SAFETY: forwarded contract.
                     Meta::F32 { scales, mins } => unsafe {

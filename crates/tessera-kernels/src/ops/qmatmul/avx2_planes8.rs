@@ -17,7 +17,7 @@
 //! by d·d_x finish it.
 
 use super::avx2_rows8::{prefetch_pair, store_group};
-use super::packed::{PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
+use super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;
@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w.interleaved` with `meta` its [`SplitI8`] metadata; r0 a multiple
+/// AVX2, FMA and F16C; `w.layout.interleaved()` with `meta` its [`SplitI8`] metadata; r0 a multiple
 /// of 8 below `w.rows`; 1 ≤ acts.len() ≤ M_CHUNK, each built for `w.cols` columns and
 /// `w`'s offset; out.len() ≥ 7·M_CHUNK + acts.len().
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -40,16 +40,16 @@ pub(super) unsafe fn dots(
 ) {
     // SAFETY: forwarded contract; each arm gets exactly its count of rows.
     unsafe {
-        match (w.four_bit, acts.len()) {
+        match (w.layout == CodeLayout::Planes8, acts.len()) {
             (_, 0) => {}
-            (true, 1) => dots_m::<false, 1>(w, meta, r0, acts, out),
-            (true, 2) => dots_m::<false, 2>(w, meta, r0, acts, out),
-            (true, 3) => dots_m::<false, 3>(w, meta, r0, acts, out),
-            (true, _) => dots_m::<false, M_CHUNK>(w, meta, r0, acts, out),
-            (false, 1) => dots_m::<true, 1>(w, meta, r0, acts, out),
-            (false, 2) => dots_m::<true, 2>(w, meta, r0, acts, out),
-            (false, 3) => dots_m::<true, 3>(w, meta, r0, acts, out),
-            (false, _) => dots_m::<true, M_CHUNK>(w, meta, r0, acts, out),
+            (false, 1) => dots_m::<false, 1>(w, meta, r0, acts, out),
+            (false, 2) => dots_m::<false, 2>(w, meta, r0, acts, out),
+            (false, 3) => dots_m::<false, 3>(w, meta, r0, acts, out),
+            (false, _) => dots_m::<false, M_CHUNK>(w, meta, r0, acts, out),
+            (true, 1) => dots_m::<true, 1>(w, meta, r0, acts, out),
+            (true, 2) => dots_m::<true, 2>(w, meta, r0, acts, out),
+            (true, 3) => dots_m::<true, 3>(w, meta, r0, acts, out),
+            (true, _) => dots_m::<true, M_CHUNK>(w, meta, r0, acts, out),
         }
     }
 }
@@ -88,9 +88,9 @@ unsafe fn dots_m<const CRUMBS: bool, const M: usize>(
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
-    debug_assert!(w.interleaved && r0.is_multiple_of(ROWS8) && r0 < w.rows);
+    debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
     // Super-blocks of 256 weights: whole chunk pairs, so no odd last chunk.
-    debug_assert!(nb.is_multiple_of(8) && CRUMBS != w.four_bit);
+    debug_assert!(nb.is_multiple_of(8) && CRUMBS == (w.layout == CodeLayout::Planes8));
     debug_assert!(acts.len() == M && out.len() > (ROWS8 - 1) * M_CHUNK + M - 1);
     let pair_bytes = w.group_pair_bytes();
     debug_assert!(w.quants.len() >= (group + 1) * (nb / 2) * pair_bytes);

@@ -30,14 +30,14 @@ use std::arch::x86_64::*;
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w.interleaved`; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
+/// AVX2, FMA and F16C; `w.layout.interleaved()`; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
 /// ≤ M_CHUNK, each built for `w.cols` columns and `w`'s offset; out.len() ≥
 /// 7·M_CHUNK + acts.len().
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
-    debug_assert!(w.interleaved && r0.is_multiple_of(ROWS8) && r0 < w.rows);
+    debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
     // SAFETY: in each arm the group's metadata starts at these offsets (the packer sized
     // the arrays for every padded group); the rest is forwarded.
     unsafe {

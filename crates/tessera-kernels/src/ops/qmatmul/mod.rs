@@ -281,7 +281,9 @@ impl IntKernel {
     fn reading(self, w: &PackedWeights) -> Self {
         #[cfg(target_arch = "x86_64")]
         match self {
-            IntKernel::Vnni | IntKernel::Avx2 if w.interleaved => return IntKernel::Avx2Rows8,
+            IntKernel::Vnni | IntKernel::Avx2 if w.layout.interleaved() => {
+                return IntKernel::Avx2Rows8
+            }
             IntKernel::Vnni if matches!(w.meta, packed::Meta::F16 { .. }) => {
                 return IntKernel::Avx2
             }

@@ -109,19 +109,47 @@ impl Meta {
 pub struct PackedWeights {
     pub(super) rows: usize,
     pub(super) cols: usize,
-    /// Per row: `cols/2` bytes (4-bit, block pairs) or `cols` bytes (8-bit).
+    /// The codes, laid out as `layout` says.
     pub(super) quants: Vec<u8>,
     /// Per row, per chunk (per half-chunk when `split16`): d and m.
     pub(super) meta: Meta,
     pub(super) offset: i32,
-    pub(super) four_bit: bool,
+    pub(super) layout: CodeLayout,
     /// Two scales per chunk, one per 16-weight half.
     pub(super) split16: bool,
-    /// Codes and metadata interleaved [`ROWS8`] rows at a time (see
-    /// [`PackedWeights::interleaved`]); rows padded to a multiple of 8 with zeros.
-    /// Without `four_bit`, the codes are 6-bit planes.
-    pub(super) interleaved: bool,
     pub(super) dtype: DType,
+}
+
+/// How the codes are stored: what decides which kernel reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CodeLayout {
+    /// Row after row, a byte per code (8-bit formats, INT8, 5- and 6-bit codes).
+    Bytes,
+    /// Row after row, a byte per 2 codes: chunk 2p in the low nibbles of pair p's 32
+    /// bytes, chunk 2p + 1 in the high ones.
+    Nibbles,
+    /// [`ROWS8`] rows interleaved per chunk pair, nibbles ([`PackedWeights::interleaved`]);
+    /// rows padded to a multiple of 8 with zeros.
+    Nibbles8,
+    /// As `Nibbles8` for the low 4 bits, each chunk pair followed by a plane of the
+    /// codes' top 2 bits (Q6_K).
+    Planes8,
+}
+
+impl CodeLayout {
+    fn of<B: BlockFormat>(interleaved: bool) -> Self {
+        match (interleaved, B::NIBBLES) {
+            (false, false) => CodeLayout::Bytes,
+            (false, true) => CodeLayout::Nibbles,
+            (true, true) => CodeLayout::Nibbles8,
+            (true, false) => CodeLayout::Planes8,
+        }
+    }
+
+    /// Whether rows are interleaved 8 at a time (`avx2_rows8`, `avx2_planes8`).
+    pub(super) fn interleaved(self) -> bool {
+        matches!(self, CodeLayout::Nibbles8 | CodeLayout::Planes8)
+    }
 }
 
 /// Weight rows per interleaved group: one i32 lane each in a ymm register.
@@ -184,9 +212,8 @@ impl PackedWeights {
                 mins: Vec::new(),
             },
             offset: B::OFFSET,
-            four_bit: B::NIBBLES,
+            layout: CodeLayout::of::<B>(interleaved),
             split16: B::SPLIT16,
-            interleaved,
             dtype: B::DTYPE,
         };
         let stored_rows = p.stored_rows();
@@ -279,19 +306,18 @@ impl PackedWeights {
     /// its low bits ([`PackedWeights::low_mask`]), and in 6-bit planes of its top 2.
     fn code_places(&self, r: usize, b: usize, j: usize) -> ((usize, u32), Option<(usize, u32)>) {
         let nibble = 4 * (b % 2) as u32;
-        if !self.interleaved {
-            let low = if self.four_bit {
-                (r * self.row_bytes() + (b / 2) * QK + j, nibble)
-            } else {
-                (r * self.row_bytes() + b * QK + j, 0)
-            };
-            return (low, None);
+        match self.layout {
+            CodeLayout::Bytes => return ((r * self.row_bytes() + b * QK + j, 0), None),
+            CodeLayout::Nibbles => {
+                return ((r * self.row_bytes() + (b / 2) * QK + j, nibble), None)
+            }
+            CodeLayout::Nibbles8 | CodeLayout::Planes8 => {}
         }
         let pairs = (self.cols / QK).div_ceil(2);
         let unit = ((r / ROWS8) * pairs + b / 2) * self.group_pair_bytes();
         let lane = (r % ROWS8) * 4 + j % 4;
         let low = (unit + (j / 4) * QK + lane, nibble);
-        let top = (!self.four_bit).then(|| {
+        let top = (self.layout == CodeLayout::Planes8).then(|| {
             let register = (j / 4) % 4;
             let crumb = 2 * (b % 2) + j / 16;
             (
@@ -305,17 +331,17 @@ impl PackedWeights {
     /// The bits of a code stored at its low place: 4 in nibble layouts (the 6-bit
     /// planes' low plane included), all 8 in byte rows.
     fn low_mask(&self) -> u8 {
-        if self.four_bit || self.interleaved {
-            0xF
-        } else {
+        if self.layout == CodeLayout::Bytes {
             0xFF
+        } else {
+            0xF
         }
     }
 
     /// Where row r's scale (and minimum) for chunk b, half h, is stored.
     pub(super) fn meta_index(&self, r: usize, b: usize, h: usize) -> usize {
         let nb = self.cols / QK;
-        if self.interleaved {
+        if self.layout.interleaved() {
             (((r / ROWS8) * nb + b) * ROWS8 + r % ROWS8) * self.halves() + h
         } else {
             (r * nb + b) * self.halves() + h
@@ -326,7 +352,7 @@ impl PackedWeights {
     /// ([`Meta::Factored`]).
     pub(super) fn super_index(&self, r: usize, b: usize) -> usize {
         let ns = self.cols / QK / 8;
-        if self.interleaved {
+        if self.layout.interleaved() {
             ((r / ROWS8) * ns + b / 8) * ROWS8 + r % ROWS8
         } else {
             r * ns + b / 8
@@ -361,11 +387,11 @@ impl PackedWeights {
     /// 4t..4t+4 are 4 consecutive bytes, the groups of 4 `stride` bytes apart.
     fn chunk_codes(&self, r: usize, b: usize, out: &mut [u8; QK]) {
         let ((low, shift), top) = self.code_places(r, b, 0);
-        if !self.interleaved && !self.four_bit {
+        if self.layout == CodeLayout::Bytes {
             out.copy_from_slice(&self.quants[low..low + QK]);
             return;
         }
-        let stride = if self.interleaved { QK } else { 4 };
+        let stride = if self.layout.interleaved() { QK } else { 4 };
         for (t, four) in out.chunks_exact_mut(4).enumerate() {
             let bytes = &self.quants[low + t * stride..][..4];
             for (o, &v) in four.iter_mut().zip(bytes) {
@@ -386,7 +412,7 @@ impl PackedWeights {
 
     /// Rows held: `rows`, padded to a multiple of [`ROWS8`] when interleaved.
     pub(super) fn stored_rows(&self) -> usize {
-        if self.interleaved {
+        if self.layout.interleaved() {
             self.rows.next_multiple_of(ROWS8)
         } else {
             self.rows
@@ -414,9 +440,8 @@ impl PackedWeights {
                 mins: Vec::new(),
             },
             offset: 128,
-            four_bit: false,
+            layout: CodeLayout::Bytes,
             split16: false,
-            interleaved: false,
             dtype: DType::I8,
         }
     }
@@ -499,22 +524,20 @@ impl PackedWeights {
     }
     /// Bytes of an interleaved group's chunk pair.
     pub(super) fn group_pair_bytes(&self) -> usize {
-        if self.four_bit {
-            GROUP_PAIR_BYTES
-        } else {
+        if self.layout == CodeLayout::Planes8 {
             PLANES_PAIR_BYTES
+        } else {
+            GROUP_PAIR_BYTES
         }
     }
     /// Code bytes per row: 16 per 32 weights for nibbles (an odd last chunk padded),
     /// 24 for 6-bit planes, 32 for bytes.
     pub(super) fn row_bytes(&self) -> usize {
         let pairs = (self.cols / QK).div_ceil(2);
-        if self.four_bit {
-            pairs * QK
-        } else if self.interleaved {
-            pairs * PLANES_PAIR_BYTES / ROWS8
-        } else {
-            self.cols
+        match self.layout {
+            CodeLayout::Bytes => self.cols,
+            CodeLayout::Nibbles | CodeLayout::Nibbles8 => pairs * QK,
+            CodeLayout::Planes8 => pairs * PLANES_PAIR_BYTES / ROWS8,
         }
     }
 }

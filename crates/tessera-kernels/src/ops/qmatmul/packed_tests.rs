@@ -49,8 +49,8 @@ fn only_offset_128_formats_have_wide_codes() {
             widest = widest.max(*codes.iter().max().unwrap());
         }
         if p.signed_bytes() {
-            assert!(!p.four_bit, "{dtype}");
-        } else if !p.four_bit {
+            assert_eq!(p.layout, CodeLayout::Bytes, "{dtype}");
+        } else {
             assert!(widest < 64, "{dtype}: code {widest}");
         }
     }
@@ -133,10 +133,14 @@ fn f16_metadata_matches_f32_metadata_exactly() {
         assert_eq!(is_f16, want_f16, "{dtype}");
         for p in layouts(dtype, (rows, cols), &data) {
             let factored = matches!(p.meta, Meta::Factored(_));
-            assert_eq!(factored, dtype == DType::Q4_K && p.interleaved, "{dtype}");
+            assert_eq!(
+                factored,
+                dtype == DType::Q4_K && p.layout.interleaved(),
+                "{dtype}"
+            );
             let split = matches!(p.meta, Meta::SplitI8(_));
             let split_format = matches!(dtype, DType::Q3_K | DType::Q6_K);
-            assert_eq!(split, split_format && p.interleaved, "{dtype}");
+            assert_eq!(split, split_format && p.layout.interleaved(), "{dtype}");
             let Some(q) = other_width(&p) else {
                 assert!(!thirty_two, "{dtype}: its scales are f16 values");
                 continue;
@@ -146,7 +150,7 @@ fn f16_metadata_matches_f32_metadata_exactly() {
                     apply(&x, (m, cols, rows), |x, y| qmatmul_int8(isa, 1, w, x, y))
                 };
                 let (a, b) = (run(&p), run(&q));
-                let at = format!("{dtype} {isa} interleaved {}", p.interleaved);
+                let at = format!("{dtype} {isa} {:?}", p.layout);
                 assert!(a.iter().all(|v| v.is_finite()), "{at}");
                 assert_eq!(a, b, "{at}");
             }
@@ -175,7 +179,7 @@ fn packed_rows_are_the_formats_values() {
             (q.dequantize(), y)
         }, _ => unreachable!("{dtype} is a block format"));
         for p in layouts(dtype, (rows, cols), &data) {
-            let at = format!("{dtype} interleaved {}", p.interleaved);
+            let at = format!("{dtype} {:?}", p.layout);
             let mut row = vec![f32::NAN; cols];
             for r in 0..rows {
                 p.dequantize_row(r, &mut row);

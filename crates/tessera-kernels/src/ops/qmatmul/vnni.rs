@@ -1,7 +1,7 @@
 //! The AVX512_VNNI kernel: two weight blocks per `vpdpbusd` (64 byte products), see
 //! [`super::packed`] for the algebra and layout.
 
-use super::packed::{Meta, PackedWeights, QuantActs};
+use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs};
 use super::M_CHUNK;
 use crate::quant::QK;
 use std::arch::x86_64::*;
@@ -37,7 +37,7 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
         // SAFETY: pair p's bytes lie inside the row: 32 bytes at 32p (4-bit), or 64 (32
         // masked to the one existing block) at 64p (8-bit).
         let wz = unsafe {
-            if w.four_bit {
+            if w.layout == CodeLayout::Nibbles {
                 let v = _mm256_loadu_si256(quants.as_ptr().add(QK * p) as *const __m256i);
                 let lo = _mm256_and_si256(v, nib);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
