@@ -180,7 +180,7 @@ pub fn dram_read_now(threads: usize, reps: usize) -> f64 {
     median_rate(reps.max(1), || {
         let t = Instant::now();
         pool::global().run(threads, threads, |i| {
-            std::hint::black_box(sum(&buf[i * chunk..(i + 1) * chunk]));
+            std::hint::black_box(sum(Isa::best(), &buf[i * chunk..(i + 1) * chunk]));
         });
         (chunk * threads * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
     })
@@ -192,46 +192,23 @@ fn dram_read(threads: usize) -> f64 {
 
 /// A vectorised sum (the bandwidth probes' read loop), public for the cache probes.
 pub fn sum_slice(v: &[f32]) -> f32 {
-    sum(v)
+    sum(Isa::best(), v)
 }
 
-/// Compiled for the widest vectors the CPU has: built for baseline x86-64 (SSE2) the
-/// loop read 10–18 % less from DRAM on an AVX2-only host than the same loop built for
-/// AVX2 (paired passes over 256 MiB), and kernels that read at the AVX2 rate showed up
-/// as >100 % of DRAM.
-fn sum(v: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    match Isa::best() {
-        Isa::Avx512 => {
-            #[target_feature(enable = "avx512f,fma")]
-            fn s(v: &[f32]) -> f32 {
-                sum_portable(v)
+tessera_kernels::multiversion! {
+    /// Compiled for the widest vectors the CPU has: built for baseline x86-64 (SSE2)
+    /// the loop read 10–18 % less from DRAM on an AVX2-only host than the same loop
+    /// built for AVX2 (paired passes over 256 MiB), and kernels that read at the AVX2
+    /// rate showed up as >100 % of DRAM.
+    fn sum(v: &[f32]) -> f32 {
+        let mut acc = [0f32; 64];
+        for c in v.chunks_exact(64) {
+            for (a, x) in acc.iter_mut().zip(c) {
+                *a += x;
             }
-            // SAFETY: AVX-512 available.
-            return unsafe { s(v) };
         }
-        Isa::Avx2 => {
-            #[target_feature(enable = "avx2,fma")]
-            fn s(v: &[f32]) -> f32 {
-                sum_portable(v)
-            }
-            // SAFETY: AVX2 and FMA available (what `Isa::Avx2` means).
-            return unsafe { s(v) };
-        }
-        _ => {}
+        acc.iter().sum()
     }
-    sum_portable(v)
-}
-
-#[inline(always)]
-fn sum_portable(v: &[f32]) -> f32 {
-    let mut acc = [0f32; 64];
-    for c in v.chunks_exact(64) {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a += x;
-        }
-    }
-    acc.iter().sum()
 }
 
 /// Measures every ceiling on `threads` threads (≈1–2 s).

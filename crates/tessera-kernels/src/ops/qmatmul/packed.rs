@@ -590,19 +590,21 @@ impl QuantActs {
 
     fn refill_on(&mut self, isa: Isa, x: &[f32], offset: i32, act: ActScales) {
         debug_assert!(x.len().is_multiple_of(QK));
-        let padded = (x.len() / QK).div_ceil(2) * 2;
-        // Cleared, then zero-filled: the padding block must read as zeros.
-        fn zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
-            v.clear();
+        let nb = x.len() / QK;
+        let padded = nb.div_ceil(2) * 2;
+        // Sized, and only the padding block zeroed (it must read as zeros, and may hold
+        // an earlier, longer row's block): the quantizer writes every other element.
+        fn sized<T: Copy + Default>(v: &mut Vec<T>, len: usize, written: usize) {
             v.resize(len, T::default());
+            v[written..].fill(T::default());
         }
-        zeroed(&mut self.q, padded * QK);
-        zeroed(&mut self.d8, padded);
-        zeroed(&mut self.init, padded);
-        zeroed(&mut self.lane_sums, padded);
-        zeroed(&mut self.block_init, padded);
-        zeroed(&mut self.block_sums, padded);
-        zeroed(&mut self.half_sums, padded);
+        sized(&mut self.q, padded * QK, nb * QK);
+        sized(&mut self.d8, padded, nb);
+        sized(&mut self.init, padded, nb);
+        sized(&mut self.lane_sums, padded, nb);
+        sized(&mut self.block_init, padded, nb);
+        sized(&mut self.block_sums, padded, nb);
+        sized(&mut self.half_sums, padded, nb);
         // Per ISA: at decode this runs on one thread before the matmul's threads
         // start, and the portable build calls libm's `roundf` per value (~5 µs at
         // K = 1536, a fifth of the matmul).
