@@ -54,9 +54,9 @@ enum Stored<B> {
     /// As loaded: f32-activation kernels.
     Blocks(QuantMatrix<B>),
     /// Repacked for 8-bit activations on decode-size matmuls (≤ 16 rows, `SMALL_M`); its
-    /// rows are the format's values bit for bit, so prefill (f32 activations: there the
-    /// dequantize + GEMM path is faster, docs/performance.md) and embedding rows read it
-    /// too, and the blocks are dropped.
+    /// rows are the format's values bit for bit, so prefill (f32 activations through
+    /// dequantize + GEMM, except where the integer path is faster: `qmatmul_packed`) and
+    /// embedding rows read it too, and the blocks are dropped.
     Packed(PackedWeights),
 }
 

@@ -23,8 +23,9 @@ pub struct Scored {
 }
 
 /// Scores `tokens[1..]` given their prefixes: one prefill over the whole text, or, for a
-/// model with 8-bit activations, windows of `SMALL_M` tokens, so that its matmuls take
-/// the integer path they take when generating (a long prefill keeps f32 activations).
+/// model with 8-bit activations, windows of `SMALL_M` tokens, so that every matmul takes
+/// the integer path it takes when generating (a long prefill uses it only where it is
+/// the faster prefill: interleaved 4-bit weights on AVX2).
 pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
     if tokens.len() < 2 {
         return Err(Error::Model("scoring needs at least two tokens".into()));

@@ -192,6 +192,13 @@ fn greedy_answer_is_right() {
     }
 }
 
+/// −ln p(next) under the logits `l`, in float64.
+fn token_nll(l: &[f32], next: u32) -> f64 {
+    let max = l.iter().copied().fold(f32::MIN, f32::max) as f64;
+    let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    lse - l[next as usize] as f64
+}
+
 /// Teacher-forced decode, one token at a time (so every matmul takes the small-M path):
 /// the mean negative log-likelihood of each next token, and the greedy choices.
 fn decode_nll(model: &Llama, ids: &[u32]) -> (f64, Vec<usize>) {
@@ -199,9 +206,7 @@ fn decode_nll(model: &Llama, ids: &[u32]) -> (f64, Vec<usize>) {
     let (mut nll, mut greedy) = (0.0, Vec::new());
     for i in 0..ids.len() - 1 {
         let l = model.forward(&ids[i..i + 1], &mut cache).expect("decode");
-        let max = l.iter().copied().fold(f32::MIN, f32::max) as f64;
-        let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        nll += lse - l[ids[i + 1] as usize] as f64;
+        nll += token_nll(&l, ids[i + 1]);
         greedy.push(
             l.iter()
                 .enumerate()
@@ -276,4 +281,24 @@ fn int8_activations_keep_perplexity() {
     );
     assert!(s_int8 != s_f32);
     assert!((s_int8.ln() - s_f32.ln()).abs() < INT8_ACTS_PPL_RATIO_TOL.ln_1p());
+    // The whole text as one prefill: its Q4_1 layers take the integer path where that is
+    // the faster prefill (AVX2 without VNNI), the rest keep f32 activations.
+    let prefill_nll = |m: &Llama| {
+        let n = ids.len() - 1;
+        let mut cache = KvCache::new(&m.cfg, ids.len()).expect("cache");
+        let logits = m.forward_all(&ids[..n], &mut cache).expect("prefill");
+        let v = m.cfg.vocab;
+        let nll: f64 = (0..n)
+            .map(|i| token_nll(&logits[i * v..(i + 1) * v], ids[i + 1]))
+            .sum();
+        nll / n as f64
+    };
+    let (p_f32, p_int8) = (prefill_nll(&f32_acts), prefill_nll(&int8_acts));
+    eprintln!(
+        "one prefill: perplexity f32 {:.3}, int8 activations {:.3}",
+        p_f32.exp(),
+        p_int8.exp()
+    );
+    assert!((p_f32 - nll_f32).abs() < 1e-4, "{p_f32} vs {nll_f32}");
+    assert!((p_int8 - p_f32).abs() < INT8_ACTS_PPL_RATIO_TOL.ln_1p());
 }

@@ -99,6 +99,26 @@ impl ThreadPool {
         }
     }
 
+    /// Runs `f(first, chunk)` over `items` split into chunks of `chunk` items (the last
+    /// may be shorter; `first` is the chunk's index in `items`), on at most
+    /// `max_threads` threads: [`ThreadPool::run`] for work that writes a slice in place.
+    pub fn for_each_chunk_mut<T: Send>(
+        &self,
+        items: &mut [T],
+        chunk: usize,
+        max_threads: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let chunk = chunk.max(1);
+        // One uncontended lock per chunk hands each task its own `&mut`.
+        let chunks: Vec<std::sync::Mutex<&mut [T]>> =
+            items.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+        self.run(chunks.len(), max_threads, |t| {
+            let mut c = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+            f(t * chunk, &mut c)
+        });
+    }
+
     /// Threads a job can use, the caller included.
     pub fn threads(&self) -> usize {
         self.workers.len() + 1
@@ -266,6 +286,22 @@ mod tests {
                 hits[i].fetch_add(1, Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn chunks_cover_every_item_once_with_their_index() {
+        let pool = ThreadPool::new(3);
+        for (n, chunk) in [(0usize, 4usize), (1, 4), (7, 3), (100, 7), (5, 0)] {
+            let mut items = vec![usize::MAX; n];
+            pool.for_each_chunk_mut(&mut items, chunk, 3, |first, c| {
+                assert!(c.len() <= chunk.max(1));
+                for (j, v) in c.iter_mut().enumerate() {
+                    assert_eq!(*v, usize::MAX, "written twice");
+                    *v = first + j;
+                }
+            });
+            assert_eq!(items, (0..n).collect::<Vec<_>>());
         }
     }
 

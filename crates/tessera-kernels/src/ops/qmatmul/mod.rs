@@ -107,9 +107,9 @@ pub fn qmatmul_int8(
 
 /// `y = x·Wᵀ` over weights held only in the packed layout: the integer path
 /// ([`qmatmul_int8`], activations quantized per 32-block) for decode-size M ≤
-/// [`SMALL_M`], f32 activations through dequantize + GEMM for prefill, where that path
-/// is the faster one (docs/performance.md). What an engine runs when it keeps one copy
-/// of the weights for `--int8-acts`.
+/// [`SMALL_M`], and for prefill where it is the faster one ([`int8_prefill_pays`]);
+/// otherwise f32 activations through dequantize + GEMM. What an engine runs when it
+/// keeps one copy of the weights for `--int8-acts`.
 pub fn qmatmul_packed(
     isa: Isa,
     threads: usize,
@@ -118,7 +118,7 @@ pub fn qmatmul_packed(
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
     let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m <= SMALL_M {
+    if m <= SMALL_M || int8_prefill_pays(isa, w) {
         return qmatmul_int8(isa, threads, w, x, y);
     }
     if !isa.is_available() {
@@ -129,6 +129,23 @@ pub fn qmatmul_packed(
     }
     let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
     prefill(isa, threads, (n, w.cols()), dequant, x, y)
+}
+
+/// Whether a prefill (M > [`SMALL_M`]) over `w` on `isa` is faster on the integer path
+/// than through dequantize + f32 GEMM. Measured on AVX2 at 512×1536×576 and 512×1536×512
+/// (`tessera bench qmatmul --problem "prefill up[ k512]"`, the two variants alternated,
+/// docs/performance.md): the interleaved 4-bit kernel over one scale per chunk wins
+/// (Q4_0, Q4_1, the group formats: int8 ÷ f32 0.54–0.87); Q4_K's factored scales tie
+/// (1.05), Q6_K/Q3_K's planes lose (1.1–1.2), and the row kernels lose by 1.7–2.6×.
+/// VNNI packs rows and its prefill is unmeasured, so it keeps the GEMM.
+fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_available() && IntKernel::for_isa(isa).reading(w) == IntKernel::Avx2Rows8 {
+        return w.layout == packed::CodeLayout::Nibbles8
+            && matches!(w.meta, packed::Meta::F16 { .. } | packed::Meta::F32 { .. });
+    }
+    let _ = (isa, w);
+    false
 }
 
 /// How activations are quantized to 8 bits for the integer path.
@@ -162,26 +179,43 @@ fn int8_path(
         if acts.len() < m {
             acts.resize_with(m, QuantActs::default);
         }
-        for (i, a) in acts[..m].iter_mut().enumerate() {
-            a.refill(&xs[i * ld..][..k], w.offset(), act);
+        let row = |i: usize| &xs[i * ld..][..k];
+        if m <= SMALL_M {
+            for (i, a) in acts[..m].iter_mut().enumerate() {
+                a.refill(row(i), w.offset(), act);
+            }
+        } else {
+            // Prefill: serial, 512 rows cost as much as the k/v matmul itself.
+            let per_task = m.div_ceil(threads.max(1));
+            pool::global().for_each_chunk_mut(&mut acts[..m], per_task, threads, |i0, c| {
+                for (i, a) in c.iter_mut().enumerate() {
+                    a.refill(row(i0 + i), w.offset(), act);
+                }
+            });
         }
     };
-    // Decode-size calls (hundreds per token) reuse this thread's buffers; larger ones
-    // allocate (their compute dwarfs it) rather than keep megabytes per thread.
+    // Calls up to a prefill's size reuse this thread's buffers (decode makes hundreds of
+    // calls per token; a fresh 512-row set was ~3 500 allocations and their page
+    // faults per prefill matmul). Only larger calls allocate, rather than keep more
+    // than ~4·K bytes × REUSED_ACT_ROWS per thread.
     thread_local! {
-        static DECODE_ACTS: std::cell::RefCell<Vec<QuantActs>> = const {
+        static REUSED_ACTS: std::cell::RefCell<Vec<QuantActs>> = const {
             std::cell::RefCell::new(Vec::new())
         };
     }
-    DECODE_ACTS.with(|cell| {
+    REUSED_ACTS.with(|cell| {
         let mut fresh = Vec::new();
-        let mut reused = cell.try_borrow_mut().ok().filter(|_| m <= SMALL_M);
+        let mut reused = cell.try_borrow_mut().ok().filter(|_| m <= REUSED_ACT_ROWS);
         let acts = reused.as_deref_mut().unwrap_or(&mut fresh);
         quantize(acts);
         run_int8(isa, threads, w, act, &acts[..m], y);
     });
     Ok(())
 }
+
+/// Most activation rows whose quantized buffers a thread keeps between integer matmuls:
+/// a 512-token prefill (~3 MiB at K = 1536).
+const REUSED_ACT_ROWS: usize = 512;
 
 /// The integer kernels over activation rows already quantized for `w`, into y.
 fn run_int8(

@@ -160,11 +160,12 @@ fn f16_metadata_matches_f32_metadata_exactly() {
 
 /// The packed copy stands in for the blocks (`qmatmul_packed`, an engine's embedding
 /// rows), so its rows must be the format's values bit for bit, and its prefill the
-/// block path's, in either layout; with outliers, so K-quant sub-scales span their
+/// block path's in either layout (or exactly the integer path's, where that is the
+/// faster prefill); with outliers, so K-quant sub-scales span their
 /// range.
 #[test]
 fn packed_rows_are_the_formats_values() {
-    use crate::ops::qmatmul::{qmatmul, qmatmul_packed};
+    use crate::ops::qmatmul::{qmatmul, qmatmul_int8, qmatmul_packed};
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let (rows, cols, m) = (9, 512, 20);
     let data: Vec<f32> = (0..rows * cols)
@@ -172,6 +173,7 @@ fn packed_rows_are_the_formats_values() {
         .collect();
     let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
     let isa = Isa::best();
+    let mut int8_prefills = 0;
     for dtype in BLOCK_DTYPES {
         let (want, y_blocks) = crate::with_block_format!(dtype, B => {
             let q = QuantMatrix::<B>::quantize(rows, cols, &data).unwrap();
@@ -191,7 +193,13 @@ fn packed_rows_are_the_formats_values() {
                 );
             }
             let y = apply(&x, (m, cols, rows), |x, y| qmatmul_packed(isa, 2, &p, x, y));
-            assert_eq!(y, y_blocks, "{at}: prefill over packed rows");
+            if super::super::int8_prefill_pays(isa, &p) {
+                let y_int8 = apply(&x, (m, cols, rows), |x, y| qmatmul_int8(isa, 2, &p, x, y));
+                assert_eq!(y, y_int8, "{at}: prefill over packed rows, integer path");
+                int8_prefills += 1;
+            } else {
+                assert_eq!(y, y_blocks, "{at}: prefill over packed rows");
+            }
             let short = TensorView::contiguous(&x[..m * (cols - QK)], &[m, cols - QK]).unwrap();
             let mut y = vec![0f32; m * rows];
             let mut yv = TensorViewMut::contiguous(&mut y, &[m, rows]).unwrap();
@@ -205,6 +213,11 @@ fn packed_rows_are_the_formats_values() {
             );
         }
     }
+    // Interleaved Q4_0/Q4_1 prefill takes the integer path wherever AVX2 runs.
+    assert!(
+        int8_prefills >= 2 || !Isa::Avx2.is_available(),
+        "{int8_prefills}"
+    );
 }
 
 /// The interleaved kernel against the portable integer kernel on the row-major
