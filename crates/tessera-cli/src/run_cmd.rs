@@ -28,7 +28,7 @@ pub struct ModelArgs {
     quantize: Option<String>,
     /// Decode with 8-bit activations and integer dot products, as llama.cpp does: matmuls
     /// of ≤ 16 rows over block-format weights quantize their input per 32 values, and so
-    /// does prefill where that is faster than f32 (Q4_0, Q4_1 and 4-bit groups on AVX2).
+    /// does prefill where that is faster than f32 (Q4_0, Q4_1, Q4_K, 4-bit groups; AVX2).
     /// Faster decode where the integer kernel beats the f32 one (every block format on
     /// AVX2); perplexity moves by about 1%, and greedy text can change where two tokens
     /// nearly tie (docs/performance.md)

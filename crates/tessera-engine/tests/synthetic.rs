@@ -176,7 +176,7 @@ fn check_against_reference(formats: &Formats, label: &str) {
 
 /// A 20-token prompt keeps f32 activations in layers whose prefill is faster through
 /// the GEMM (M > 16; every format but the interleaved 4-bit ones, see
-/// [`HEAD_ONLY_32`]) and sends only the last position through the output projection,
+/// [`HEAD_ONLY_32`] and [`HEAD_ONLY_K`]) and sends only the last position through the output projection,
 /// which quantizes that one input row: the float64 forward rounding the same row is
 /// then matched to f32 accuracy (measured 5e-7), and any kernel mistake (a lane scale,
 /// an offset, a saturated sum) shows.
@@ -187,6 +187,20 @@ const INT8_HEAD_TOL: f64 = 1e-5;
 /// is not tighter (see `reference_logits_with`), so it is bounded against the exact
 /// one, an order below what a kernel mistake gives.
 const INT8_ACTS_VS_EXACT_TOL: f64 = 0.1;
+
+/// [`MIXED_K`] without Q4_K in its layers, for the reason of [`HEAD_ONLY_32`].
+const HEAD_ONLY_K: Formats = Formats {
+    layer: [
+        DType::Q5_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q3_K,
+        DType::Q2_K,
+        DType::Q2_K,
+        DType::Q5_K,
+    ],
+    ..MIXED_K
+};
 
 /// [`MIXED_32`] without Q4_0/Q4_1 in its layers: their prefill takes the integer path
 /// on AVX2 (where it is the faster one), which would round every layer's input.
@@ -214,7 +228,8 @@ fn int8_activations_match_float64_reference() {
     for (formats, label, f32_prefill) in [
         (&HEAD_ONLY_32, "32 head", true),
         (&MIXED_32, "32", false),
-        (&MIXED_K, "k", true),
+        (&HEAD_ONLY_K, "k head", true),
+        (&MIXED_K, "k", false),
     ] {
         let path = temp(&format!("int8-acts-{label}.gguf"));
         write(&path, &model_bytes_with(false, formats));
@@ -230,7 +245,8 @@ fn int8_activations_match_float64_reference() {
         if f32_prefill {
             assert!(e < INT8_HEAD_TOL, "{label}: prefill head {e}");
         } else {
-            // Q4_0/Q4_1 layers may round their inputs at prefill too (on AVX2 they do).
+            // Q4_0/Q4_1/Q4_K layers may round their inputs at prefill too (on AVX2 they
+            // do).
             let e = rel(&got, &exact[19]);
             assert!(e < INT8_ACTS_VS_EXACT_TOL, "{label}: prefill {e}");
         }

@@ -132,17 +132,18 @@ pub fn qmatmul_packed(
 }
 
 /// Whether a prefill (M > [`SMALL_M`]) over `w` on `isa` is faster on the integer path
-/// than through dequantize + f32 GEMM. Measured on AVX2 at 512×1536×576 and 512×1536×512
-/// (`tessera bench qmatmul --problem "prefill up[ k512]"`, the two variants alternated,
-/// docs/performance.md): the interleaved 4-bit kernel over one scale per chunk wins
-/// (Q4_0, Q4_1, the group formats: int8 ÷ f32 0.54–0.87); Q4_K's factored scales tie
-/// (1.05), Q6_K/Q3_K's planes lose (1.1–1.2), and the row kernels lose by 1.7–2.6×.
-/// VNNI packs rows and its prefill is unmeasured, so it keeps the GEMM.
+/// than through dequantize + f32 GEMM. Measured on AVX2 at 512×N×K for the model's
+/// shapes (`tessera bench qmatmul --variant avx2|avx2-int8[-r8] --shape 512xNxK`, the
+/// two alternated, docs/performance.md): the interleaved 4-bit kernel wins for Q4_0,
+/// Q4_1 and the group formats (int8 ÷ f32 0.69–0.79) and for Q4_K (0.73–0.77, a tie on
+/// 192-row k/v); Q3_K/Q6_K's split scales lose (1.06–1.2), and the row kernels (Q8_0,
+/// Q5_x, Q2_K, Q5_K) lose by 1.4–1.8×. VNNI packs rows and its prefill is unmeasured,
+/// so it keeps the GEMM.
 fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
     #[cfg(target_arch = "x86_64")]
     if isa.is_available() && IntKernel::for_isa(isa).reading(w) == IntKernel::Avx2Rows8 {
         return w.layout == packed::CodeLayout::Nibbles8
-            && matches!(w.meta, packed::Meta::F16 { .. } | packed::Meta::F32 { .. });
+            && !matches!(w.meta, packed::Meta::SplitI8(_));
     }
     let _ = (isa, w);
     false
