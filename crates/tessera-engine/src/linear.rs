@@ -11,8 +11,9 @@ use tessera_kernels::ops::qmatmul::{
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
 
-/// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`.
-pub trait Linear: Send + Sync + std::fmt::Debug {
+/// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`. (`Any`, so
+/// that [`stack`] can recognise layers of one format.)
+pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
     fn in_features(&self) -> usize;
     fn out_features(&self) -> usize;
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()>;
@@ -107,6 +108,57 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
 }
 
+/// Layers that read the same input (an attention block's q, k, v; an MLP's gate and
+/// up) as one `[Σ out, in]` layer, whose outputs are the parts' side by side: one matmul
+/// then does the work of several, with one pool dispatch, one activation quantization
+/// and one long weight stream (short ones are dominated by fixed costs at decode,
+/// docs/performance.md). Row r of a part is row `Σ earlier outs + r` with the same
+/// values. None unless every part is an unbiased block-format layer of one format and
+/// K, stored the same way.
+pub fn stack(parts: &[&dyn Linear]) -> Option<Box<dyn Linear>> {
+    let dtype = parts.first()?.dtype();
+    with_block_format!(dtype, B => QuantLinear::<B>::stack(parts), _ => None)
+}
+
+impl<B: BlockFormat> QuantLinear<B> {
+    fn stack(parts: &[&dyn Linear]) -> Option<Box<dyn Linear>> {
+        let stored: Vec<&Stored<B>> = parts
+            .iter()
+            .map(|&p| {
+                (p as &dyn std::any::Any)
+                    .downcast_ref::<Self>()
+                    .map(|q| &q.w)
+            })
+            .collect::<Option<_>>()?;
+        let w = match stored[0] {
+            Stored::Blocks(first) => {
+                let cols = first.cols();
+                let mats: Vec<&QuantMatrix<B>> = stored
+                    .iter()
+                    .map(|w| match w {
+                        Stored::Blocks(m) if m.cols() == cols => Some(m),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?;
+                let rows = mats.iter().map(|m| m.rows()).sum();
+                let blocks = mats.iter().flat_map(|m| m.blocks().iter().cloned());
+                Stored::Blocks(QuantMatrix::from_blocks(rows, cols, blocks.collect()).ok()?)
+            }
+            Stored::Packed(_) => {
+                let packed: Vec<&PackedWeights> = stored
+                    .iter()
+                    .map(|w| match w {
+                        Stored::Packed(p) => Some(p),
+                        Stored::Blocks(_) => None,
+                    })
+                    .collect::<Option<_>>()?;
+                Stored::Packed(PackedWeights::stack(&packed).ok()?)
+            }
+        };
+        Some(Box::new(QuantLinear { w }))
+    }
+}
+
 /// Row-scaled weight matrices with their own f32-activation matmul: per-channel INT8
 /// and FP8. One [`MatrixLinear`] serves them all.
 pub trait RowMatrix: Send + Sync + std::fmt::Debug {
@@ -172,7 +224,7 @@ impl<M> MatrixLinear<M> {
     }
 }
 
-impl<M: RowMatrix> Linear for MatrixLinear<M> {
+impl<M: RowMatrix + 'static> Linear for MatrixLinear<M> {
     fn in_features(&self) -> usize {
         self.w.cols()
     }

@@ -131,14 +131,71 @@ impl Config {
 #[derive(Debug)]
 struct Layer {
     attn_norm: RmsNorm,
-    q: Box<dyn Linear>,
-    k: Box<dyn Linear>,
-    v: Box<dyn Linear>,
+    /// q, k, v.
+    qkv: SharedInput<3>,
     o: Box<dyn Linear>,
     ffn_norm: RmsNorm,
-    gate: Box<dyn Linear>,
-    up: Box<dyn Linear>,
+    /// gate, up.
+    gate_up: SharedInput<2>,
     down: Box<dyn Linear>,
+}
+
+/// Projections of one input, stacked into one matmul at load where their formats allow
+/// ([`crate::linear::stack`]), else run one by one.
+#[derive(Debug)]
+enum SharedInput<const N: usize> {
+    Separate([Box<dyn Linear>; N]),
+    /// The stacked layer and each part's output width.
+    Stacked(Box<dyn Linear>, [usize; N]),
+}
+
+impl<const N: usize> SharedInput<N> {
+    fn new(parts: [Box<dyn Linear>; N]) -> Self {
+        match crate::linear::stack(&parts.each_ref().map(|p| &**p)) {
+            Some(w) => SharedInput::Stacked(w, parts.each_ref().map(|p| p.out_features())),
+            None => SharedInput::Separate(parts),
+        }
+    }
+
+    /// Each matrix with the number of the model's matrices it holds.
+    fn matrices(&self) -> Vec<(&dyn Linear, usize)> {
+        match self {
+            SharedInput::Separate(parts) => parts.iter().map(|p| (&**p, 1)).collect(),
+            SharedInput::Stacked(w, _) => vec![(&**w, N)],
+        }
+    }
+
+    /// `ys[i] = x·W_iᵀ` for `n` rows, profiled as `ops[i]`, or as `stacked_op` when one
+    /// matmul into `buf` computes them all (its rows then split into the ys).
+    fn forward(
+        &self,
+        (ops, stacked_op): ([&'static str; N], &'static str),
+        x: &[f32],
+        mut ys: [&mut [f32]; N],
+        buf: &mut Vec<f32>,
+        n: usize,
+    ) -> Result<()> {
+        match self {
+            SharedInput::Separate(parts) => {
+                for ((op, w), y) in ops.into_iter().zip(parts).zip(ys) {
+                    linear(op, &**w, x, y, n)?;
+                }
+            }
+            SharedInput::Stacked(w, outs) => {
+                let total = w.out_features();
+                buf.resize(n * total, 0.0);
+                linear(stacked_op, &**w, x, buf, n)?;
+                for (i, row) in buf.chunks_exact(total).enumerate() {
+                    let mut at = 0;
+                    for (y, &o) in ys.iter_mut().zip(outs) {
+                        y[i * o..(i + 1) * o].copy_from_slice(&row[at..at + o]);
+                        at += o;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A loaded model.
@@ -172,15 +229,17 @@ impl Llama {
     /// How many weight matrices are stored in each format, and their bytes (what a
     /// user checks after `--quantize`, which may fall back per matrix).
     pub fn weight_formats(&self) -> Vec<(DType, usize, usize)> {
-        let mut all: Vec<&dyn Linear> = vec![self.embed.as_ref()];
+        let mut all: Vec<(&dyn Linear, usize)> = vec![(self.embed.as_ref(), 1)];
         for l in &self.layers {
-            all.extend([&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].map(|b| b.as_ref()));
+            all.extend(l.qkv.matrices());
+            all.extend(l.gate_up.matrices());
+            all.extend([(l.o.as_ref(), 1), (l.down.as_ref(), 1)]);
         }
-        all.extend(self.output.as_deref());
+        all.extend(self.output.as_deref().map(|o| (o, 1)));
         let mut by = std::collections::BTreeMap::<DType, (usize, usize)>::new();
-        for l in all {
+        for (l, count) in all {
             let e = by.entry(l.dtype()).or_default();
-            e.0 += 1;
+            e.0 += count;
             e.1 += l.weight_bytes();
         }
         by.into_iter().map(|(d, (n, b))| (d, n, b)).collect()
@@ -237,6 +296,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
+    /// Outputs of a stacked matmul before they split ([`SharedInput`]).
+    stacked: Vec<f32>,
 }
 
 impl Llama {
@@ -271,13 +332,17 @@ impl Llama {
             let norm = |s: &str| norm_of(src, &format!("blk.{l}.{s}.weight"), d, cfg.eps);
             layers.push(Layer {
                 attn_norm: norm("attn_norm")?,
-                q: ld.linear(&n("attn_q"), d, d)?,
-                k: ld.linear(&n("attn_k"), kv, d)?,
-                v: ld.linear(&n("attn_v"), kv, d)?,
+                qkv: SharedInput::new([
+                    ld.linear(&n("attn_q"), d, d)?,
+                    ld.linear(&n("attn_k"), kv, d)?,
+                    ld.linear(&n("attn_v"), kv, d)?,
+                ]),
                 o: ld.linear(&n("attn_output"), d, d)?,
                 ffn_norm: norm("ffn_norm")?,
-                gate: ld.linear(&n("ffn_gate"), f, d)?,
-                up: ld.linear(&n("ffn_up"), f, d)?,
+                gate_up: SharedInput::new([
+                    ld.linear(&n("ffn_gate"), f, d)?,
+                    ld.linear(&n("ffn_up"), f, d)?,
+                ]),
                 down: ld.linear(&n("ffn_down"), d, f)?,
             });
         }
@@ -300,6 +365,16 @@ impl Llama {
     /// 8-bit activations ([`LoadOptions::int8_activations`]).
     pub fn int8_activations(&self) -> bool {
         self.int8_activations
+    }
+
+    /// How many groups of projections (a layer's q/k/v, its gate/up) run as one stacked
+    /// matmul: those whose matrices share a block format ([`crate::linear::stack`]).
+    pub fn stacked_projections(&self) -> usize {
+        let stacked = |m: usize| (m == 1) as usize;
+        self.layers
+            .iter()
+            .map(|l| stacked(l.qkv.matrices().len()) + stacked(l.gate_up.matrices().len()))
+            .sum()
     }
 
     /// Runs `tokens` at the cache's next positions and returns the logits of the last one.
@@ -345,6 +420,7 @@ impl Llama {
             gate: z(f),
             up: z(f),
             act: z(f),
+            stacked: Vec::new(),
         };
         let embed_cost = || cost(format!("{n}x{d}"), 0, n * d * 8);
         profile::record("embed", embed_cost, || -> Result<()> {
@@ -371,9 +447,13 @@ impl Llama {
             } else {
                 norm_residual(&s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
             }
-            linear("attn_q", &*layer.q, &s.h, &mut s.q, n)?;
-            linear("attn_k", &*layer.k, &s.h, &mut s.k, n)?;
-            linear("attn_v", &*layer.v, &s.h, &mut s.v, n)?;
+            layer.qkv.forward(
+                (["attn_q", "attn_k", "attn_v"], "attn_qkv"),
+                &s.h,
+                [&mut s.q, &mut s.k, &mut s.v],
+                &mut s.stacked,
+                n,
+            )?;
             rotate(&s.q, &rope_q, &mut s.qr, [n, c.heads, c.head_dim])?;
             rotate(&s.k, &rope_k, &mut s.kr, [n, c.kv_heads, c.head_dim])?;
             let kv_bytes = || cost(format!("{n}x{kv}"), 0, 16 * n * kv);
@@ -381,8 +461,13 @@ impl Llama {
             self.attend(l, cache, &mut s, pos0, n)?;
             linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
             norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
-            linear("ffn_gate", &*layer.gate, &s.h, &mut s.gate, n)?;
-            linear("ffn_up", &*layer.up, &s.h, &mut s.up, n)?;
+            layer.gate_up.forward(
+                (["ffn_gate", "ffn_up"], "ffn_gate_up"),
+                &s.h,
+                [&mut s.gate, &mut s.up],
+                &mut s.stacked,
+                n,
+            )?;
             let act_cost = || cost(format!("{n}x{f}"), 6 * n * f, 12 * n * f);
             profile::record("swiglu", act_cost, || -> Result<()> {
                 Ok(swiglu(

@@ -126,6 +126,35 @@ fn logits_match_float64_reference() {
     check_against_reference(&MIXED_32, "32");
 }
 
+/// q/k/v in one format and gate/up in another, so each group stacks into one matmul.
+const STACKED_32: Formats = Formats {
+    layer: [
+        DType::Q4_0,
+        DType::Q4_0,
+        DType::Q4_0,
+        DType::F32,
+        DType::Q4_1,
+        DType::Q4_1,
+        DType::Q8_0,
+    ],
+    ..MIXED_32
+};
+
+#[test]
+fn stacked_projections_match_float64_reference() {
+    check_against_reference(&STACKED_32, "stacked");
+    let stacked = |formats: &Formats| {
+        let path = temp("stacked-count.gguf");
+        write(&path, &model_bytes_with(false, formats));
+        let model = Llama::load(&Gguf::open(&path).expect("valid file")).expect("loads");
+        let _ = std::fs::remove_file(&path);
+        (model.stacked_projections(), model.cfg.n_layers)
+    };
+    let (groups, layers) = stacked(&STACKED_32);
+    assert_eq!(groups, 2 * layers);
+    assert_eq!(stacked(&MIXED_32).0, 0);
+}
+
 #[test]
 fn k_quant_model_logits_match_float64_reference() {
     check_against_reference(&MIXED_K, "k");
@@ -228,6 +257,7 @@ fn int8_activations_match_float64_reference() {
     for (formats, label, f32_prefill) in [
         (&HEAD_ONLY_32, "32 head", true),
         (&MIXED_32, "32", false),
+        (&STACKED_32, "32 stacked", false),
         (&HEAD_ONLY_K, "k head", true),
         (&MIXED_K, "k", false),
     ] {

@@ -20,6 +20,7 @@ mod packed;
 mod spec;
 mod spec_fp8;
 mod spec_int8;
+mod stack;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::ops::qmatmul::qmatmul_int8;
-use crate::quant::{BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
+use crate::quant::{BlockQ4_0, BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
 use rand::{Rng, SeedableRng};
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
@@ -430,4 +430,100 @@ fn reused_activation_buffers_give_fresh_results() {
         let fresh = std::thread::scope(|s| s.spawn(|| run(case)).join().unwrap());
         assert_eq!(got, &fresh, "{} m {}", case.0.dtype(), case.2);
     }
+}
+
+/// A stacked matrix is its parts' rows: every row dequantizes to the same bits, and the
+/// integer matmul gives each part's outputs bit for bit (decode and prefill sizes), in
+/// both layouts of every format, with a ragged last part (padding in its group), and
+/// with f16 and f32 metadata mixed.
+#[test]
+fn stacked_matrices_give_their_parts_outputs() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let cols = 512;
+    let heights = [16, 8, 9];
+    let isa = Isa::best();
+    for dtype in BLOCK_DTYPES {
+        let parts_of = |layout: usize, rng: &mut rand::rngs::StdRng| -> Vec<PackedWeights> {
+            heights
+                .iter()
+                .filter_map(|&rows| {
+                    let data: Vec<f32> = (0..rows * cols)
+                        .map(|_| rng.random_range(-1.0..1.0))
+                        .collect();
+                    layouts(dtype, (rows, cols), &data).into_iter().nth(layout)
+                })
+                .collect()
+        };
+        for layout in 0..2 {
+            let mut parts = parts_of(layout, &mut rng);
+            if parts.len() < heights.len() {
+                continue; // no interleaved layout for this format
+            }
+            // f16 and f32 metadata mixed (a format's parts share any other kind).
+            if matches!(parts[1].meta, Meta::F16 { .. } | Meta::F32 { .. }) {
+                if let Some(p) = other_width(&parts[1]) {
+                    parts[1] = p;
+                }
+            }
+            let at = format!("{dtype} {:?}", parts[0].layout);
+            let refs: Vec<&PackedWeights> = parts.iter().collect();
+            let s = PackedWeights::stack(&refs).unwrap();
+            assert_eq!(s.rows(), heights.iter().sum::<usize>(), "{at}");
+            let (mut want, mut got) = (vec![0f32; cols], vec![f32::NAN; cols]);
+            let mut r0 = 0;
+            for p in &parts {
+                for r in 0..p.rows() {
+                    p.dequantize_row(r, &mut want);
+                    s.dequantize_row(r0 + r, &mut got);
+                    assert_eq!(want, got, "{at}: row {r} of a part at {r0}");
+                }
+                r0 += p.rows();
+            }
+            for m in [1, 3, 20] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let n = s.rows();
+                let y = apply(&x, (m, cols, n), |x, y| qmatmul_int8(isa, 2, &s, x, y));
+                let mut r0 = 0;
+                for p in &parts {
+                    let yp = apply(&x, (m, cols, p.rows()), |x, y| {
+                        qmatmul_int8(isa, 2, p, x, y)
+                    });
+                    for i in 0..m {
+                        assert_eq!(
+                            yp[i * p.rows()..(i + 1) * p.rows()],
+                            y[i * n + r0..i * n + r0 + p.rows()],
+                            "{at}: m = {m}, part at {r0}"
+                        );
+                    }
+                    r0 += p.rows();
+                }
+            }
+        }
+    }
+}
+
+/// What cannot stack is an error, not a wrong matrix.
+#[test]
+fn mismatched_matrices_do_not_stack() {
+    let data = vec![0.5f32; 9 * 64];
+    let q4 = |rows| {
+        PackedWeights::interleaved(
+            &QuantMatrix::<BlockQ4_0>::quantize(rows, 64, &data[..rows * 64]).unwrap(),
+        )
+        .unwrap()
+    };
+    let q8 =
+        PackedWeights::new(&QuantMatrix::<BlockQ8_0>::quantize(8, 64, &data[..8 * 64]).unwrap());
+    let wide = PackedWeights::interleaved(
+        &QuantMatrix::<BlockQ4_0>::quantize(8, 32, &data[..8 * 32]).unwrap(),
+    )
+    .unwrap();
+    assert!(PackedWeights::stack(&[]).is_err());
+    assert!(PackedWeights::stack(&[&q4(8), &q8]).is_err(), "formats");
+    assert!(PackedWeights::stack(&[&q4(8), &wide]).is_err(), "K");
+    assert!(
+        PackedWeights::stack(&[&q4(9), &q4(8)]).is_err(),
+        "a padded group inside"
+    );
+    assert_eq!(PackedWeights::stack(&[&q4(8), &q4(9)]).unwrap().rows(), 17);
 }
