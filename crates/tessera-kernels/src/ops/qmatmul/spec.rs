@@ -203,6 +203,10 @@ pub(super) fn bench_shapes() -> Vec<(&'static str, QMatmulProblem)> {
         ("decode lm head", p(1, 49152, 576)),
         ("batch8 up", p(8, 1536, 576)),
         ("prefill up", p(512, 1536, 576)),
+        // What an engine runs once q/k/v and gate/up are stacked at load
+        // (`PackedWeights::stack`).
+        ("decode qkv", p(1, 960, 576)),
+        ("decode gate+up", p(1, 3072, 576)),
         // The K-quants need K a multiple of 256: the same layers with K = 512
         // (SmolLM2's 576 is not; its down projection, K = 1536, is), and a 7B-class
         // 4096² projection.
@@ -213,6 +217,7 @@ pub(super) fn bench_shapes() -> Vec<(&'static str, QMatmulProblem)> {
         ("decode 4096²", p(1, 4096, 4096)),
         ("batch8 up k512", p(8, 1536, 512)),
         ("prefill up k512", p(512, 1536, 512)),
+        ("decode qkv k512", p(1, 960, 512)),
     ]
 }
 
