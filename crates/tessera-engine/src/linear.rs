@@ -132,31 +132,30 @@ impl<B: BlockFormat> QuantLinear<B> {
             .collect::<Option<_>>()?;
         let w = match stored[0] {
             Stored::Blocks(first) => {
-                let cols = first.cols();
-                let mats: Vec<&QuantMatrix<B>> = stored
-                    .iter()
-                    .map(|w| match w {
-                        Stored::Blocks(m) if m.cols() == cols => Some(m),
-                        _ => None,
-                    })
-                    .collect::<Option<_>>()?;
+                let mats = all_as(&stored, |w| match w {
+                    Stored::Blocks(m) if m.cols() == first.cols() => Some(m),
+                    _ => None,
+                })?;
                 let rows = mats.iter().map(|m| m.rows()).sum();
                 let blocks = mats.iter().flat_map(|m| m.blocks().iter().cloned());
-                Stored::Blocks(QuantMatrix::from_blocks(rows, cols, blocks.collect()).ok()?)
+                let stacked = QuantMatrix::from_blocks(rows, first.cols(), blocks.collect());
+                Stored::Blocks(stacked.ok()?)
             }
             Stored::Packed(_) => {
-                let packed: Vec<&PackedWeights> = stored
-                    .iter()
-                    .map(|w| match w {
-                        Stored::Packed(p) => Some(p),
-                        Stored::Blocks(_) => None,
-                    })
-                    .collect::<Option<_>>()?;
+                let packed = all_as(&stored, |w| match w {
+                    Stored::Packed(p) => Some(p),
+                    Stored::Blocks(_) => None,
+                })?;
                 Stored::Packed(PackedWeights::stack(&packed).ok()?)
             }
         };
         Some(Box::new(QuantLinear { w }))
     }
+}
+
+/// Every item's `pick`, or None if one has none.
+fn all_as<'a, S, T>(items: &[&'a S], pick: impl Fn(&'a S) -> Option<&'a T>) -> Option<Vec<&'a T>> {
+    items.iter().map(|&s| pick(s)).collect()
 }
 
 /// Row-scaled weight matrices with their own f32-activation matmul: per-channel INT8

@@ -157,6 +157,10 @@ impl<const N: usize> SharedInput<N> {
         }
     }
 
+    fn is_stacked(&self) -> bool {
+        matches!(self, SharedInput::Stacked(..))
+    }
+
     /// Each matrix with the number of the model's matrices it holds.
     fn matrices(&self) -> Vec<(&dyn Linear, usize)> {
         match self {
@@ -370,10 +374,9 @@ impl Llama {
     /// How many groups of projections (a layer's q/k/v, its gate/up) run as one stacked
     /// matmul: those whose matrices share a block format ([`crate::linear::stack`]).
     pub fn stacked_projections(&self) -> usize {
-        let stacked = |m: usize| (m == 1) as usize;
         self.layers
             .iter()
-            .map(|l| stacked(l.qkv.matrices().len()) + stacked(l.gate_up.matrices().len()))
+            .map(|l| l.qkv.is_stacked() as usize + l.gate_up.is_stacked() as usize)
             .sum()
     }
 

@@ -187,7 +187,8 @@ fn int8_path(
                 a.refill(row(i), w.offset(), act);
             }
         } else {
-            // Prefill: serial, 512 rows cost as much as the k/v matmul itself.
+            // Prefill rows on every thread: on one, 512 of them took as long as the
+            // whole k/v matmul (docs/performance.md).
             let per_task = m.div_ceil(threads.max(1));
             pool::global().for_each_chunk_mut(&mut acts[..m], per_task, threads, |i0, c| {
                 for (i, a) in c.iter_mut().enumerate() {
