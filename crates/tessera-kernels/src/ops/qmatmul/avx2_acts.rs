@@ -16,6 +16,13 @@ use super::ActScales;
 use crate::quant::QK;
 use std::arch::x86_64::*;
 
+/// Blocks whose scales are computed together. One block at a time, each block's chain
+/// (max → horizontal max → two divisions → rounding → sums → stores) ran nearly
+/// serially, ~150 cycles a block (`perf`: 0.55–0.8 µs of a 5 µs 576→192 decode call);
+/// eight blocks' maxima first, then one `vdivps` pair for their scales, leave eight
+/// independent blocks for the out-of-order core to overlap.
+const GROUP: usize = 8;
+
 /// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
 /// 32-block, or with one scale for the row.
 ///
@@ -37,41 +44,105 @@ pub(super) unsafe fn quantize_into(x: &[f32], offset: i32, act: ActScales, a: &m
         // SAFETY: AVX2 per the contract; the row is whole blocks.
         ActScales::PerRow => Some(unsafe { amax_finite(x) }),
     };
-    for b in 0..nb {
-        // SAFETY: block b is inside x, and (per the contract) inside a's arrays.
-        unsafe {
-            let xb = x.as_ptr().add(b * QK);
-            let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(xb.add(i)));
-            let (amax, finite) = row.unwrap_or_else(|| amax_finite(&x[b * QK..][..QK]));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let q = codes(v, _mm256_set1_ps(id));
-            _mm256_storeu_si256(a.q.as_mut_ptr().add(b * QK).cast(), q);
-            let d = if finite { d } else { f32::NAN };
-            // Σ over each 4 consecutive codes, lane l holding codes 4l..4l+4.
-            let sums = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
-                _mm256_set1_epi16(1),
-            );
-            let mut lanes = [0i32; 8];
-            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sums);
-            let init = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-offset));
-            _mm256_storeu_si256(a.init.as_mut_ptr().add(b).cast(), init);
-            _mm256_storeu_ps(
-                a.lane_sums.as_mut_ptr().add(b).cast(),
-                _mm256_cvtepi32_ps(sums),
-            );
-            a.d8[b] = [d; 8];
-            let (lo, hi) = (
-                lanes[..4].iter().sum::<i32>(),
-                lanes[4..].iter().sum::<i32>(),
-            );
-            let total = lo + hi;
-            a.block_init[b] = -offset * total;
-            a.block_sums[b] = d * total as f32;
-            // |Σ| ≤ 16·127 fits an i16.
-            a.half_sums[b] = i32::from(lo as i16 as u16) | (i32::from(hi as i16 as u16) << 16);
+    for g0 in (0..nb).step_by(GROUP) {
+        let n = GROUP.min(nb - g0);
+        // Lanes past n keep amax 0 (scale 0) and are not used.
+        let (mut amax, mut finite) = ([0f32; GROUP], [true; GROUP]);
+        for j in 0..n {
+            (amax[j], finite[j]) = match row {
+                Some(r) => r,
+                // SAFETY: block g0 + j < nb lies inside x.
+                None => unsafe { block_amax_finite(x.as_ptr().add((g0 + j) * QK)) },
+            };
         }
+        let (d, id) = scales(&amax);
+        for j in 0..n {
+            let d = if finite[j] { d[j] } else { f32::NAN };
+            // SAFETY: block g0 + j < nb lies inside x and (per the contract) a.
+            unsafe { quantize_block(x, g0 + j, (d, id[j]), offset, a) };
+        }
+    }
+}
+
+/// max |v| over one block (NaN ignored) and whether all of it is finite, reduced in
+/// registers.
+///
+/// # Safety
+/// AVX2; 32 floats readable at `xb`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_amax_finite(xb: *const f32) -> (f32, bool) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    // SAFETY: 4 × 8 floats per the contract.
+    let v = [0, 8, 16, 24].map(|i| _mm256_and_ps(unsafe { _mm256_loadu_ps(xb.add(i)) }, abs_mask));
+    // vmaxps returns its second operand when either is NaN: max(v, 0) turns a NaN into
+    // 0, so the tree below never sees one (the maximum is exact in any order).
+    let z = v.map(|v| _mm256_max_ps(v, _mm256_setzero_ps()));
+    let m = _mm256_max_ps(_mm256_max_ps(z[0], z[1]), _mm256_max_ps(z[2], z[3]));
+    let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_max_ss(h, _mm_shuffle_ps::<1>(h, h));
+    let fin = v.map(|v| _mm256_cmp_ps::<_CMP_LT_OQ>(v, inf));
+    let fin = _mm256_and_ps(_mm256_and_ps(fin[0], fin[1]), _mm256_and_ps(fin[2], fin[3]));
+    (_mm_cvtss_f32(h), _mm256_movemask_ps(fin) == 0xFF)
+}
+
+/// Per lane, the portable loop's `d = amax / 127` and `id = if d > 0 { 1 / d } else
+/// { 0 }`: IEEE division is correctly rounded in either form, so the results are the
+/// same bits.
+#[target_feature(enable = "avx2,fma")]
+fn scales(amax: &[f32; GROUP]) -> ([f32; GROUP], [f32; GROUP]) {
+    // SAFETY: 8 floats.
+    let am = unsafe { _mm256_loadu_ps(amax.as_ptr()) };
+    let d = _mm256_div_ps(am, _mm256_set1_ps(127.0));
+    let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(d, _mm256_setzero_ps());
+    let id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0), d), positive);
+    let (mut ds, mut ids) = ([0f32; GROUP], [0f32; GROUP]);
+    // SAFETY: 8 floats each.
+    unsafe {
+        _mm256_storeu_ps(ds.as_mut_ptr(), d);
+        _mm256_storeu_ps(ids.as_mut_ptr(), id);
+    }
+    (ds, ids)
+}
+
+/// Block b's codes (at scale `id`), its d_x (`d`, NaN for a non-finite block) and the
+/// sums the kernels preload.
+///
+/// # Safety
+/// AVX2; block b lies inside `x` and inside each of `a`'s arrays.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block(x: &[f32], b: usize, (d, id): (f32, f32), offset: i32, a: &mut QuantActs) {
+    // SAFETY: per the contract, block b is inside x and a.
+    unsafe {
+        let xb = x.as_ptr().add(b * QK);
+        let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(xb.add(i)));
+        let q = codes(v, _mm256_set1_ps(id));
+        _mm256_storeu_si256(a.q.as_mut_ptr().add(b * QK).cast(), q);
+        // Σ over each 4 consecutive codes, lane l holding codes 4l..4l+4.
+        let sums = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+            _mm256_set1_epi16(1),
+        );
+        let init = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-offset));
+        _mm256_storeu_si256(a.init.as_mut_ptr().add(b).cast(), init);
+        _mm256_storeu_ps(
+            a.lane_sums.as_mut_ptr().add(b).cast(),
+            _mm256_cvtepi32_ps(sums),
+        );
+        _mm256_storeu_ps(a.d8.as_mut_ptr().add(b).cast(), _mm256_set1_ps(d));
+        // [Σ lanes 0..4, Σ lanes 4..8] in the low two dwords.
+        let pairs = _mm_hadd_epi32(
+            _mm256_castsi256_si128(sums),
+            _mm256_extracti128_si256::<1>(sums),
+        );
+        let halves = _mm_hadd_epi32(pairs, pairs);
+        let (lo, hi) = (_mm_cvtsi128_si32(halves), _mm_extract_epi32::<1>(halves));
+        let total = lo + hi;
+        a.block_init[b] = -offset * total;
+        a.block_sums[b] = d * total as f32;
+        // |Σ| ≤ 16·127 fits an i16.
+        a.half_sums[b] = i32::from(lo as i16 as u16) | (i32::from(hi as i16 as u16) << 16);
     }
 }
 
