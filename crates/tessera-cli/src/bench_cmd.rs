@@ -44,7 +44,8 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
     /// Also time peers in the same run: the float64 reference (naive) for every op,
-    /// and numpy/OpenBLAS for f32 GEMM when python3 has numpy.
+    /// numpy/OpenBLAS for f32 GEMM when python3 has numpy, and for memory-bound runs a
+    /// cold read of the op's bytes on the same threads, timed right after it.
     #[arg(long)]
     peers: bool,
     /// Also write every timed call as a Chrome trace / Perfetto JSON file.
@@ -271,6 +272,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ceilings = calibrate();
     let opts = BenchOptions {
         budget: Duration::from_millis(args.budget_ms),
+        cold_read: args.peers,
         ..Default::default()
     };
     let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;
@@ -296,6 +298,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "peers": peers.iter().map(|p| serde_json::json!({
                 "op": p.op, "problem": p.problem, "dtype": p.dtype, "variant": p.variant,
                 "ours_s": p.ours_s, "naive_s": p.naive_s, "numpy_s": p.numpy_s,
+                "cold_read_s": p.cold_read_s,
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -317,6 +320,7 @@ struct PeerRow {
     ours_s: f64,
     naive_s: Option<f64>,
     numpy_s: Option<f64>,
+    cold_read_s: Option<f64>,
 }
 
 /// Times the peers of every result (problems re-parsed from their names).
@@ -354,6 +358,7 @@ fn peer_rows(sel: &Selection, results: &[bench::BenchResult]) -> Result<Vec<Peer
             ours_s: r.median_s,
             naive_s: tessera_perf::peers::naive_s(problem.as_ref(), dtype),
             numpy_s,
+            cold_read_s: r.cold_read_s,
         });
     }
     Ok(rows)
@@ -372,6 +377,7 @@ fn peer_table(rows: &[PeerRow]) -> String {
                 report::format_time(p.ours_s),
                 cell(p.naive_s, p.ours_s),
                 cell(p.numpy_s, p.ours_s),
+                cell(p.cold_read_s, p.ours_s),
             ]
         })
         .collect();
@@ -382,7 +388,8 @@ fn peer_table(rows: &[PeerRow]) -> String {
                 "benchmark",
                 "ours",
                 "naive float64 reference",
-                "numpy (OpenBLAS)"
+                "numpy (OpenBLAS)",
+                "cold read of its bytes"
             ],
             &body
         )
@@ -414,6 +421,7 @@ mod tests {
             peak_gflops: 1.0,
             bound: "memory",
             rotation: 1,
+            cold_read_s: None,
         };
         let path = std::env::temp_dir().join(format!("tessera-trace-{}.json", std::process::id()));
         assert_eq!(write_trace(&path, &[r]).unwrap(), 2);

@@ -27,6 +27,9 @@ pub fn llc_bytes() -> usize {
 /// old cap) the k/v projection was timed out of L3 while reported against DRAM.
 const MAX_ROTATION: usize = 8192;
 
+/// Time spent on a cold-read peer: a few thousand samples of a decode-size read.
+const COLD_READ_BUDGET: Duration = Duration::from_millis(30);
+
 /// The time origin of [`BenchResult::sample_starts_s`].
 fn epoch() -> Instant {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -41,6 +44,9 @@ pub struct BenchOptions {
     pub budget: Duration,
     /// Stop early once the interquartile spread is below this (relative to the median).
     pub target_spread: f64,
+    /// Also time a cold read of a memory-bound op's bytes right after its samples
+    /// ([`crate::peers::cold_read_s`], ~30 ms), into [`BenchResult::cold_read_s`].
+    pub cold_read: bool,
 }
 
 impl Default for BenchOptions {
@@ -50,6 +56,7 @@ impl Default for BenchOptions {
             max_samples: 10_000,
             budget: Duration::from_millis(1500),
             target_spread: 0.02,
+            cold_read: false,
         }
     }
 }
@@ -83,6 +90,9 @@ pub struct BenchResult {
     pub bound: &'static str,
     /// Instances rotated (1 when compute-bound).
     pub rotation: usize,
+    /// A cold read of the same bytes on the same threads, timed right after the samples
+    /// (memory-bound runs with [`BenchOptions::cold_read`]).
+    pub cold_read_s: Option<f64>,
 }
 
 /// Whether a cost is below the ridge point (memory-bound) for these ceilings.
@@ -155,6 +165,9 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
             break;
         }
     }
+    let cold_read_s = (mem_bound && opts.cold_read)
+        .then(|| crate::peers::cold_read_s(cost.bytes, ceilings.threads, COLD_READ_BUDGET))
+        .flatten();
     let dram = if mem_bound {
         0.5 * (dram_before + probe())
     } else {
@@ -193,5 +206,6 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         peak_gflops: peak,
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
+        cold_read_s,
     })
 }

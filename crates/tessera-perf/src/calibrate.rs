@@ -164,7 +164,7 @@ fn best_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
 }
 
 /// The 256 MiB (8× a 32 MiB L3) probe buffer, built once per process.
-fn probe_buffer() -> &'static [f32] {
+pub(crate) fn probe_buffer() -> &'static [f32] {
     static BUF: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     BUF.get_or_init(|| (0..64usize << 20).map(|i| (i % 251) as f32).collect())
 }
