@@ -1,6 +1,7 @@
-//! AVX2 small-M kernel for the 32-weight ggml formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
-//! each block is expanded to four ymm of eight f32 with the format's own arithmetic (so
-//! values are bit-identical to `dequantize`) and FMA'd into every activation row.
+//! AVX2 small-M kernel for the ggml formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 here; the
+//! K-quants' expansion in `super::avx2_k`): each 32-weight chunk is expanded to four
+//! ymm of eight f32 with the format's own arithmetic (so values are bit-identical to
+//! `dequantize`) and FMA'd into every activation row.
 //!
 //! The AVX-512 kernel's structure at half the width. One or two rows keep four
 //! accumulators per row (four FMA chains: the four ymm of a block are independent), three
@@ -12,14 +13,33 @@
 //! FMA): 1×49152×576 Q4_0 14–18 ms, 5–8 % of DRAM (docs/performance.md).
 
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+use crate::quant::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::any::TypeId;
 use std::arch::x86_64::*;
 
-/// A 32-weight block as four ymm (weights 0–7, 8–15, 16–23, 24–31).
-trait Expand8 {
+/// A block as `STEPS` 32-weight chunks, each four ymm (weights 0–7, 8–15, 16–23,
+/// 24–31 of the chunk).
+pub(super) trait Expand8 {
+    /// 32-weight chunks per block (1, or 8 for a K-quant super-block).
+    const STEPS: usize;
+    /// What is decoded once per block (the K-quants' sub-block scales).
+    type Prep;
     /// # Safety
     /// AVX2, FMA and F16C must be available.
-    unsafe fn expand(&self) -> [__m256; 4];
+    unsafe fn prepare(&self) -> Self::Prep;
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; c < STEPS.
+    unsafe fn expand(&self, prep: &Self::Prep, c: usize) -> [__m256; 4];
+}
+
+/// The [`Expand8`] items of a 32-weight format: one chunk, nothing to prepare.
+macro_rules! one_chunk {
+    () => {
+        const STEPS: usize = 1;
+        type Prep = ();
+        #[inline(always)]
+        unsafe fn prepare(&self) {}
+    };
 }
 
 /// An f16 scale broadcast to 8 f32 lanes.
@@ -101,40 +121,45 @@ unsafe fn scale_min(q: [__m256i; 4], d: half::f16, m: half::f16) -> [__m256; 4] 
 }
 
 impl Expand8 for BlockQ4_0 {
+    one_chunk!();
     #[inline(always)]
-    unsafe fn expand(&self) -> [__m256; 4] {
+    unsafe fn expand(&self, _: &(), _: usize) -> [__m256; 4] {
         // SAFETY: forwarded contract.
         unsafe { offset_times(nibbles(&self.qs), 8, self.d) }
     }
 }
 
 impl Expand8 for BlockQ4_1 {
+    one_chunk!();
     #[inline(always)]
-    unsafe fn expand(&self) -> [__m256; 4] {
+    unsafe fn expand(&self, _: &(), _: usize) -> [__m256; 4] {
         // SAFETY: forwarded contract.
         unsafe { scale_min(nibbles(&self.qs), self.d, self.m) }
     }
 }
 
 impl Expand8 for BlockQ5_0 {
+    one_chunk!();
     #[inline(always)]
-    unsafe fn expand(&self) -> [__m256; 4] {
+    unsafe fn expand(&self, _: &(), _: usize) -> [__m256; 4] {
         // SAFETY: forwarded contract.
         unsafe { offset_times(fives(&self.qh, &self.qs), 16, self.d) }
     }
 }
 
 impl Expand8 for BlockQ5_1 {
+    one_chunk!();
     #[inline(always)]
-    unsafe fn expand(&self) -> [__m256; 4] {
+    unsafe fn expand(&self, _: &(), _: usize) -> [__m256; 4] {
         // SAFETY: forwarded contract.
         unsafe { scale_min(fives(&self.qh, &self.qs), self.d, self.m) }
     }
 }
 
 impl Expand8 for BlockQ8_0 {
+    one_chunk!();
     #[inline(always)]
-    unsafe fn expand(&self) -> [__m256; 4] {
+    unsafe fn expand(&self, _: &(), _: usize) -> [__m256; 4] {
         // SAFETY: qs is 32 readable bytes; AVX2/F16C per the caller.
         unsafe {
             let p = self.qs.as_ptr() as *const __m128i;
@@ -168,6 +193,7 @@ pub(super) unsafe fn row_dots<B: BlockFormat>(w: &[B], x: &[&[f32]], out: &mut [
         )*};
     }
     cast_run!(BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0);
+    cast_run!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K);
     false
 }
 
@@ -192,19 +218,25 @@ unsafe fn dots_m<B: Expand8 + BlockFormat, const M: usize, const A: usize>(
     x: [&[f32]; M],
     out: &mut [f32],
 ) {
-    let k = w.len() * QK;
+    let k = w.len() * B::BLOCK;
     assert!(x.iter().all(|r| r.len() >= k) && out.len() >= M);
+    assert_eq!(B::BLOCK, B::STEPS * QK);
     let xp = x.map(|r| r.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); A]; M];
     for (b, blk) in w.iter().enumerate() {
         // SAFETY: AVX2/FMA/F16C enabled on this function.
-        let wv = unsafe { blk.expand() };
-        for (j, wv) in wv.iter().enumerate() {
-            for i in 0..M {
-                // SAFETY: b·32 + 8j + 8 ≤ k ≤ each x row's length (asserted above).
-                unsafe {
-                    let v = _mm256_loadu_ps(xp[i].add(b * QK + 8 * j));
-                    acc[i][j % A] = _mm256_fmadd_ps(*wv, v, acc[i][j % A]);
+        let prep = unsafe { blk.prepare() };
+        for c in 0..B::STEPS {
+            // SAFETY: as above; c < STEPS.
+            let wv = unsafe { blk.expand(&prep, c) };
+            let at = b * B::BLOCK + c * QK;
+            for (j, wv) in wv.iter().enumerate() {
+                for i in 0..M {
+                    // SAFETY: at + 8j + 8 ≤ k ≤ each x row's length (asserted above).
+                    unsafe {
+                        let v = _mm256_loadu_ps(xp[i].add(at + 8 * j));
+                        acc[i][j % A] = _mm256_fmadd_ps(*wv, v, acc[i][j % A]);
+                    }
                 }
             }
         }

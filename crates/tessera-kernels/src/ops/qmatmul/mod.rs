@@ -541,6 +541,8 @@ mod avx2_acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
+mod avx2_k;
+#[cfg(target_arch = "x86_64")]
 mod avx2_planes8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows8;
