@@ -43,6 +43,10 @@ const READ_STEP: usize = 64;
 /// 10 samples are in. None when the slices would not rotate through 3 times the L3.
 pub fn cold_read_s(bytes: f64, threads: usize, budget: Duration) -> Option<f64> {
     let buf = crate::calibrate::probe_buffer();
+    // Also refuses NaN and sizes past the buffer before any size arithmetic.
+    if !(bytes > 0.0 && bytes < (4 * buf.len()) as f64) {
+        return None;
+    }
     let threads = threads.clamp(1, pool::global().threads());
     let part = ((bytes / 4.0).ceil() as usize)
         .div_ceil(threads)
@@ -51,7 +55,7 @@ pub fn cold_read_s(bytes: f64, threads: usize, budget: Duration) -> Option<f64> 
     let len = part * threads;
     let stride = len + 1024; // one 4 KiB page of floats between slices
     let slices = buf.len() / stride;
-    if bytes <= 0.0 || slices < 2 || 4 * stride * slices < 3 * crate::bench::llc_bytes() {
+    if slices < 2 || 4 * stride * slices < 3 * crate::bench::llc_bytes() {
         return None;
     }
     let mut samples = Vec::new();
@@ -115,7 +119,8 @@ mod tests {
             let s = cold_read_s(62_208.0, threads, budget).unwrap();
             assert!(s.is_finite() && s > 0.0, "{threads} threads: {s}");
         }
-        assert_eq!(cold_read_s(0.0, 2, budget), None);
-        assert_eq!(cold_read_s(200e6, 2, budget), None);
+        for bytes in [0.0, -1.0, f64::NAN, 200e6, 1e30, f64::INFINITY] {
+            assert_eq!(cold_read_s(bytes, 2, budget), None, "{bytes} bytes");
+        }
     }
 }

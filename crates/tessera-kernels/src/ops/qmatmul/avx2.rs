@@ -220,7 +220,7 @@ unsafe fn dots_m<B: Expand8 + BlockFormat, const M: usize, const A: usize>(
 ) {
     let k = w.len() * B::BLOCK;
     assert!(x.iter().all(|r| r.len() >= k) && out.len() >= M);
-    assert_eq!(B::BLOCK, B::STEPS * QK);
+    const { assert!(B::BLOCK == B::STEPS * QK) };
     let xp = x.map(|r| r.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); A]; M];
     for (b, blk) in w.iter().enumerate() {
