@@ -148,6 +148,9 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     while samples.len() < opts.max_samples {
         let n = instances.len();
         let inst = &mut instances[i % n];
+        if mem_bound {
+            inst.warm_activations();
+        }
         let t = Instant::now();
         inst.run(spec.variant, spec.config)?;
         samples.push(t.elapsed().as_secs_f64());

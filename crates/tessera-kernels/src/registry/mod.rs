@@ -167,6 +167,11 @@ pub trait Instance: Send {
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>>;
     /// Bytes of input and output buffers (to size rotation sets in benchmarks).
     fn footprint(&self) -> usize;
+    /// Reads the buffers a caller would just have produced or used into cache, leaving
+    /// the rest (weights) cold. Memory-bound benchmarks rotate instances so the weights
+    /// come from DRAM, and call this untimed before each sample, as a model's previous
+    /// op leaves its activations in cache. Default: nothing (every buffer stays cold).
+    fn warm_activations(&self) {}
 }
 
 /// A problem: shapes and flags of one call.

@@ -349,6 +349,11 @@ impl Operands {
     pub fn bytes(&self) -> usize {
         bytes(&self.x) + bytes(&self.y)
     }
+    /// Reads x and y into cache ([`crate::registry::Instance::warm_activations`]).
+    pub fn warm(&self) {
+        let sum = |v: &[f32]| v.iter().fold(0.0f32, |a, &b| a + b);
+        std::hint::black_box(sum(&self.x) + sum(&self.y));
+    }
 }
 
 struct QInstance<B> {
@@ -458,5 +463,8 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     }
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
+    }
+    fn warm_activations(&self) {
+        self.ops.warm();
     }
 }

@@ -170,4 +170,7 @@ impl Instance for Fp8Instance {
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
     }
+    fn warm_activations(&self) {
+        self.ops.warm();
+    }
 }

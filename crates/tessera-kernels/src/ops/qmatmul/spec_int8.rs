@@ -165,4 +165,7 @@ impl Instance for I8Instance {
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
     }
+    fn warm_activations(&self) {
+        self.ops.warm();
+    }
 }
