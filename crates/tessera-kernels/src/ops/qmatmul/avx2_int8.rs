@@ -20,14 +20,26 @@ use crate::quant::QK;
 use half::f16;
 use std::arch::x86_64::*;
 
-/// `out[i] = Σ_k W[row, k]·x̂_i[k]` for up to M_CHUNK quantized activation rows.
+/// Weight rows per call at decode (one activation row): they share the activation
+/// loads, the call and one reduction. One row at a time ran ~10 GB/s of Q8_0 per
+/// thread with the weights in L2, no faster than DRAM delivers them.
+pub(super) const DECODE_ROWS: usize = 4;
+
+/// `out[g·M + i] = Σ_k W[row + g, k]·x̂_i[k]` for R weight rows (rows past the last are
+/// read as the last, for a ragged final group) and M activation rows: up to M_CHUNK of
+/// them when R = 1, exactly one otherwise.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA; `row < w.rows`; every `acts[i]` was built for
 /// `w.cols` columns and `w`'s offset; codes other than offset-128 ones are below 129
-/// ([`PackedWeights::signed_bytes`]).
+/// ([`PackedWeights::signed_bytes`]); `out` holds R·M outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], out: &mut [f32]) {
+pub(super) unsafe fn dots<const R: usize>(
+    w: &PackedWeights,
+    row: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
     // One monomorphized loop per layout and metadata width, so no format test runs per
     // chunk.
     macro_rules! by_layout {
@@ -36,11 +48,11 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
                 $(($f, $s, $m, $h) => match &w.meta {
                     // SAFETY: forwarded contract.
                     Meta::F32 { scales, mins } => unsafe {
-                        dots_for::<$f, $s, $m, $h, f32>(w, (scales, mins), row, acts, out)
+                        dots_for::<$f, $s, $m, $h, f32, R>(w, (scales, mins), row, acts, out)
                     },
                     // SAFETY: forwarded contract.
                     Meta::F16 { scales, mins } => unsafe {
-                        dots_for::<$f, $s, $m, $h, f16>(w, (scales, mins), row, acts, out)
+                        dots_for::<$f, $s, $m, $h, f16, R>(w, (scales, mins), row, acts, out)
                     },
                     Meta::Factored(_) | Meta::SplitI8(_) => unreachable!("factored \
                         metadata is only built interleaved, which `reading` sends to \
@@ -73,7 +85,8 @@ pub(super) unsafe fn dots(w: &PackedWeights, row: usize, acts: &[&QuantActs], ou
 type MetaArrays<'a, E> = (&'a [E], &'a [E]);
 
 /// [`dots`] for one layout: 4-bit pairs or bytes, signed-byte multiply, a minimum,
-/// per-half scales, f32 or f16 metadata; then one loop per activation-row count.
+/// per-half scales, f32 or f16 metadata; then one loop per activation-row count (R
+/// weight rows take one activation row).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_for<
     const FOUR: bool,
@@ -81,6 +94,7 @@ unsafe fn dots_for<
     const MIN: bool,
     const SPLIT: bool,
     E: MetaElem,
+    const R: usize,
 >(
     w: &PackedWeights,
     meta: MetaArrays<'_, E>,
@@ -90,21 +104,24 @@ unsafe fn dots_for<
 ) {
     // SAFETY: forwarded contract; each arm gets exactly its count of rows.
     unsafe {
+        if R > 1 {
+            return dots_m::<FOUR, SIGNED, MIN, SPLIT, E, R, 1>(w, meta, row, acts, out);
+        }
         match acts.len() {
             0 => {}
-            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1>(w, meta, row, acts, out),
-            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 2>(w, meta, row, acts, out),
-            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 3>(w, meta, row, acts, out),
-            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, M_CHUNK>(w, meta, row, acts, out),
+            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 1>(w, meta, row, acts, out),
+            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 2>(w, meta, row, acts, out),
+            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 3>(w, meta, row, acts, out),
+            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, M_CHUNK>(w, meta, row, acts, out),
         }
     }
 }
 
-/// The loop for M activation rows. Chunks go two at a time (one 4-bit load feeds both),
-/// and each pair adds to the accumulator once (`acc += l₀·dx₀ + l₁·dx₁`), which halves
-/// the loop-carried FMA chain that bounds a single activation row. The rows' pointers
-/// are taken out of their `QuantActs` once (a constant M unrolls the row loop, so they
-/// are not re-read through two indirections per chunk).
+/// The loop for R weight rows × M activation rows. Chunks go two at a time (one 4-bit
+/// load feeds both), and each pair adds to the accumulator once (`acc += l₀·dx₀ +
+/// l₁·dx₁`), which halves the loop-carried FMA chain that bounds a single activation
+/// row. The rows' pointers are taken out of their `QuantActs` once (a constant M unrolls
+/// the row loop, so they are not re-read through two indirections per chunk).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_m<
     const FOUR: bool,
@@ -112,6 +129,7 @@ unsafe fn dots_m<
     const MIN: bool,
     const SPLIT: bool,
     E: MetaElem,
+    const R: usize,
     const M: usize,
 >(
     w: &PackedWeights,
@@ -123,21 +141,32 @@ unsafe fn dots_m<
     let nb = w.cols / QK;
     let per_row = nb * w.halves();
     let rb = w.row_bytes();
-    debug_assert!(row < w.rows && acts.len() == M && out.len() == M);
+    debug_assert!(row < w.rows && acts.len() == M && out.len() == R * M);
     debug_assert!(acts
         .iter()
         .all(|a| a.q.len() >= nb * QK && a.d8.len() >= nb));
     debug_assert!(all_scales.len() == w.rows * per_row);
-    // SAFETY: row < rows, so the row's rb quant bytes start here.
-    let quants = unsafe { w.quants.as_ptr().add(row * rb) };
-    // SAFETY: and its per_row scales.
-    let scales = unsafe { all_scales.as_ptr().add(row * per_row) };
-    let mins = if MIN {
-        // SAFETY: a format with a minimum has one per scale.
-        unsafe { all_mins.as_ptr().add(row * per_row) }
-    } else {
-        scales
-    };
+    let mut quants = [std::ptr::null::<u8>(); R];
+    let mut scales = [std::ptr::null::<E>(); R];
+    let mut mins = [std::ptr::null::<E>(); R];
+    for g in 0..R {
+        let r = (row + g).min(w.rows - 1);
+        // SAFETY: r < rows, so the row's rb quant bytes and per_row scales start here
+        // (and as many minima, for a format with a minimum).
+        unsafe {
+            quants[g] = w.quants.as_ptr().add(r * rb);
+            scales[g] = all_scales.as_ptr().add(r * per_row);
+            mins[g] = if MIN {
+                all_mins.as_ptr().add(r * per_row)
+            } else {
+                scales[g]
+            };
+        }
+    }
+    // Past one row, the next R rows (contiguous) are fetched over this call's chunk
+    // pairs: the prefetches run one tile ahead of the loads.
+    let next = w.quants.as_ptr().wrapping_add((row + R) * rb);
+    let pair_bytes = if FOUR { QK } else { 2 * QK };
     // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
     let mut rows = [ActRow::default(); M];
     for i in 0..M {
@@ -148,33 +177,41 @@ unsafe fn dots_m<
         ones: _mm256_set1_epi16(1),
         flip: _mm256_set1_epi8(-128),
     };
-    let mut acc = [_mm256_setzero_ps(); M];
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
     let mut b = 0;
     while b + 1 < nb {
         // SAFETY: chunks b and b + 1 exist (b + 1 < nb); prefetching never faults.
         unsafe {
             let ahead = if FOUR { QK * (b / 2) } else { QK * b };
-            _mm_prefetch::<_MM_HINT_T0>(quants.wrapping_add(ahead + PREFETCH) as *const i8);
-            let (u0, u1) = if FOUR {
-                let v = _mm256_loadu_si256(quants.add(QK * (b / 2)) as *const __m256i);
-                (
-                    _mm256_and_si256(v, ctx.nib),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), ctx.nib),
-                )
+            if R == 1 {
+                _mm_prefetch::<_MM_HINT_T0>(quants[0].wrapping_add(ahead + PREFETCH) as _);
             } else {
-                (
-                    _mm256_loadu_si256(quants.add(QK * b) as *const __m256i),
-                    _mm256_loadu_si256(quants.add(QK * (b + 1)) as *const __m256i),
-                )
-            };
-            let w0 = ChunkW::<SPLIT>::new::<E>(&ctx, u0, scales, mins, b);
-            let w1 = ChunkW::<SPLIT>::new::<E>(&ctx, u1, scales, mins, b + 1);
-            for i in 0..M {
-                let a = &rows[i];
-                let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
-                let l1 = w1.lane::<SIGNED, MIN>(&ctx, a, b + 1);
-                let pair = _mm256_fmadd_ps(l1, a.dx(b + 1), _mm256_mul_ps(l0, a.dx(b)));
-                acc[i] = _mm256_add_ps(acc[i], pair);
+                for line in (0..R * pair_bytes).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(R * ahead + line) as _);
+                }
+            }
+            for g in 0..R {
+                let (u0, u1) = if FOUR {
+                    let v = _mm256_loadu_si256(quants[g].add(ahead) as *const __m256i);
+                    (
+                        _mm256_and_si256(v, ctx.nib),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), ctx.nib),
+                    )
+                } else {
+                    (
+                        _mm256_loadu_si256(quants[g].add(ahead) as *const __m256i),
+                        _mm256_loadu_si256(quants[g].add(ahead + QK) as *const __m256i),
+                    )
+                };
+                let w0 = ChunkW::<SPLIT>::new::<E>(&ctx, u0, scales[g], mins[g], b);
+                let w1 = ChunkW::<SPLIT>::new::<E>(&ctx, u1, scales[g], mins[g], b + 1);
+                for i in 0..M {
+                    let a = &rows[i];
+                    let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
+                    let l1 = w1.lane::<SIGNED, MIN>(&ctx, a, b + 1);
+                    let pair = _mm256_fmadd_ps(l1, a.dx(b + 1), _mm256_mul_ps(l0, a.dx(b)));
+                    acc[g][i] = _mm256_add_ps(acc[g][i], pair);
+                }
             }
         }
         b += 2;
@@ -182,23 +219,23 @@ unsafe fn dots_m<
     if b < nb {
         // SAFETY: chunk b exists; a 4-bit odd last chunk is the low nibbles of its pair.
         unsafe {
-            let u = if FOUR {
-                let v = _mm256_loadu_si256(quants.add(QK * (b / 2)) as *const __m256i);
-                _mm256_and_si256(v, ctx.nib)
-            } else {
-                _mm256_loadu_si256(quants.add(QK * b) as *const __m256i)
-            };
-            let wc = ChunkW::<SPLIT>::new::<E>(&ctx, u, scales, mins, b);
-            for i in 0..M {
-                let l = wc.lane::<SIGNED, MIN>(&ctx, &rows[i], b);
-                acc[i] = _mm256_fmadd_ps(l, rows[i].dx(b), acc[i]);
+            for g in 0..R {
+                let u = if FOUR {
+                    let v = _mm256_loadu_si256(quants[g].add(QK * (b / 2)) as *const __m256i);
+                    _mm256_and_si256(v, ctx.nib)
+                } else {
+                    _mm256_loadu_si256(quants[g].add(QK * b) as *const __m256i)
+                };
+                let wc = ChunkW::<SPLIT>::new::<E>(&ctx, u, scales[g], mins[g], b);
+                for i in 0..M {
+                    let l = wc.lane::<SIGNED, MIN>(&ctx, &rows[i], b);
+                    acc[g][i] = _mm256_fmadd_ps(l, rows[i].dx(b), acc[g][i]);
+                }
             }
         }
     }
-    for i in 0..M {
-        // SAFETY: AVX per this function's contract.
-        out[i] = unsafe { hsum(acc[i]) };
-    }
+    let sums = hsums(acc.as_flattened());
+    out.copy_from_slice(&sums[..R * M]);
 }
 
 /// One activation row's arrays as raw pointers, per 32-column block b: 32 code bytes at
@@ -390,13 +427,26 @@ impl MetaElem for f16 {
     }
 }
 
-/// The sum of 8 f32 lanes.
-#[inline(always)]
-pub(super) unsafe fn hsum(v: __m256) -> f32 {
-    // SAFETY: AVX per the caller.
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+/// The sums of up to 8 vectors' lanes: four at a time (missing ones zero) summed
+/// pairwise into [Σ0, Σ1, Σ2, Σ3] per 128-bit half, then the halves added.
+#[target_feature(enable = "avx")]
+fn hsums(acc: &[__m256]) -> [f32; 8] {
+    debug_assert!(acc.len() <= 8);
+    let zero = _mm256_setzero_ps();
+    let at = |i: usize| acc.get(i).copied().unwrap_or(zero);
+    let mut sums = [0f32; 8];
+    for (q, four) in sums
+        .chunks_exact_mut(4)
+        .enumerate()
+        .take(acc.len().div_ceil(4))
+    {
+        let h = _mm256_hadd_ps(
+            _mm256_hadd_ps(at(4 * q), at(4 * q + 1)),
+            _mm256_hadd_ps(at(4 * q + 2), at(4 * q + 3)),
+        );
+        let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+        // SAFETY: 4 f32 lanes into a 4-element slice.
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), s) };
     }
+    sums
 }

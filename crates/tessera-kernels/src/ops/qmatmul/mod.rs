@@ -236,9 +236,23 @@ fn run_int8(
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
     // Q4_0 on AVX2: 256 KiB (L2) 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
     let act_block = ((24 << 10) / (4 * k)).clamp(M_CHUNK, 256) / M_CHUNK * M_CHUNK;
+    #[cfg(target_arch = "x86_64")]
+    if kernel == IntKernel::Avx2RowScaled {
+        // SAFETY: `for_scales` chose it for one scale per weight row and per activation
+        // row and K below its overflow bound, on a CPU with AVX2 (`for_isa`); acts were
+        // quantized for these weights; y is [m, n].
+        return unsafe { avx2_w8a8::run(threads, w, acts, act_block, y) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel == IntKernel::Avx2 && m == 1 {
+        const R: usize = avx2_int8::DECODE_ROWS;
+        return for_weight_rows::<1, R>(threads, (n, m, act_block), y, |r, _, _, out| {
+            // SAFETY: as for the body below; r < rows, and `out` holds R outputs.
+            unsafe { avx2_int8::dots::<R>(w, r, &[&acts[0]], out) }
+        });
+    }
     let body = |r: usize, m0: usize, mc: usize, out: &mut [f32]| {
-        // Padded by repeating the last row: the row-scaled kernel runs 5–7 rows as 8.
-        let a: [&QuantActs; CALL_ROWS_MAX] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
+        let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
         // The kernels' CPU features were checked by `for_isa`; r < rows; the activations
         // were built for these weights' columns and offset; PackedWeights keeps
         // non-offset-128 codes below 64.
@@ -247,25 +261,20 @@ fn run_int8(
             // SAFETY: as above.
             IntKernel::Vnni => unsafe { vnni::dots(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            IntKernel::Avx2 => unsafe { avx2_int8::dots(w, r, &a[..mc], out) },
+            // SAFETY: as above (the row-scaled weights, run above, are also block-format
+            // weights whose chunks repeat the row's scale).
+            IntKernel::Avx2 | IntKernel::Avx2RowScaled => unsafe {
+                avx2_int8::dots::<1>(w, r, &a[..mc], out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `reading` chose it for interleaved weights, and the
             // driver below hands it whole groups (r a multiple of 8, out reaching the
             // 8th row's mc outputs at 7·M_CHUNK + mc).
             IntKernel::Avx2Rows8 => unsafe { avx2_rows8::dots(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; `for_scales` chose it for one scale per weight row and
-            // per activation row and K below its overflow bound.
-            IntKernel::Avx2RowScaled => unsafe { avx2_w8a8::dots(w, r, &a, out) },
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
     match kernel {
-        #[cfg(target_arch = "x86_64")]
-        IntKernel::Avx2RowScaled => {
-            for_weight_rows::<{ avx2_w8a8::ROWS }, 1>(threads, (n, m, act_block), y, body)
-        }
         #[cfg(target_arch = "x86_64")]
         IntKernel::Avx2Rows8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
@@ -273,11 +282,6 @@ fn run_int8(
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
     }
 }
-
-/// The most activation rows one integer-kernel call takes (the row-scaled kernel's 8).
-const CALL_ROWS_MAX: usize = 8;
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(avx2_w8a8::ROWS <= CALL_ROWS_MAX && M_CHUNK <= CALL_ROWS_MAX);
 
 /// The integer dot-product kernel an ISA runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
