@@ -73,7 +73,9 @@ unsafe fn tiles<const R: usize, const M: usize>(
     act_block: usize,
     y: &mut TensorViewMut<'_, f32>,
 ) {
-    let shape = (w.rows(), acts.len(), act_block);
+    // Whole tiles per activation block: a block of 4 (K = 1536) would run 1×8 tiles
+    // half empty.
+    let shape = (w.rows(), acts.len(), act_block.next_multiple_of(M));
     for_weight_rows::<M, R>(threads, shape, y, |r, m0, mc, out| {
         let a: [&QuantActs; M] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
         // SAFETY: `run`'s contract; the driver starts every group below N.
