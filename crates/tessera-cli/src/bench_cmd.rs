@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// cold read of the op's bytes on the same threads, timed right after it.
     #[arg(long)]
     peers: bool,
+    /// Time memory-bound ops on one instance that stays in cache (no rotation): the
+    /// kernel's compute rate, to compare with what DRAM delivers.
+    #[arg(long)]
+    in_cache: bool,
     /// Also write every timed call as a Chrome trace / Perfetto JSON file.
     #[arg(long, value_name = "TRACE.json")]
     profile: Option<std::path::PathBuf>,
@@ -273,6 +277,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let opts = BenchOptions {
         budget: Duration::from_millis(args.budget_ms),
         cold_read: args.peers,
+        in_cache: args.in_cache,
         ..Default::default()
     };
     let results = collect(&args.sel, None, &ceilings, &opts, args.json)?;

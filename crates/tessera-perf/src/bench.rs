@@ -47,6 +47,9 @@ pub struct BenchOptions {
     /// Also time a cold read of a memory-bound op's bytes right after its samples
     /// ([`crate::peers::cold_read_s`], ~30 ms), into [`BenchResult::cold_read_s`].
     pub cold_read: bool,
+    /// Time memory-bound ops on one instance, without rotation: the weights stay in
+    /// cache, so the result is the kernel's compute rate rather than DRAM's.
+    pub in_cache: bool,
 }
 
 impl Default for BenchOptions {
@@ -57,6 +60,7 @@ impl Default for BenchOptions {
             budget: Duration::from_millis(1500),
             target_spread: 0.02,
             cold_read: false,
+            in_cache: false,
         }
     }
 }
@@ -121,7 +125,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let mut rng = registry::rng(0xbe4c);
     let mut instances: Vec<Box<dyn Instance>> =
         vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
-    if mem_bound {
+    if mem_bound && !opts.in_cache {
         let target = 3 * llc_bytes();
         let each = instances[0].footprint().max(1);
         let count = target.div_ceil(each).clamp(1, MAX_ROTATION);
@@ -211,4 +215,45 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         rotation: instances.len(),
         cold_read_s,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibrate::Ceilings;
+    use tessera_core::Isa;
+
+    /// `in_cache` times a memory-bound op on its one instance; without it the same op
+    /// rotates enough instances to leave the cache.
+    #[test]
+    fn in_cache_runs_one_instance_of_a_memory_bound_op() {
+        let op = registry::find("qmatmul").unwrap();
+        let problem = op.parse_problem("1x64x256").unwrap();
+        let variant = Variant::cpu(Isa::Scalar);
+        let config = TuneConfig::default();
+        let spec = BenchSpec {
+            op: "qmatmul",
+            problem: problem.as_ref(),
+            dtype: DType::Q4_0,
+            variant: &variant,
+            config: &config,
+            bf16_dot: false,
+        };
+        // A compute peak far above what this much DRAM can feed: memory-bound.
+        let ceilings = Ceilings {
+            threads: 1,
+            fma_gflops: 1e6,
+            bf16_gflops: 1e6,
+            dram_gbps: 1.0,
+        };
+        let opts = BenchOptions {
+            min_samples: 3,
+            max_samples: 3,
+            in_cache: true,
+            ..Default::default()
+        };
+        let r = run(&spec, &ceilings, &opts).unwrap();
+        assert_eq!((r.bound, r.rotation, r.samples_s.len()), ("memory", 1, 3));
+        assert!(r.median_s > 0.0);
+    }
 }
