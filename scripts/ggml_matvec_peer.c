@@ -6,8 +6,8 @@
 // - one persistent ggml thread pool of T threads, so no call pays thread start-up;
 // - the median of many calls, reported as time and as (weights + x + y bytes) / time.
 //
-// REPACK=1 in the environment puts the weights in the CPU backend's first extra buffer
-// type (CPU_REPACK), as llama.cpp does at load time: Q4_0 and Q4_K become 8×8
+// REPACK=1 in the environment puts the weights in the CPU backend's CPU_REPACK buffer
+// type, as llama.cpp does at load time: Q4_0 and Q4_K become 8×8
 // interleaved on AVX2 and run ggml's GEMV for that layout (the other formats here are
 // not repacked on AVX2, so llama.cpp runs them in their file layout too). Without it
 // the weights keep their file layout and run the per-row `vec_dot`.
@@ -113,11 +113,17 @@ int main(int argc, char **argv) {
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
         ggml_backend_dev_get_extra_bufts_t extra = (ggml_backend_dev_get_extra_bufts_t)
             ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-        if (!extra || !extra(dev) || !extra(dev)[0]) {
-            fprintf(stderr, "this ggml build has no extra CPU buffer type\n");
+        ggml_backend_buffer_type_t *bufts = extra ? extra(dev) : NULL;
+        buft = NULL;
+        for (size_t i = 0; bufts && bufts[i]; i++) {
+            if (strcmp(ggml_backend_buft_name(bufts[i]), "CPU_REPACK") == 0) {
+                buft = bufts[i];
+            }
+        }
+        if (!buft) {
+            fprintf(stderr, "this ggml build has no CPU_REPACK buffer type\n");
             return 2;
         }
-        buft = extra(dev)[0];
     }
     if (!ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)) {
         fprintf(stderr, "could not allocate %zu copies of %zu bytes\n", sets, wbytes);
