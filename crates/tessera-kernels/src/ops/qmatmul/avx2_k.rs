@@ -58,22 +58,43 @@ trait Codes8 {
     unsafe fn codes8(&self, c: usize, j: usize) -> __m256i;
 }
 
+/// Chunk c's 2-bit codes (Q2_K, and Q3_K's low bits): plane 2·(c mod 4) of bytes
+/// 32·(c/4)..+32 of `qs`.
+///
+/// # Safety
+/// AVX2; `qs` is a K-quant's 64 code bytes; c < 8, j < 4.
+#[inline(always)]
+unsafe fn crumbs(qs: &[u8], c: usize, j: usize) -> __m256i {
+    // SAFETY: those bytes are inside qs; AVX2 per the contract.
+    unsafe { field(widen(&qs[32 * (c / 4)..], j), 2 * (c % 4) as u32, 3) }
+}
+
+/// Chunk c's 4-bit codes (Q4_K, and Q5_K's low bits): chunks 2s and 2s + 1 are the low
+/// and high nibbles of bytes 32s..+32 of `qs`.
+///
+/// # Safety
+/// AVX2; `qs` is a K-quant's 128 code bytes; c < 8, j < 4.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8], c: usize, j: usize) -> __m256i {
+    // SAFETY: those bytes are inside qs; AVX2 per the contract.
+    unsafe { field(widen(&qs[32 * (c / 2)..], j), 4 * (c % 2) as u32, 0xF) }
+}
+
 impl Codes8 for BlockQ2K {
     #[inline(always)]
     unsafe fn codes8(&self, c: usize, j: usize) -> __m256i {
-        // Chunk c: the 2-bit plane 2·(c mod 4) of bytes 32·(c/4)..+32.
-        // SAFETY: those bytes are inside qs; AVX2 per the contract.
-        unsafe { field(widen(&self.qs[32 * (c / 4)..], j), 2 * (c % 4) as u32, 3) }
+        // SAFETY: forwarded contract.
+        unsafe { crumbs(&self.qs, c, j) }
     }
 }
 
 impl Codes8 for BlockQ3K {
     #[inline(always)]
     unsafe fn codes8(&self, c: usize, j: usize) -> __m256i {
-        // As Q2_K, plus bit c of hmask[i] as the third bit.
-        // SAFETY: qs bytes as Q2_K; hmask is 32 bytes; AVX2 per the contract.
+        // Bit c of hmask[i] is the third bit.
+        // SAFETY: hmask is 32 bytes; AVX2 per the contract.
         unsafe {
-            let low = field(widen(&self.qs[32 * (c / 4)..], j), 2 * (c % 4) as u32, 3);
+            let low = crumbs(&self.qs, c, j);
             with_top(low, widen(&self.hmask, j), c as u32, 1, 2)
         }
     }
@@ -82,21 +103,17 @@ impl Codes8 for BlockQ3K {
 impl Codes8 for BlockQ4K {
     #[inline(always)]
     unsafe fn codes8(&self, c: usize, j: usize) -> __m256i {
-        // Chunks 2s and 2s + 1: the low and high nibbles of bytes 32s..+32.
-        // SAFETY: those bytes are inside qs; AVX2 per the contract.
-        unsafe { field(widen(&self.qs[32 * (c / 2)..], j), 4 * (c % 2) as u32, 0xF) }
+        // SAFETY: forwarded contract.
+        unsafe { nibbles(&self.qs, c, j) }
     }
 }
 
 impl Codes8 for BlockQ5K {
     #[inline(always)]
     unsafe fn codes8(&self, c: usize, j: usize) -> __m256i {
-        // As Q4_K, plus bit c of qh[i] as the fifth bit.
-        // SAFETY: qs as Q4_K; qh is 32 bytes; AVX2 per the contract.
-        unsafe {
-            let low = field(widen(&self.qs[32 * (c / 2)..], j), 4 * (c % 2) as u32, 0xF);
-            with_top(low, widen(&self.qh, j), c as u32, 1, 4)
-        }
+        // Bit c of qh[i] is the fifth bit.
+        // SAFETY: qh is 32 bytes; AVX2 per the contract.
+        unsafe { with_top(nibbles(&self.qs, c, j), widen(&self.qh, j), c as u32, 1, 4) }
     }
 }
 
