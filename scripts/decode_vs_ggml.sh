@@ -9,8 +9,10 @@
 # matmuls per graph (PER_GRAPH), as llama.cpp runs a token's ops in one graph, so its
 # per-op figure carries a barrier, not a whole graph launch.
 set -euo pipefail
-peer=$1 rounds=${2:-3} formats=${3:-"q4_0 q4_1 q8_0 q4_K q6_K"}
+[[ $# -ge 1 && -x $1 ]] || { echo "usage: $0 GGML_PEER [ROUNDS] [FORMATS] (GGML_PEER: the built ggml_matvec_peer)" >&2; exit 2; }
+peer=$(realpath "$1") rounds=${2:-3} formats=${3:-"q4_0 q4_1 q8_0 q4_K q6_K"}
 tessera=${TESSERA:-$(pwd)/target/release/tessera}
+[[ -x $tessera ]] || { echo "no $tessera: run from the repository root after cargo build --release, or set TESSERA" >&2; exit 2; }
 export RUST_BACKTRACE=0
 cd /tmp # tessera bench writes its run log to the working directory
 
@@ -41,6 +43,10 @@ for r in $(seq "$rounds"); do
         --shape "1x${n}x${kk}" --budget-ms 300 2>/dev/null | median_us)
       theirs=$(PER_GRAPH=8 REPACK=$repack "$peer" "$f" "$n" "$kk" 2 "$calls" 2>/dev/null |
         sed 's/.*median \([0-9.]*\) us.*/\1/')
+      if [[ -z ${ours:-} || -z ${theirs:-} || $theirs == *ggml* ]]; then
+        echo "no time for $f $name (tessera: '${ours:-}', ggml: '${theirs:-}'); rerun that cell by hand" >&2
+        exit 1
+      fi
       python3 -c "print('round $r  $f  %-8s tessera %8.2f us (%s)  ggml %8.2f us  ggml/tessera %.2f' % ('$name', $ours, '$pct', $theirs, $theirs / $ours))"
     done
   done

@@ -34,6 +34,27 @@ static int flag(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+// A whole number in 1..2^30 or an exit with a message (atoi takes "12x" and overflows).
+static int count_or_exit(const char *text, const char *what) {
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < 1 || v > (1L << 30)) {
+        fprintf(stderr, "%s must be a whole number in 1..2^30, not \"%s\"\n", what, text);
+        exit(2);
+    }
+    return (int)v;
+}
+
+// malloc that ends the program with a message instead of returning NULL.
+static void *alloc_or_exit(size_t bytes, const char *what) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory: %zu bytes for %s\n", bytes, what);
+        exit(2);
+    }
+    return p;
+}
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -72,22 +93,21 @@ int main(int argc, char **argv) {
         return 2;
     }
     enum ggml_type type = type_named(argv[1]);
-    int n = atoi(argv[2]), k = atoi(argv[3]);
-    int threads = argc > 4 ? atoi(argv[4]) : 2;
-    int calls = argc > 5 ? atoi(argv[5]) : 20000;
-    if (n <= 0 || k <= 0 || k % ggml_blck_size(type) != 0 || threads <= 0 || calls <= 0) {
-        fprintf(stderr, "need N, K, THREADS, CALLS > 0 and K a multiple of %lld\n",
-                (long long)ggml_blck_size(type));
+    int n = count_or_exit(argv[2], "N"), k = count_or_exit(argv[3], "K");
+    int threads = argc > 4 ? count_or_exit(argv[4], "THREADS") : 2;
+    int calls = argc > 5 ? count_or_exit(argv[5], "CALLS") : 20000;
+    if (k % ggml_blck_size(type) != 0) {
+        fprintf(stderr, "K must be a multiple of %lld\n", (long long)ggml_blck_size(type));
         return 2;
     }
 
     unsigned long long seed = 1;
-    float *src = malloc(sizeof(float) * (size_t)n * k);
+    float *src = alloc_or_exit(sizeof(float) * (size_t)n * k, "the f32 weights");
     for (size_t i = 0; i < (size_t)n * k; i++) {
         src[i] = next_uniform(&seed);
     }
     size_t wbytes = ggml_row_size(type, k) * n;
-    void *quantized = malloc(wbytes);
+    void *quantized = alloc_or_exit(wbytes, "the quantized weights");
     ggml_quantize_chunk(type, src, quantized, 0, n, k, NULL);
 
     // The rotated copies: tensors of their own, allocated from one buffer type, so a
@@ -97,7 +117,7 @@ int main(int argc, char **argv) {
     struct ggml_init_params wparams = {
         .mem_size = ggml_tensor_overhead() * (sets + 1), .mem_buffer = NULL, .no_alloc = true};
     struct ggml_context *wctx = ggml_init(wparams);
-    struct ggml_tensor **copies = malloc(sets * sizeof *copies);
+    struct ggml_tensor **copies = alloc_or_exit(sets * sizeof *copies, "the copies");
     for (size_t s = 0; s < sets; s++) {
         copies[s] = ggml_new_tensor_2d(wctx, type, k, n);
     }
@@ -138,8 +158,8 @@ int main(int argc, char **argv) {
     // PER_GRAPH=G: G matmuls (each its own weights, the same x) in one graph, timed
     // together and reported per matmul. llama.cpp runs a whole token as one graph, so
     // its ops pay a barrier between them, not a graph launch each; G = 1 times a launch.
-    int per_graph = getenv("PER_GRAPH") ? atoi(getenv("PER_GRAPH")) : 1;
-    if (per_graph < 1 || per_graph > 64) {
+    int per_graph = getenv("PER_GRAPH") ? count_or_exit(getenv("PER_GRAPH"), "PER_GRAPH") : 1;
+    if (per_graph > 64) {
         fprintf(stderr, "PER_GRAPH must be 1..64\n");
         return 2;
     }
@@ -154,7 +174,7 @@ int main(int argc, char **argv) {
     for (int j = 0; j < per_graph; j++) {
         ggml_build_forward_expand(graph, ggml_mul_mat(ctx, copies[sets > 1 ? j : 0], x));
     }
-    void **data = malloc(sets * sizeof *data);
+    void **data = alloc_or_exit(sets * sizeof *data, "the copies' data");
     for (size_t s = 0; s < sets; s++) {
         data[s] = copies[s]->data;
     }
@@ -162,9 +182,9 @@ int main(int argc, char **argv) {
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
     struct ggml_threadpool *pool = ggml_threadpool_new(&tpp);
     struct ggml_cplan plan = ggml_graph_plan(graph, threads, pool);
-    plan.work_data = malloc(plan.work_size + 64);
+    plan.work_data = alloc_or_exit(plan.work_size + 64, "ggml's work buffer");
 
-    double *t = malloc(sizeof(double) * calls);
+    double *t = alloc_or_exit(sizeof(double) * calls, "the timings");
     for (int i = 0; i < calls; i++) {
         for (int j = 0; sets > 1 && j < per_graph; j++) {
             copies[j]->data = data[((size_t)i * per_graph + j) % sets];
