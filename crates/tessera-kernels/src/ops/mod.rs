@@ -16,6 +16,7 @@ pub mod rowwise;
 pub mod silu;
 pub mod softmax;
 pub mod swiglu;
+pub mod varlen_attention;
 
 use crate::registry::OpSpec;
 use rowwise::RowOpSpec;
@@ -26,6 +27,7 @@ pub fn registered() -> Vec<&'static dyn OpSpec> {
         &gemm::GemmOp,
         &attention::AttentionOp,
         &paged_attention::PagedAttentionOp,
+        &varlen_attention::VarlenAttentionOp,
         const { &RowOpSpec::<softmax::Softmax>::new() },
         const { &RowOpSpec::<layer_norm::LayerNorm>::new() },
         const { &RowOpSpec::<rms_norm::RmsNorm>::new() },

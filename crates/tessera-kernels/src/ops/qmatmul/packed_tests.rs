@@ -20,6 +20,28 @@ fn apply(
     y
 }
 
+/// Two paths that compute the same products but sum them in a different order (the
+/// AVX-512 kernels reduce f16-metadata and f32-metadata blocks, or a stacked matrix and its
+/// parts, through different register groupings): f32 rounding then differs in the 7th
+/// digit (measured up to ~3e-7 relative on a Zen 4 host), so 1e-5 of the output norm is
+/// far from any real error (a wrong scale or code moves outputs by whole percents).
+const REORDER_TOL: f64 = 1e-5;
+
+/// Asserts `got` equals `want` within [`REORDER_TOL`] of `want`'s norm, finite where
+/// `want` is.
+fn assert_reordered_sum(got: &[f32], want: &[f32], at: &str) {
+    assert_eq!(got.len(), want.len(), "{at}");
+    assert!(got.iter().all(|v| v.is_finite()), "{at}: {got:?}");
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum();
+    let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+    assert!(rel <= REORDER_TOL, "{at}: relative difference {rel:.2e}");
+}
+
 /// The AVX2 kernel multiplies codes unsigned with saturating i16 pair sums: every
 /// format but the offset-128 ones must keep its codes below 64 (2·63·127 < 2¹⁵), on
 /// data with outliers too.
@@ -108,11 +130,12 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
 }
 
 /// f16 and factored metadata hold the same values as f32 (chosen only where exact), so
-/// every kernel, in either layout, must give bit-identical outputs from either form;
+/// every kernel, in either layout, must give the same outputs from either form up to the
+/// summation order ([`REORDER_TOL`]: the AVX-512 kernels group the two differently);
 /// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K
 /// gets factored metadata and interleaved Q3_K/Q6_K split i8 scales.
 #[test]
-fn f16_metadata_matches_f32_metadata_exactly() {
+fn f16_metadata_matches_f32_metadata() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let (rows, cols, m) = (7, 256, 3);
     let data: Vec<f32> = (0..rows * cols)
@@ -151,8 +174,7 @@ fn f16_metadata_matches_f32_metadata_exactly() {
                 };
                 let (a, b) = (run(&p), run(&q));
                 let at = format!("{dtype} {isa} {:?}", p.layout);
-                assert!(a.iter().all(|v| v.is_finite()), "{at}");
-                assert_eq!(a, b, "{at}");
+                assert_reordered_sum(&a, &b, &at);
             }
         }
     }
@@ -433,7 +455,8 @@ fn reused_activation_buffers_give_fresh_results() {
 }
 
 /// A stacked matrix is its parts' rows: every row dequantizes to the same bits, and the
-/// integer matmul gives each part's outputs bit for bit (decode and prefill sizes), in
+/// integer matmul gives each part's outputs up to summation order ([`REORDER_TOL`]; bit
+/// for bit on AVX2, not on AVX-512) at decode and prefill sizes, in
 /// both layouts of every format, with a ragged last part (padding in its group), and
 /// with f16 and f32 metadata mixed.
 #[test]
@@ -489,10 +512,10 @@ fn stacked_matrices_give_their_parts_outputs() {
                         qmatmul_int8(isa, 2, p, x, y)
                     });
                     for i in 0..m {
-                        assert_eq!(
-                            yp[i * p.rows()..(i + 1) * p.rows()],
-                            y[i * n + r0..i * n + r0 + p.rows()],
-                            "{at}: m = {m}, part at {r0}"
+                        assert_reordered_sum(
+                            &y[i * n + r0..i * n + r0 + p.rows()],
+                            &yp[i * p.rows()..(i + 1) * p.rows()],
+                            &format!("{at}: m = {m}, part at {r0}"),
                         );
                     }
                     r0 += p.rows();
