@@ -42,7 +42,7 @@ impl Default for Sampling {
 }
 
 impl Sampling {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let temperature_ok = self.temperature >= 0.0 && self.temperature.is_finite();
         let top_p_ok = self.top_p > 0.0 && self.top_p <= 1.0; // false for NaN
         let min_p_ok = (0.0..=1.0).contains(&self.min_p);
@@ -206,8 +206,7 @@ pub fn generate(
     let mut logits = model.forward(prompt, &mut cache)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let mut shown = 0;
-    let hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
+    let mut text = TextStream::new(&req.stop);
     while stats.generated.len() < req.max_tokens && cache.len() < capacity {
         let next = sample(&logits, &history, sampling, &mut rng)?;
         if !req.ignore_eos && tok.stop.contains(&next) {
@@ -216,38 +215,111 @@ pub fn generate(
         }
         stats.generated.push(next);
         history.push(next);
-        let text = tok.decode(&stats.generated)?;
-        if let Some(at) = req.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-            if at > shown {
-                on_text(&text[shown..at]);
-            }
-            stats.text = text[..at].to_string();
+        let piece = text.push(&tok.decode(&stats.generated)?);
+        if !piece.text.is_empty() {
+            on_text(&piece.text);
+        }
+        if piece.stopped {
+            stats.text = text.text().to_string();
             stats.finish = "stop string";
             stats.decode_s = t1.elapsed().as_secs_f64();
             return Ok(stats);
         }
-        // Show what can no longer be part of a stop string or a split character.
-        let mut safe = text.len().saturating_sub(hold);
-        while !text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        let safe = if text[..safe].ends_with('\u{FFFD}') {
-            shown
-        } else {
-            safe
-        };
-        if safe > shown {
-            on_text(&text[shown..safe]);
-            shown = safe;
-        }
-        stats.text = text;
         if stats.generated.len() < req.max_tokens && cache.len() < capacity {
             logits = model.forward(&[next], &mut cache)?;
         }
     }
-    if stats.text.len() > shown && !stats.text.ends_with('\u{FFFD}') {
-        on_text(&stats.text[shown..]);
+    let rest = text.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
     }
+    stats.text = text.text().to_string();
     stats.decode_s = t1.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// New text of one step of a [`TextStream`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TextPiece {
+    /// Text that can be shown now.
+    pub text: String,
+    /// A stop string appeared: the stream ends before it.
+    pub stopped: bool,
+}
+
+/// Turns the growing decoded text of a generation into pieces safe to show: whole UTF-8
+/// characters only (a character split across tokens decodes to U+FFFD until complete),
+/// never text that might still turn into a stop string, and nothing from the first stop
+/// string on.
+#[derive(Clone, Debug)]
+pub struct TextStream {
+    stop: Vec<String>,
+    /// Bytes that may be the start of a stop string: held back.
+    hold: usize,
+    text: String,
+    shown: usize,
+    stopped: bool,
+}
+
+impl TextStream {
+    pub fn new(stop: &[String]) -> Self {
+        TextStream {
+            stop: stop.to_vec(),
+            hold: stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1),
+            text: String::new(),
+            shown: 0,
+            stopped: false,
+        }
+    }
+
+    /// Takes the whole decoded text so far; returns what became showable.
+    pub fn push(&mut self, text: &str) -> TextPiece {
+        if self.stopped {
+            return TextPiece::default();
+        }
+        if let Some(at) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+            let piece = text.get(self.shown..at).unwrap_or_default().to_string();
+            self.text = text[..at].to_string();
+            self.shown = at.max(self.shown);
+            self.stopped = true;
+            return TextPiece {
+                text: piece,
+                stopped: true,
+            };
+        }
+        self.text = text.to_string();
+        let mut safe = text.len().saturating_sub(self.hold);
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if text[..safe].ends_with('\u{FFFD}') || safe <= self.shown {
+            return TextPiece::default();
+        }
+        let piece = text[self.shown..safe].to_string();
+        self.shown = safe;
+        TextPiece {
+            text: piece,
+            stopped: false,
+        }
+    }
+
+    /// At the end of the generation: the held-back rest (unless it ends in a split
+    /// character).
+    pub fn finish(&mut self) -> String {
+        if self.stopped || self.text.len() <= self.shown || self.text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let rest = self.text[self.shown..].to_string();
+        self.shown = self.text.len();
+        rest
+    }
+
+    /// The text so far (cut before a stop string).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
 }

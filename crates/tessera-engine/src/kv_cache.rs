@@ -1,9 +1,12 @@
 //! The KV cache in fixed-size blocks: per layer one pool `[num_blocks, BLOCK, kv_heads, d]`
-//! and, for the sequence, a block table mapping position p to block `table[p / BLOCK]`.
+//! ([`KvStore`]) and, per sequence, a block table mapping position p to block
+//! `table[p / BLOCK]`.
 //!
-//! Decode attends over the blocks in place with the paged decode kernel; prefill gathers
-//! the positions into one contiguous run for the flash kernel (a copy far cheaper than the
-//! prefill's matmuls). Blocks come from a free list, so sequences can share a pool.
+//! The store knows nothing of who owns which block: a single generation owns all of a
+//! [`KvCache`] (its own free list and table), while the batching engine shares one store
+//! between many sequences through its block manager (reference counts, prefix caching).
+//! Attention reads the blocks through the varlen kernel: decode rows in place, prefill
+//! chunks through one contiguous gather for the flash kernel.
 //!
 //! Values are stored as f32 (exact) or f16 ([`KvDtype`]). Past a few hundred positions
 //! decode attention reads more bytes than any weight matrix (2·kv_dim·4 bytes per
@@ -14,10 +17,9 @@ use crate::llama::Config;
 use crate::{Error, Result};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use tessera_core::{Isa, TensorView, TensorViewMut};
-use tessera_kernels::ops::paged_attention::{
-    paged_attention, PagedKvCache, PagedParams, PagedSeqs,
-};
+use tessera_core::{AlignedVec, Element, Isa, TensorView, TensorViewMut};
+use tessera_kernels::ops::paged_attention::PagedKvCache;
+use tessera_kernels::ops::varlen_attention::{varlen_attention, VarlenParams, VarlenSeqs};
 
 /// Positions per block: 16 rows of `kv_heads·d` floats (3 KiB for SmolLM2), enough to
 /// amortise the table lookup while wasting at most 15 positions per sequence.
@@ -44,56 +46,55 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
-/// A storage element: rows convert from and to f32 on the way in and out.
-trait KvElem: Copy {
-    const ZERO: Self;
+impl KvDtype {
+    /// Bytes per stored element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+/// A storage element: rows convert from f32 on the way in.
+trait KvElem: Element {
     fn store(dst: &mut [Self], src: &[f32]);
-    fn load(src: &[Self], dst: &mut [f32]);
 }
 
 impl KvElem for f32 {
-    const ZERO: Self = 0.0;
     fn store(dst: &mut [f32], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
-    fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
 }
 
 impl KvElem for f16 {
-    const ZERO: Self = f16::ZERO;
     fn store(dst: &mut [f16], src: &[f32]) {
         dst.convert_from_f32_slice(src);
     }
-    fn load(src: &[f16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
 }
 
-/// Per layer, a pool of keys and one of values, `per` elements each.
+/// Per layer, a pool of keys and one of values, `per` elements each (zeroed lazily by
+/// the allocator, so an unused part of a large budget costs no memory).
 #[derive(Debug)]
-struct Pool<T> {
-    k: Vec<Vec<T>>,
-    v: Vec<Vec<T>>,
+struct Pool<T: Element> {
+    k: Vec<AlignedVec<T>>,
+    v: Vec<AlignedVec<T>>,
 }
 
 impl<T: KvElem> Pool<T> {
-    fn new(layers: usize, per: usize) -> Self {
-        Pool {
-            k: vec![vec![T::ZERO; per]; layers],
-            v: vec![vec![T::ZERO; per]; layers],
-        }
+    fn new(layers: usize, per: usize) -> Result<Self> {
+        let zeroed = || -> Result<Vec<AlignedVec<T>>> {
+            (0..layers).map(|_| Ok(AlignedVec::zeroed(per)?)).collect()
+        };
+        Ok(Pool {
+            k: zeroed()?,
+            v: zeroed()?,
+        })
     }
     /// Stores one position's K and V rows at element offset `at` of `layer`.
     fn write(&mut self, layer: usize, at: usize, kr: &[f32], vr: &[f32]) {
         T::store(&mut self.k[layer][at..at + kr.len()], kr);
         T::store(&mut self.v[layer][at..at + vr.len()], vr);
-    }
-    /// Widens `k.len()` elements of `layer` from element offset `at` into `k` and `v`.
-    fn read(&self, layer: usize, at: usize, k: &mut [f32], v: &mut [f32]) {
-        T::load(&self.k[layer][at..at + k.len()], k);
-        T::load(&self.v[layer][at..at + v.len()], v);
     }
 }
 
@@ -113,17 +114,151 @@ macro_rules! with_pool {
     };
 }
 
-/// Largest cache the constructor allocates (keys and values, every layer): beyond it a
+/// Largest store the constructor allocates (keys and values, every layer): beyond it a
 /// request is an error instead of an allocation failure.
-const MAX_BYTES: usize = 64 << 30;
+pub const MAX_BYTES: usize = 64 << 30;
 
+/// The blocks of keys and values of every layer, shared by whoever holds block ids.
 #[derive(Debug)]
-pub struct KvCache {
+pub struct KvStore {
     kv_dim: usize,
     kv_heads: usize,
     head_dim: usize,
     pools: Pools,
     num_blocks: usize,
+}
+
+/// One sequence's view for attention: its block table and its cached length once this
+/// step's keys are in.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SeqSlots<'a> {
+    pub table: &'a [u32],
+    pub context: usize,
+    pub queries: usize,
+}
+
+impl KvStore {
+    /// Bytes one block takes over every layer (keys and values).
+    pub fn block_bytes(cfg: &Config, dtype: KvDtype) -> usize {
+        2 * cfg.n_layers * BLOCK * cfg.kv_dim() * dtype.size_bytes()
+    }
+
+    /// A store of `num_blocks` blocks for a model of `cfg`.
+    pub fn new(cfg: &Config, num_blocks: usize, dtype: KvDtype) -> Result<Self> {
+        let per = (num_blocks * BLOCK).checked_mul(cfg.kv_dim());
+        let total = num_blocks.checked_mul(Self::block_bytes(cfg, dtype));
+        let per = per
+            .filter(|_| total.is_some_and(|t| t <= MAX_BYTES))
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "KV cache of {num_blocks} blocks of {BLOCK} positions is too large (over {} GiB)",
+                    MAX_BYTES >> 30
+                ))
+            })?;
+        let too_big = |e: Error| Error::Model(format!("KV cache of {num_blocks} blocks: {e}"));
+        Ok(KvStore {
+            kv_dim: cfg.kv_dim(),
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            pools: match dtype {
+                KvDtype::F32 => Pools::F32(Pool::new(cfg.n_layers, per).map_err(too_big)?),
+                KvDtype::F16 => Pools::F16(Pool::new(cfg.n_layers, per).map_err(too_big)?),
+            },
+            num_blocks,
+        })
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self.pools {
+            Pools::F32(..) => KvDtype::F32,
+            Pools::F16(..) => KvDtype::F16,
+        }
+    }
+
+    /// Checks that `table` has blocks for positions `0..len`, all inside the store.
+    pub(crate) fn check_table(&self, table: &[u32], len: usize) -> Result<()> {
+        let blocks = len.div_ceil(BLOCK);
+        if blocks > table.len() {
+            return Err(Error::Model(format!(
+                "block table of {} blocks for {len} positions",
+                table.len()
+            )));
+        }
+        if let Some(b) = table[..blocks]
+            .iter()
+            .find(|&&b| b as usize >= self.num_blocks)
+        {
+            return Err(Error::Model(format!(
+                "block id {b} ≥ {} blocks",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stores rows of K and V (`[n, kv_dim]`) for positions `pos0..pos0+n` of `layer`,
+    /// through `table` (checked by [`KvStore::check_table`]).
+    pub(crate) fn write(&mut self, layer: usize, table: &[u32], pos0: usize, k: &[f32], v: &[f32]) {
+        let kd = self.kv_dim;
+        for (i, (kr, vr)) in k.chunks_exact(kd).zip(v.chunks_exact(kd)).enumerate() {
+            let pos = pos0 + i;
+            let at = (table[pos / BLOCK] as usize * BLOCK + pos % BLOCK) * kd;
+            with_pool!(&mut self.pools, p => p.write(layer, at, kr, vr));
+        }
+    }
+
+    /// Attention of every sequence's query rows (`q`, `[total, heads, d]`, sequences in
+    /// order) over its cached positions in `layer`, causal.
+    pub(crate) fn attend(
+        &self,
+        layer: usize,
+        seqs: &[SeqSlots<'_>],
+        q: &TensorView<'_, f32>,
+        out: &mut TensorViewMut<'_, f32>,
+        params: VarlenParams,
+    ) -> Result<()> {
+        let max_blocks = seqs.iter().map(|s| s.context.div_ceil(BLOCK)).max().unwrap_or(0);
+        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        for (row, s) in tables.chunks_exact_mut(max_blocks.max(1)).zip(seqs) {
+            let n = s.context.div_ceil(BLOCK);
+            row[..n].copy_from_slice(&s.table[..n]);
+        }
+        let lens: Vec<usize> = seqs.iter().map(|s| s.context).collect();
+        let q_lens: Vec<usize> = seqs.iter().map(|s| s.queries).collect();
+        let vs = VarlenSeqs {
+            block_tables: &tables,
+            max_blocks,
+            context_lens: &lens,
+            q_lens: &q_lens,
+        };
+        let isa = Isa::best();
+        with_pool!(&self.pools, p => {
+            let view = self.view(&p.k[layer], &p.v[layer]);
+            varlen_attention(isa, q, &view, &vs, out, params)?
+        });
+        Ok(())
+    }
+
+    fn view<'a, T>(&self, k: &'a [T], v: &'a [T]) -> PagedKvCache<'a, T> {
+        PagedKvCache {
+            k,
+            v,
+            num_blocks: self.num_blocks,
+            block_size: BLOCK,
+            kv_heads: self.kv_heads,
+            d: self.head_dim,
+        }
+    }
+}
+
+/// The cache of one sequence: a store it owns whole, its free list and block table.
+#[derive(Debug)]
+pub struct KvCache {
+    store: KvStore,
     free: Vec<u32>,
     table: Vec<u32>,
     len: usize,
@@ -139,29 +274,14 @@ impl KvCache {
     /// A cache storing keys and values as `dtype`.
     pub fn with_dtype(cfg: &Config, capacity: usize, dtype: KvDtype) -> Result<Self> {
         let num_blocks = capacity.div_ceil(BLOCK);
-        let elt = match dtype {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        };
-        let per = (num_blocks * BLOCK).checked_mul(cfg.kv_dim());
-        let total = per.and_then(|p| p.checked_mul(2 * elt * cfg.n_layers));
-        let per = per
-            .filter(|_| total.is_some_and(|t| t <= MAX_BYTES))
-            .ok_or_else(|| {
-                Error::Model(format!(
-                    "KV cache of {capacity} positions is too large (over {} GiB)",
-                    MAX_BYTES >> 30
-                ))
-            })?;
+        let store = KvStore::new(cfg, num_blocks, dtype).map_err(|_| {
+            Error::Model(format!(
+                "KV cache of {capacity} positions is too large (over {} GiB)",
+                MAX_BYTES >> 30
+            ))
+        })?;
         Ok(KvCache {
-            kv_dim: cfg.kv_dim(),
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
-            pools: match dtype {
-                KvDtype::F32 => Pools::F32(Pool::new(cfg.n_layers, per)),
-                KvDtype::F16 => Pools::F16(Pool::new(cfg.n_layers, per)),
-            },
-            num_blocks,
+            store,
             free: (0..num_blocks as u32).rev().collect(),
             table: Vec::new(),
             len: 0,
@@ -179,10 +299,7 @@ impl KvCache {
         self.capacity
     }
     pub fn dtype(&self) -> KvDtype {
-        match self.pools {
-            Pools::F32(..) => KvDtype::F32,
-            Pools::F16(..) => KvDtype::F16,
-        }
+        self.store.dtype()
     }
 
     /// Makes room for positions up to `new_len` (an error, changing nothing, when full).
@@ -200,72 +317,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Element offset of position `pos` in a layer's pool.
-    fn slot(&self, pos: usize) -> usize {
-        (self.table[pos / BLOCK] as usize * BLOCK + pos % BLOCK) * self.kv_dim
-    }
-
-    /// Stores rows of K and V (`[n, kv_dim]`) for positions `pos0..pos0+n` of `layer`.
-    pub(crate) fn write(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let kd = self.kv_dim;
-        for (i, (kr, vr)) in k.chunks_exact(kd).zip(v.chunks_exact(kd)).enumerate() {
-            let at = self.slot(pos0 + i);
-            with_pool!(&mut self.pools, p => p.write(layer, at, kr, vr));
-        }
-    }
-
-    /// Copies positions `0..upto` of `layer` into contiguous f32 `[upto, kv_dim]` buffers.
-    pub(crate) fn gather(&self, layer: usize, upto: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
-        let kd = self.kv_dim;
-        k.resize(upto * kd, 0.0);
-        v.resize(upto * kd, 0.0);
-        let mut pos = 0;
-        for &b in &self.table {
-            let n = BLOCK.min(upto - pos.min(upto));
-            if n == 0 {
-                break;
-            }
-            let (src, dst) = (b as usize * BLOCK * kd, pos * kd);
-            let len = n * kd;
-            let (kdst, vdst) = (&mut k[dst..dst + len], &mut v[dst..dst + len]);
-            with_pool!(&self.pools, p => p.read(layer, src, kdst, vdst));
-            pos += n;
-        }
-    }
-
-    /// Decode attention of `q` (`[1, heads, d]`) over the first `context` positions of
-    /// `layer`, read in place from the blocks.
-    pub(crate) fn attend(
-        &self,
-        layer: usize,
-        context: usize,
-        q: &TensorView<'_, f32>,
-        out: &mut TensorViewMut<'_, f32>,
-        params: PagedParams,
-    ) -> Result<()> {
-        let lens = [context];
-        let seqs = PagedSeqs {
-            block_tables: &self.table,
-            max_blocks: self.table.len(),
-            context_lens: &lens,
-        };
-        let isa = Isa::best();
-        with_pool!(&self.pools, p => {
-            let view = self.view(&p.k[layer], &p.v[layer]);
-            paged_attention(isa, q, &view, &seqs, out, params)?
-        });
-        Ok(())
-    }
-
-    fn view<'a, T>(&self, k: &'a [T], v: &'a [T]) -> PagedKvCache<'a, T> {
-        PagedKvCache {
-            k,
-            v,
-            num_blocks: self.num_blocks,
-            block_size: BLOCK,
-            kv_heads: self.kv_heads,
-            d: self.head_dim,
-        }
+    /// The store and the sequence's block table, borrowed together for a forward.
+    pub(crate) fn parts(&mut self) -> (&mut KvStore, &[u32]) {
+        (&mut self.store, &self.table)
     }
 
     pub(crate) fn set_len(&mut self, len: usize) {

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+pub mod block_manager;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
@@ -12,6 +13,7 @@ pub mod llama;
 pub mod profile;
 pub mod pull;
 pub mod rope_scaling;
+pub mod scheduler;
 pub mod score;
 pub mod tokenizer;
 pub mod weights;

@@ -10,22 +10,22 @@
 //!
 //! The residual stream is fused with the next norm (`rms_norm_residual`: one pass adds a
 //! sublayer's output and normalises for the next one). Keys and values are cached,
-//! already rotated, in the paged [`KvCache`]: prefill attends with the flash kernel,
-//! decode with the paged decode kernel.
+//! already rotated, in paged blocks ([`crate::kv_cache`]). The forward pass itself, over
+//! a batch of sequences, is in [`forward`].
+
+mod forward;
+
+pub use forward::{LogitRows, SeqInput};
 
 use crate::gguf::Gguf;
-use crate::kv_cache::{KvCache, KvDtype};
 use crate::linear::{Biased, Linear};
-use crate::profile::{self, OpCost};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
-use tessera_core::{DType, Isa, TensorView, TensorViewMut};
-use tessera_kernels::ops::attention::{attention, AttentionParams};
-use tessera_kernels::ops::paged_attention::PagedParams;
-use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
-use tessera_kernels::ops::rope::{rope, Rope, RopeStyle};
-use tessera_kernels::ops::swiglu::swiglu;
+use forward::linear;
+use tessera_core::DType;
+use tessera_kernels::ops::rms_norm::RmsNorm;
+use tessera_kernels::ops::rope::RopeStyle;
 
 /// Hyper-parameters, from GGUF metadata or an HF config.json.
 #[derive(Clone, Debug, PartialEq)]
@@ -283,27 +283,6 @@ impl Loader<'_> {
     }
 }
 
-/// Scratch activations for a batch of `n` tokens.
-struct Scratch {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    qr: Vec<f32>,
-    k: Vec<f32>,
-    kr: Vec<f32>,
-    v: Vec<f32>,
-    /// Prefill's contiguous copies of the cached keys and values.
-    kc: Vec<f32>,
-    vc: Vec<f32>,
-    att: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    act: Vec<f32>,
-    /// Outputs of a stacked matmul before they split ([`SharedInput`]).
-    stacked: Vec<f32>,
-}
-
 impl Llama {
     /// A GGUF model with its weights in their stored formats.
     pub fn load(g: &Gguf) -> Result<Self> {
@@ -380,241 +359,4 @@ impl Llama {
             .sum()
     }
 
-    /// Runs `tokens` at the cache's next positions and returns the logits of the last one.
-    /// Token ids ≥ vocab and a full cache are errors (the cache is left unchanged).
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-        self.run(tokens, cache, false)
-    }
-
-    /// As [`Llama::forward`], returning the logits after every token (`[n, vocab]`), for
-    /// teacher-forced scoring.
-    pub fn forward_all(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-        self.run(tokens, cache, true)
-    }
-
-    fn run(&self, tokens: &[u32], cache: &mut KvCache, all: bool) -> Result<Vec<f32>> {
-        let c = &self.cfg;
-        let (n, pos0) = (tokens.len(), cache.len());
-        if n == 0 {
-            return Err(Error::Model("forward needs at least one token".into()));
-        }
-        if let Some(t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(Error::Model(format!(
-                "token id {t} ≥ vocabulary size {}",
-                c.vocab
-            )));
-        }
-        cache.reserve(pos0 + n)?;
-        profile::set_decode(n == 1);
-        let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
-        let z = |len: usize| vec![0f32; n * len];
-        let mut s = Scratch {
-            x: z(d),
-            h: z(d),
-            q: z(d),
-            qr: z(d),
-            k: z(kv),
-            kr: z(kv),
-            v: z(kv),
-            kc: Vec::new(),
-            vc: Vec::new(),
-            att: z(d),
-            proj: z(d),
-            gate: z(f),
-            up: z(f),
-            act: z(f),
-            stacked: Vec::new(),
-        };
-        let embed_cost = || cost(format!("{n}x{d}"), 0, n * d * 8);
-        profile::record("embed", embed_cost, || -> Result<()> {
-            for (i, &t) in tokens.iter().enumerate() {
-                self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
-            }
-            Ok(())
-        })?;
-        let positions: Vec<usize> = (pos0..pos0 + n).collect();
-        let rope = |heads| {
-            Rope::with_frequencies(
-                c.rope_style,
-                &positions,
-                heads,
-                c.head_dim,
-                &self.rope_freqs,
-            )
-        };
-        let (rope_q, rope_k) = (rope(c.heads)?, rope(c.kv_heads)?);
-        for (l, layer) in self.layers.iter().enumerate() {
-            // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
-            if l == 0 {
-                norm(&s.x, &layer.attn_norm, &mut s.h, n)?;
-            } else {
-                norm_residual(&s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
-            }
-            layer.qkv.forward(
-                (["attn_q", "attn_k", "attn_v"], "attn_qkv"),
-                &s.h,
-                [&mut s.q, &mut s.k, &mut s.v],
-                &mut s.stacked,
-                n,
-            )?;
-            rotate(&s.q, &rope_q, &mut s.qr, [n, c.heads, c.head_dim])?;
-            rotate(&s.k, &rope_k, &mut s.kr, [n, c.kv_heads, c.head_dim])?;
-            let kv_bytes = || cost(format!("{n}x{kv}"), 0, 16 * n * kv);
-            profile::record("kv_write", kv_bytes, || cache.write(l, pos0, &s.kr, &s.v));
-            self.attend(l, cache, &mut s, pos0, n)?;
-            linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
-            norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
-            layer.gate_up.forward(
-                (["ffn_gate", "ffn_up"], "ffn_gate_up"),
-                &s.h,
-                [&mut s.gate, &mut s.up],
-                &mut s.stacked,
-                n,
-            )?;
-            let act_cost = || cost(format!("{n}x{f}"), 6 * n * f, 12 * n * f);
-            profile::record("swiglu", act_cost, || -> Result<()> {
-                Ok(swiglu(
-                    Isa::best(),
-                    &view(&s.gate, &[n, f])?,
-                    &view(&s.up, &[n, f])?,
-                    &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
-                )?)
-            })?;
-            linear("ffn_down", &*layer.down, &s.act, &mut s.proj, n)?;
-        }
-        // Final residual add and norm: every row, or the last token's only.
-        let rows = if all { 0..n } else { n - 1..n };
-        let m = rows.len();
-        let mut h = vec![0f32; m * d];
-        norm_residual(
-            &s.proj[rows.start * d..],
-            &mut s.x[rows.start * d..],
-            &self.norm,
-            &mut h,
-        )?;
-        let head = self.output.as_deref().unwrap_or(&*self.embed);
-        let mut logits = vec![0f32; m * c.vocab];
-        linear("lm_head", head, &h, &mut logits, m)?;
-        cache.set_len(pos0 + n);
-        Ok(logits)
-    }
-
-    /// Attention of the `n` new queries over the cache: the paged kernel reading blocks
-    /// in place for one token (decode), the flash kernel over a gathered copy otherwise.
-    fn attend(
-        &self,
-        layer: usize,
-        cache: &KvCache,
-        s: &mut Scratch,
-        pos0: usize,
-        n: usize,
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let (seen, hd) = (pos0 + n, c.head_dim);
-        let scale = 1.0 / (hd as f32).sqrt();
-        // Each query reads keys and values of its visible positions once.
-        let visible = n * pos0 + n * (n + 1) / 2;
-        let kv_elt = match cache.dtype() {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        };
-        let att_cost = || {
-            let bytes = 2 * kv_elt * seen * c.kv_dim() + 8 * n * c.dim;
-            cost(
-                format!("{n}q x {seen}kv"),
-                4 * c.heads * hd * visible,
-                bytes,
-            )
-        };
-        let qv = view(&s.qr, &[n, c.heads, hd])?;
-        let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, hd])?;
-        if n == 1 {
-            let params = PagedParams {
-                scale,
-                chunk: 0,
-                threads: tessera_kernels::pool::global().threads(),
-            };
-            return profile::record("attention_decode", att_cost, || {
-                cache.attend(layer, seen, &qv, &mut out, params)
-            });
-        }
-        profile::record("attention_prefill", att_cost, || {
-            cache.gather(layer, seen, &mut s.kc, &mut s.vc);
-            let params = AttentionParams {
-                causal: true,
-                scale,
-                window: None,
-            };
-            Ok(attention(
-                &qv,
-                &view(&s.kc, &[seen, c.kv_heads, hd])?,
-                &view(&s.vc, &[seen, c.kv_heads, hd])?,
-                &mut out,
-                params,
-            )?)
-        })
-    }
-}
-
-fn cost(shape: String, flops: usize, bytes: usize) -> OpCost {
-    OpCost {
-        shape,
-        flops: flops as f64,
-        bytes: bytes as f64,
-    }
-}
-
-/// `y [n, out] = x [n, in]·Wᵀ`, recorded as `op`.
-fn linear(op: &'static str, l: &dyn Linear, x: &[f32], y: &mut [f32], n: usize) -> Result<()> {
-    let (i, o) = (l.in_features(), l.out_features());
-    let c = || {
-        let bytes = l.weight_bytes() + 4 * n * (i + o);
-        cost(format!("{n}x{o}x{i} {}", l.dtype()), 2 * n * o * i, bytes)
-    };
-    profile::record(op, c, || {
-        l.forward(
-            &view(&x[..n * i], &[n, i])?,
-            &mut TensorViewMut::contiguous(&mut y[..n * o], &[n, o])?,
-        )
-    })
-}
-
-fn norm(x: &[f32], w: &RmsNorm, h: &mut [f32], n: usize) -> Result<()> {
-    let d = w.gamma.len();
-    let c = || cost(format!("{n}x{d}"), 4 * n * d, 8 * n * d);
-    profile::record("rms_norm", c, || {
-        Ok(rms_norm(
-            Isa::best(),
-            &view(x, &[n, d])?,
-            w,
-            &mut TensorViewMut::contiguous(h, &[n, d])?,
-        )?)
-    })
-}
-
-/// `x += r; h = norm(x)` in one pass.
-fn norm_residual(r: &[f32], x: &mut [f32], w: &RmsNorm, h: &mut [f32]) -> Result<()> {
-    let len = h.len();
-    let c = || cost(format!("{len}"), 5 * len, 16 * len);
-    profile::record("rms_norm_residual", c, || {
-        Ok(rms_norm_residual(Isa::best(), r, x, w, h)?)
-    })
-}
-
-fn rotate(x: &[f32], table: &Rope, out: &mut [f32], dims: [usize; 3]) -> Result<()> {
-    let len = x.len();
-    let c = || cost(format!("{dims:?}"), 3 * len, 8 * len);
-    profile::record("rope", c, || {
-        Ok(rope(
-            Isa::best(),
-            &view(x, &dims)?,
-            table,
-            &mut TensorViewMut::contiguous(out, &dims)?,
-        )?)
-    })
-}
-
-/// A contiguous view (shape errors become engine errors).
-fn view<'a>(b: &'a [f32], dims: &[usize]) -> Result<TensorView<'a, f32>> {
-    Ok(TensorView::contiguous(b, dims)?)
 }

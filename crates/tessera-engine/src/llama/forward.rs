@@ -1,0 +1,377 @@
+//! The forward pass over a batch of sequences: one call runs a continuous-batching step.
+//!
+//! The tokens of every sequence in the step (one per decoding sequence, a chunk per
+//! prefilling one) are stacked into one `[M, dim]` activation, so every projection is one
+//! matmul over M rows: the weights are read once per step, not once per sequence, which
+//! is where batching's throughput comes from. Only attention is per sequence: each
+//! sequence's rows go, with its block table, into one varlen attention call (decode rows
+//! read their blocks in place, prefill chunks attend to their cached prefix plus
+//! themselves). RoPE takes each row's own position. The LM head runs only on the rows
+//! whose logits are wanted (a prompt chunk that does not end its prompt needs none: at
+//! 49k × 576 the head is the largest matmul of a small model).
+//!
+//! A single generation is the same call with one sequence ([`Llama::forward`]).
+
+use super::{Llama, Result};
+use crate::kv_cache::{KvCache, KvStore, SeqSlots};
+use crate::linear::Linear;
+use crate::profile::{self, OpCost};
+use crate::Error;
+use tessera_core::{Isa, TensorView, TensorViewMut};
+use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
+use tessera_kernels::ops::rope::{rope, Rope};
+use tessera_kernels::ops::swiglu::swiglu;
+use tessera_kernels::ops::varlen_attention::VarlenParams;
+
+/// Which logits a sequence of a step wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prompt chunk before the prompt's end).
+    None,
+    /// After its last token (decode, and the chunk that ends a prompt).
+    Last,
+    /// After every token (teacher-forced scoring).
+    All,
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    /// The new tokens, at positions `pos0..pos0 + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Positions already cached (the first new token's position).
+    pub pos0: usize,
+    /// Block table covering every position up to `pos0 + tokens.len()`.
+    pub table: &'a [u32],
+    pub logits: LogitRows,
+}
+
+/// Scratch activations for a batch of `n` tokens.
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    qr: Vec<f32>,
+    k: Vec<f32>,
+    kr: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+    /// Outputs of a stacked matmul before they split ([`super::SharedInput`]).
+    stacked: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(n: usize, (d, kv, f): (usize, usize, usize)) -> Self {
+        let z = |len: usize| vec![0f32; n * len];
+        Scratch {
+            x: z(d),
+            h: z(d),
+            q: z(d),
+            qr: z(d),
+            k: z(kv),
+            kr: z(kv),
+            v: z(kv),
+            att: z(d),
+            proj: z(d),
+            gate: z(f),
+            up: z(f),
+            act: z(f),
+            stacked: Vec::new(),
+        }
+    }
+}
+
+impl Llama {
+    /// Runs `tokens` at the cache's next positions and returns the logits of the last one.
+    /// Token ids ≥ vocab and a full cache are errors (the cache is left unchanged).
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.forward_one(tokens, cache, LogitRows::Last)
+    }
+
+    /// As [`Llama::forward`], returning the logits after every token (`[n, vocab]`), for
+    /// teacher-forced scoring.
+    pub fn forward_all(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.forward_one(tokens, cache, LogitRows::All)
+    }
+
+    fn forward_one(&self, tokens: &[u32], cache: &mut KvCache, logits: LogitRows) -> Result<Vec<f32>> {
+        let pos0 = cache.len();
+        if tokens.is_empty() {
+            return Err(Error::Model("forward needs at least one token".into()));
+        }
+        self.check_tokens(tokens)?;
+        cache.reserve(pos0 + tokens.len())?;
+        let (store, table) = cache.parts();
+        let seq = SeqInput {
+            tokens,
+            pos0,
+            table,
+            logits,
+        };
+        let out = self.forward_batch(store, &[seq])?;
+        cache.set_len(pos0 + tokens.len());
+        Ok(out)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            Some(t) => Err(Error::Model(format!(
+                "token id {t} ≥ vocabulary size {}",
+                self.cfg.vocab
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// One step over many sequences ([module docs](self)): writes every sequence's new
+    /// keys and values into `store` through its block table and returns the wanted
+    /// logits, `[rows, vocab]`, sequences in order. Bad token ids, empty sequences and
+    /// block tables that do not cover their positions are errors before anything runs.
+    pub fn forward_batch(&self, store: &mut KvStore, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        if seqs.is_empty() {
+            return Err(Error::Model("a step needs at least one sequence".into()));
+        }
+        for s in seqs {
+            if s.tokens.is_empty() {
+                return Err(Error::Model("a sequence in a step has no tokens".into()));
+            }
+            self.check_tokens(s.tokens)?;
+            let end = s.pos0 + s.tokens.len();
+            if end > c.context {
+                return Err(Error::Model(format!(
+                    "{end} positions exceed the model's {}-token context",
+                    c.context
+                )));
+            }
+            store.check_table(s.table, end)?;
+        }
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        profile::set_decode(seqs.iter().all(|s| s.tokens.len() == 1));
+        let (d, kv, f) = (c.dim, c.kv_dim(), c.ffn_dim);
+        let mut s = Scratch::new(n, (d, kv, f));
+        let embed_cost = || cost(format!("{n}x{d}"), 0, n * d * 8);
+        profile::record("embed", embed_cost, || -> Result<()> {
+            let tokens = seqs.iter().flat_map(|q| q.tokens);
+            for (i, &t) in tokens.enumerate() {
+                self.embed.row(t as usize, &mut s.x[i * d..(i + 1) * d])?;
+            }
+            Ok(())
+        })?;
+        let positions: Vec<usize> = seqs
+            .iter()
+            .flat_map(|q| q.pos0..q.pos0 + q.tokens.len())
+            .collect();
+        let rope = |heads| {
+            Rope::with_frequencies(
+                c.rope_style,
+                &positions,
+                heads,
+                c.head_dim,
+                &self.rope_freqs,
+            )
+        };
+        let (rope_q, rope_k) = (rope(c.heads)?, rope(c.kv_heads)?);
+        for (l, layer) in self.layers.iter().enumerate() {
+            // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
+            if l == 0 {
+                norm(&s.x, &layer.attn_norm, &mut s.h, n)?;
+            } else {
+                norm_residual(&s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
+            }
+            layer.qkv.forward(
+                (["attn_q", "attn_k", "attn_v"], "attn_qkv"),
+                &s.h,
+                [&mut s.q, &mut s.k, &mut s.v],
+                &mut s.stacked,
+                n,
+            )?;
+            rotate(&s.q, &rope_q, &mut s.qr, [n, c.heads, c.head_dim])?;
+            rotate(&s.k, &rope_k, &mut s.kr, [n, c.kv_heads, c.head_dim])?;
+            let kv_bytes = || cost(format!("{n}x{kv}"), 0, 16 * n * kv);
+            profile::record("kv_write", kv_bytes, || {
+                let mut at = 0;
+                for q in seqs {
+                    let rows = at * kv..(at + q.tokens.len()) * kv;
+                    store.write(l, q.table, q.pos0, &s.kr[rows.clone()], &s.v[rows]);
+                    at += q.tokens.len();
+                }
+            });
+            self.attend(l, store, seqs, &mut s, n)?;
+            linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
+            norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
+            layer.gate_up.forward(
+                (["ffn_gate", "ffn_up"], "ffn_gate_up"),
+                &s.h,
+                [&mut s.gate, &mut s.up],
+                &mut s.stacked,
+                n,
+            )?;
+            let act_cost = || cost(format!("{n}x{f}"), 6 * n * f, 12 * n * f);
+            profile::record("swiglu", act_cost, || -> Result<()> {
+                Ok(swiglu(
+                    Isa::best(),
+                    &view(&s.gate, &[n, f])?,
+                    &view(&s.up, &[n, f])?,
+                    &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
+                )?)
+            })?;
+            linear("ffn_down", &*layer.down, &s.act, &mut s.proj, n)?;
+        }
+        self.head(seqs, &mut s)
+    }
+
+    /// The final residual add, norm and LM head over the rows whose logits are wanted.
+    fn head(&self, seqs: &[SeqInput<'_>], s: &mut Scratch) -> Result<Vec<f32>> {
+        let (d, vocab) = (self.cfg.dim, self.cfg.vocab);
+        let mut rows = Vec::new();
+        let mut at = 0;
+        for q in seqs {
+            let n = q.tokens.len();
+            match q.logits {
+                LogitRows::None => {}
+                LogitRows::Last => rows.push(at + n - 1),
+                LogitRows::All => rows.extend(at..at + n),
+            }
+            at += n;
+        }
+        let m = rows.len();
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        // Gather the wanted rows (contiguous in the common cases: one sequence, all rows).
+        let (mut proj, mut x) = (vec![0f32; m * d], vec![0f32; m * d]);
+        for (i, &r) in rows.iter().enumerate() {
+            proj[i * d..(i + 1) * d].copy_from_slice(&s.proj[r * d..(r + 1) * d]);
+            x[i * d..(i + 1) * d].copy_from_slice(&s.x[r * d..(r + 1) * d]);
+        }
+        let mut h = vec![0f32; m * d];
+        norm_residual(&proj, &mut x, &self.norm, &mut h)?;
+        let head = self.output.as_deref().unwrap_or(&*self.embed);
+        let mut logits = vec![0f32; m * vocab];
+        linear("lm_head", head, &h, &mut logits, m)?;
+        Ok(logits)
+    }
+
+    /// Attention of the step's rows over each sequence's cache (one varlen call).
+    fn attend(
+        &self,
+        layer: usize,
+        store: &KvStore,
+        seqs: &[SeqInput<'_>],
+        s: &mut Scratch,
+        n: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        let slots: Vec<SeqSlots<'_>> = seqs
+            .iter()
+            .map(|q| SeqSlots {
+                table: q.table,
+                context: q.pos0 + q.tokens.len(),
+                queries: q.tokens.len(),
+            })
+            .collect();
+        let att_cost = || {
+            // Each query reads keys and values of its visible positions once.
+            let (mut visible, mut seen) = (0, 0);
+            for q in &slots {
+                let (m, pos0) = (q.queries, q.context - q.queries);
+                visible += m * pos0 + m * (m + 1) / 2;
+                seen += q.context;
+            }
+            let bytes = 2 * store.dtype().size_bytes() * seen * c.kv_dim() + 8 * n * c.dim;
+            let decode = slots.iter().all(|q| q.queries == 1);
+            let shape = format!("{n}q x {seen}kv");
+            (decode, cost(shape, 4 * c.heads * hd * visible, bytes))
+        };
+        let decode = att_cost().0;
+        let qv = view(&s.qr, &[n, c.heads, hd])?;
+        let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, hd])?;
+        let params = VarlenParams {
+            scale: 1.0 / (hd as f32).sqrt(),
+            threads: tessera_kernels::pool::global().threads(),
+        };
+        let op = if decode {
+            "attention_decode"
+        } else {
+            "attention_prefill"
+        };
+        profile::record(op, || att_cost().1, || {
+            store.attend(layer, &slots, &qv, &mut out, params)
+        })
+    }
+}
+
+fn cost(shape: String, flops: usize, bytes: usize) -> OpCost {
+    OpCost {
+        shape,
+        flops: flops as f64,
+        bytes: bytes as f64,
+    }
+}
+
+/// `y [n, out] = x [n, in]·Wᵀ`, recorded as `op`.
+pub(super) fn linear(
+    op: &'static str,
+    l: &dyn Linear,
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+) -> Result<()> {
+    let (i, o) = (l.in_features(), l.out_features());
+    let c = || {
+        let bytes = l.weight_bytes() + 4 * n * (i + o);
+        cost(format!("{n}x{o}x{i} {}", l.dtype()), 2 * n * o * i, bytes)
+    };
+    profile::record(op, c, || {
+        l.forward(
+            &view(&x[..n * i], &[n, i])?,
+            &mut TensorViewMut::contiguous(&mut y[..n * o], &[n, o])?,
+        )
+    })
+}
+
+fn norm(x: &[f32], w: &RmsNorm, h: &mut [f32], n: usize) -> Result<()> {
+    let d = w.gamma.len();
+    let c = || cost(format!("{n}x{d}"), 4 * n * d, 8 * n * d);
+    profile::record("rms_norm", c, || {
+        Ok(rms_norm(
+            Isa::best(),
+            &view(x, &[n, d])?,
+            w,
+            &mut TensorViewMut::contiguous(h, &[n, d])?,
+        )?)
+    })
+}
+
+/// `x += r; h = norm(x)` in one pass.
+fn norm_residual(r: &[f32], x: &mut [f32], w: &RmsNorm, h: &mut [f32]) -> Result<()> {
+    let len = h.len();
+    let c = || cost(format!("{len}"), 5 * len, 16 * len);
+    profile::record("rms_norm_residual", c, || {
+        Ok(rms_norm_residual(Isa::best(), r, x, w, h)?)
+    })
+}
+
+fn rotate(x: &[f32], table: &Rope, out: &mut [f32], dims: [usize; 3]) -> Result<()> {
+    let len = x.len();
+    let c = || cost(format!("{dims:?}"), 3 * len, 8 * len);
+    profile::record("rope", c, || {
+        Ok(rope(
+            Isa::best(),
+            &view(x, &dims)?,
+            table,
+            &mut TensorViewMut::contiguous(out, &dims)?,
+        )?)
+    })
+}
+
+/// A contiguous view (shape errors become engine errors).
+fn view<'a>(b: &'a [f32], dims: &[usize]) -> Result<TensorView<'a, f32>> {
+    Ok(TensorView::contiguous(b, dims)?)
+}

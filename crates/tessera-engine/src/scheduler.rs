@@ -1,0 +1,672 @@
+//! Continuous batching: many sequences share every forward pass.
+//!
+//! A [`Scheduler`] holds a waiting queue and a running set. Each [`Scheduler::step`]
+//! builds one batch under a token budget (`max_batch_tokens`) and a sequence limit
+//! (`max_seqs`): first one token for every decoding sequence (oldest first), then prompt
+//! chunks for sequences still prefilling, then new sequences admitted from the queue.
+//! Long prompts are thereby split into chunks that share steps with running decodes
+//! (chunked prefill), so one long prompt delays each stream by a chunk, not by a
+//! prompt. Sequences join and leave between steps; a finished or cancelled sequence
+//! frees its blocks at once.
+//!
+//! KV memory is a fixed pool of blocks ([`BlockManager`] over a [`KvStore`]). When a
+//! decoding sequence needs a block and none is left, the newest running sequence is
+//! preempted: its blocks are released (its full ones stay in the prefix cache) and it
+//! goes back to the queue with its prompt and generated tokens, to be recomputed later
+//! (mostly from the prefix cache) and continue exactly where it stopped. A request whose
+//! whole context cannot fit the pool is refused when added, so the oldest sequence can
+//! always run and every accepted request completes.
+//!
+//! Each sequence samples with its own RNG, seeded by its request, so its output does not
+//! depend on which other sequences share its steps.
+
+use crate::block_manager::{BlockManager, BlockStats};
+use crate::generate::{sample, Sampling, TextStream};
+use crate::kv_cache::{KvDtype, KvStore, BLOCK};
+use crate::llama::{Llama, LogitRows, SeqInput};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+use rand::SeedableRng;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Limits of a scheduler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+    /// Most tokens in one step (decode tokens plus prompt chunks).
+    pub max_batch_tokens: usize,
+    /// KV blocks of [`BLOCK`] positions in the pool.
+    pub kv_blocks: usize,
+    pub kv_dtype: KvDtype,
+    pub prefix_caching: bool,
+}
+
+/// Fraction of physical memory the KV pool takes when no budget is given.
+pub const DEFAULT_KV_FRACTION: f64 = 0.25;
+
+impl SchedulerConfig {
+    /// Limits with a KV pool of `kv_bytes` (whole blocks; at least one).
+    pub fn with_memory(
+        model: &crate::llama::Config,
+        max_seqs: usize,
+        max_batch_tokens: usize,
+        kv_bytes: u64,
+        kv_dtype: KvDtype,
+    ) -> Self {
+        let per = KvStore::block_bytes(model, kv_dtype) as u64;
+        SchedulerConfig {
+            max_seqs,
+            max_batch_tokens,
+            kv_blocks: (kv_bytes / per.max(1)).min(usize::MAX as u64) as usize,
+            kv_dtype,
+            prefix_caching: true,
+        }
+    }
+
+    /// The default KV budget: [`DEFAULT_KV_FRACTION`] of physical memory, but no more
+    /// than `max_seqs` full contexts need.
+    pub fn default_kv_bytes(model: &crate::llama::Config, max_seqs: usize, dtype: KvDtype) -> u64 {
+        let per_seq = model.context.div_ceil(BLOCK) as u64 * KvStore::block_bytes(model, dtype) as u64;
+        let ram = physical_memory().unwrap_or(8 << 30);
+        ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_seqs == 0 || self.max_seqs > 1 << 16 {
+            return Err(Error::Model(format!(
+                "max-seqs {} must be in 1..=65536",
+                self.max_seqs
+            )));
+        }
+        if self.max_batch_tokens == 0 || self.max_batch_tokens > 1 << 20 {
+            return Err(Error::Model(format!(
+                "max-batch-tokens {} must be in 1..=1048576",
+                self.max_batch_tokens
+            )));
+        }
+        if self.kv_blocks == 0 {
+            return Err(Error::Model(format!(
+                "the KV budget holds no block of {BLOCK} positions"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Physical memory in bytes (Linux `/proc/meminfo`), if known.
+pub fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// One generation request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// At least 1; the model's context also ends a generation.
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Generation ends before the first occurrence of any of these.
+    pub stop: Vec<String>,
+    /// Keep going through end-of-turn tokens (benchmarks that need exact lengths).
+    pub ignore_eos: bool,
+    /// Report each token's log-probability with this many alternatives (None: no
+    /// log-probabilities).
+    pub logprobs: Option<usize>,
+}
+
+/// Handle of a request inside a scheduler.
+pub type SeqId = u64;
+
+/// A token's log-probability under the model (log-softmax of its logits, before
+/// temperature and penalties), with the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// (token, log-probability), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-turn token.
+    StopToken,
+    /// One of the request's stop strings.
+    StopString,
+    /// `max_tokens`, or the model's context.
+    Length,
+    Cancelled,
+}
+
+/// Tokens of a finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What a step produced for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it made showable (possibly empty).
+    Token {
+        id: SeqId,
+        token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The request is done; its blocks are already free.
+    Finished {
+        id: SeqId,
+        reason: FinishReason,
+        /// Showable text held back until the end (it might have begun a stop string):
+        /// a stream appends it to the pieces of its `Token` events.
+        tail: String,
+        /// The whole generated text (cut before a stop string).
+        text: String,
+        usage: Usage,
+    },
+    /// The request failed (the model produced NaN); its blocks are free.
+    Failed { id: SeqId, error: String },
+}
+
+/// Counters for reports and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub waiting: usize,
+    pub running: usize,
+    pub blocks: BlockStats,
+    pub steps: u64,
+    /// Tokens run through the model: prompt (chunks) and decode.
+    pub prompt_tokens_computed: u64,
+    pub decode_tokens: u64,
+    pub preemptions: u64,
+}
+
+#[derive(Debug)]
+struct Seq {
+    id: SeqId,
+    req: GenRequest,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    /// Positions whose keys and values are in the cache.
+    computed: usize,
+    table: Vec<u32>,
+    /// Keys of the leading full blocks of `table` (registered in the prefix cache).
+    hashes: Vec<u64>,
+    rng: rand::rngs::StdRng,
+    text: TextStream,
+    /// Prompt positions the prefix cache gave at first admission (None before it).
+    cached_tokens: Option<usize>,
+    /// Positions the sequence may reach: prompt + max_tokens, at most the context.
+    limit: usize,
+}
+
+impl Seq {
+    fn generated(&self) -> &[u32] {
+        &self.tokens[self.req.prompt.len()..]
+    }
+}
+
+/// The continuous-batching scheduler ([module docs](self)).
+#[derive(Debug)]
+pub struct Scheduler {
+    model: Arc<Llama>,
+    tok: Arc<Tokenizer>,
+    cfg: SchedulerConfig,
+    store: KvStore,
+    blocks: BlockManager,
+    /// Ordered by id (arrival): preempted sequences go back in their place.
+    waiting: VecDeque<Seq>,
+    /// Ordered by id.
+    running: Vec<Seq>,
+    next_id: SeqId,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(model: Arc<Llama>, tok: Arc<Tokenizer>, cfg: SchedulerConfig) -> Result<Self> {
+        cfg.validate()?;
+        let store = KvStore::new(&model.cfg, cfg.kv_blocks, cfg.kv_dtype)?;
+        Ok(Scheduler {
+            blocks: BlockManager::new(cfg.kv_blocks, cfg.prefix_caching),
+            store,
+            model,
+            tok,
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &Arc<Llama> {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// Checks a request as [`Scheduler::add`] would, without queueing it.
+    pub fn check(&self, req: &GenRequest) -> Result<()> {
+        let c = &self.model.cfg;
+        req.sampling.validate()?;
+        if req.prompt.is_empty() {
+            return Err(Error::Model("empty prompt".into()));
+        }
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} ≥ vocabulary size {}",
+                c.vocab
+            )));
+        }
+        if req.max_tokens == 0 {
+            return Err(Error::Model("max_tokens must be at least 1".into()));
+        }
+        if req.stop.iter().any(|s| s.is_empty()) {
+            return Err(Error::Model("empty stop string".into()));
+        }
+        if req.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(Error::Model(format!(
+                "top_logprobs {} > {MAX_TOP_LOGPROBS}",
+                req.logprobs.unwrap_or(0)
+            )));
+        }
+        if req.prompt.len() >= c.context {
+            return Err(Error::Model(format!(
+                "prompt of {} tokens does not fit the model's {}-token context",
+                req.prompt.len(),
+                c.context
+            )));
+        }
+        let need = limit(req, c.context).div_ceil(BLOCK);
+        if need > self.cfg.kv_blocks {
+            return Err(Error::Model(format!(
+                "a request of {} prompt + {} new tokens needs {need} KV blocks of {BLOCK} \
+                 positions; the pool has {} (raise the KV memory or lower max_tokens)",
+                req.prompt.len(),
+                req.max_tokens,
+                self.cfg.kv_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues a request; bad requests are errors and queue nothing.
+    pub fn add(&mut self, req: GenRequest) -> Result<SeqId> {
+        self.check(&req)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Seq {
+            id,
+            tokens: req.prompt.clone(),
+            computed: 0,
+            table: Vec::new(),
+            hashes: Vec::new(),
+            rng: rand::rngs::StdRng::seed_from_u64(req.sampling.seed),
+            text: TextStream::new(&req.stop),
+            cached_tokens: None,
+            limit: limit(&req, self.model.cfg.context),
+            req,
+        });
+        Ok(id)
+    }
+
+    /// Stops a request: its blocks are freed now. Returns its final event, or None for an
+    /// unknown (or already finished) id.
+    pub fn cancel(&mut self, id: SeqId) -> Option<Event> {
+        let seq = if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i)?
+        } else {
+            let i = self.running.iter().position(|s| s.id == id)?;
+            self.running.remove(i)
+        };
+        Some(self.finish(seq, FinishReason::Cancelled))
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            blocks: self.blocks.stats(),
+            ..self.stats
+        }
+    }
+
+    /// Runs one batch: schedules, runs the model once, samples. Returns the events of
+    /// every request it touched (empty when there is nothing to do).
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        let plan = self.schedule();
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stats.steps += 1;
+        let inputs: Vec<SeqInput<'_>> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                SeqInput {
+                    tokens: &s.tokens[s.computed..s.computed + n],
+                    pos0: s.computed,
+                    table: &s.table,
+                    logits: match s.computed + n == s.tokens.len() {
+                        true => LogitRows::Last,
+                        false => LogitRows::None,
+                    },
+                }
+            })
+            .collect();
+        let result = self.model.forward_batch(&mut self.store, &inputs);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing the scheduler built should fail; if it does, every request of
+                // the step gets the error (none is lost), and the rest go on.
+                let ids: Vec<SeqId> = plan.iter().map(|&(i, _)| self.running[i].id).collect();
+                let mut events = Vec::new();
+                for id in ids {
+                    if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                        let seq = self.running.remove(i);
+                        self.release(&seq);
+                        events.push(Event::Failed {
+                            id,
+                            error: e.to_string(),
+                        });
+                    }
+                }
+                return Ok(events);
+            }
+        };
+        let vocab = self.model.cfg.vocab;
+        let mut events = Vec::new();
+        // (id, why it ended; None: failed, its event already out).
+        let mut done: Vec<(SeqId, Option<FinishReason>)> = Vec::new();
+        let mut row = 0;
+        for &(i, n) in &plan {
+            let s = &mut self.running[i];
+            let decode = n == 1 && s.computed + 1 == s.tokens.len() && !s.generated().is_empty();
+            s.computed += n;
+            match decode {
+                true => self.stats.decode_tokens += 1,
+                false => self.stats.prompt_tokens_computed += n as u64,
+            }
+            register_full_blocks(&mut self.blocks, s);
+            if s.computed < s.tokens.len() {
+                continue; // a prompt chunk: no logits
+            }
+            let l = &logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            match next_token(&self.tok, s, l) {
+                Ok((ev, end)) => {
+                    events.extend(ev);
+                    if let Some(reason) = end {
+                        done.push((s.id, Some(reason)));
+                    }
+                }
+                Err(e) => {
+                    events.push(Event::Failed {
+                        id: s.id,
+                        error: e.to_string(),
+                    });
+                    done.push((s.id, None));
+                }
+            }
+        }
+        for (id, reason) in done {
+            let i = self.running.iter().position(|s| s.id == id).expect("running");
+            let seq = self.running.remove(i);
+            match reason {
+                Some(reason) => events.push(self.finish(seq, reason)),
+                None => self.release(&seq),
+            }
+        }
+        Ok(events)
+    }
+
+    fn release(&mut self, seq: &Seq) {
+        self.blocks.release(&seq.table);
+    }
+
+    /// Frees a sequence's blocks and makes its final event.
+    fn finish(&mut self, mut seq: Seq, reason: FinishReason) -> Event {
+        self.release(&seq);
+        let tail = match reason {
+            FinishReason::StopToken | FinishReason::Length => seq.text.finish(),
+            FinishReason::StopString | FinishReason::Cancelled => String::new(),
+        };
+        Event::Finished {
+            id: seq.id,
+            reason,
+            tail,
+            text: seq.text.text().to_string(),
+            usage: Usage {
+                prompt_tokens: seq.req.prompt.len(),
+                completion_tokens: seq.generated().len(),
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
+            },
+        }
+    }
+
+    /// The step's batch: (index into `running`, tokens to run), within the limits.
+    fn schedule(&mut self) -> Vec<(usize, usize)> {
+        loop {
+            let plan = self.try_schedule();
+            if !plan.is_empty() || self.running.is_empty() {
+                return plan;
+            }
+            // Every running sequence is stuck on blocks held by the others: give the
+            // newest one's back (the oldest can always run alone, see `check`).
+            self.preempt_newest(None);
+        }
+    }
+
+    fn try_schedule(&mut self) -> Vec<(usize, usize)> {
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut plan: Vec<(SeqId, usize)> = Vec::new();
+        // 1. One token for each decoding sequence, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let s = &self.running[i];
+            if s.tokens.len() - s.computed != 1 {
+                i += 1;
+                continue;
+            }
+            let id = s.id;
+            if self.grow(i, s.computed + 1) {
+                plan.push((id, 1));
+                budget -= 1;
+                i += 1;
+                continue;
+            }
+            // No block left: the newest sequence not yet planned gives its blocks back.
+            if !self.preempt_newest(Some(&plan)) {
+                break;
+            }
+            // `i` still points at this sequence unless it was the one preempted.
+        }
+        // 2. Prompt chunks of running sequences, then 3. new sequences, oldest first.
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
+            let pending = s.tokens.len() - s.computed;
+            if budget == 0 || pending <= 1 || plan.iter().any(|p| p.0 == s.id) {
+                continue;
+            }
+            let chunk = self.fit_chunk(i, pending.min(budget));
+            if chunk > 0 {
+                plan.push((self.running[i].id, chunk));
+                budget -= chunk;
+            }
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            // The prefix cache may cover all but the last token (whose logits we need).
+            let (blocks, hashes) = self
+                .blocks
+                .acquire_prefix(&seq.tokens, seq.tokens.len() - 1);
+            seq.computed = blocks.len() * BLOCK;
+            seq.table = blocks;
+            seq.hashes = hashes;
+            // Running stays in arrival order (a preempted sequence goes back in place).
+            let i = self.running.partition_point(|r| r.id < seq.id);
+            self.running.insert(i, seq);
+            let pending = self.running[i].tokens.len() - self.running[i].computed;
+            let chunk = self.fit_chunk(i, pending.min(budget));
+            if chunk == 0 {
+                // Not even one block: back to the head of the queue, blocks returned.
+                let mut seq = self.running.remove(i);
+                self.blocks.release(&seq.table);
+                seq.table.clear();
+                seq.hashes.clear();
+                seq.computed = 0;
+                self.waiting.push_front(seq);
+                break;
+            }
+            let s = &mut self.running[i];
+            s.cached_tokens.get_or_insert(s.computed);
+            plan.push((s.id, chunk));
+            budget -= chunk;
+        }
+        plan.iter()
+            .map(|&(id, n)| {
+                let i = self.running.iter().position(|s| s.id == id).expect("planned");
+                (i, n)
+            })
+            .collect()
+    }
+
+    /// Gives running sequence `i` blocks for `len` positions; false when not available.
+    fn grow(&mut self, i: usize, len: usize) -> bool {
+        let s = &mut self.running[i];
+        let need = len.div_ceil(BLOCK).saturating_sub(s.table.len());
+        if need == 0 {
+            return true;
+        }
+        match self.blocks.allocate(need) {
+            Some(b) => {
+                s.table.extend(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The largest chunk ≤ `want` whose blocks running sequence `i` can get (allocated).
+    fn fit_chunk(&mut self, i: usize, want: usize) -> usize {
+        let s = &self.running[i];
+        let have = s.table.len() * BLOCK - s.computed;
+        let room = have + self.blocks.available() * BLOCK;
+        let chunk = want.min(room);
+        let computed = s.computed;
+        if chunk > 0 && !self.grow(i, computed + chunk) {
+            return 0;
+        }
+        chunk
+    }
+
+    /// Preempts the newest running sequence not in `planned` (any, for None): its
+    /// blocks are released and it waits, in arrival order, to be recomputed. False when
+    /// there is none to preempt.
+    fn preempt_newest(&mut self, planned: Option<&[(SeqId, usize)]>) -> bool {
+        let Some(i) = (0..self.running.len())
+            .rev()
+            .find(|&i| planned.is_none_or(|p| !p.iter().any(|q| q.0 == self.running[i].id)))
+        else {
+            return false;
+        };
+        let mut seq = self.running.remove(i);
+        self.blocks.release(&seq.table);
+        seq.table.clear();
+        seq.hashes.clear();
+        seq.computed = 0;
+        self.stats.preemptions += 1;
+        let at = self.waiting.partition_point(|w| w.id < seq.id);
+        self.waiting.insert(at, seq);
+        true
+    }
+}
+
+/// Positions a request may reach.
+fn limit(req: &GenRequest, context: usize) -> usize {
+    req.prompt.len().saturating_add(req.max_tokens).min(context)
+}
+
+/// Keys every full block of `s` not keyed yet, so later prompts can share it.
+fn register_full_blocks(blocks: &mut BlockManager, s: &mut Seq) {
+    while s.hashes.len() < s.computed / BLOCK {
+        let b = s.hashes.len();
+        let parent = s.hashes.last().copied().unwrap_or(0);
+        let h = blocks.register(s.table[b], parent, &s.tokens[b * BLOCK..(b + 1) * BLOCK]);
+        s.hashes.push(h);
+    }
+}
+
+/// Samples the next token of `s` from its logits: the events, and the finish reason if
+/// the sequence ends here.
+fn next_token(
+    tok: &Tokenizer,
+    s: &mut Seq,
+    logits: &[f32],
+) -> Result<(Vec<Event>, Option<FinishReason>)> {
+    let next = sample(logits, &s.tokens, &s.req.sampling, &mut s.rng)?;
+    if !s.req.ignore_eos && tok.stop.contains(&next) {
+        return Ok((Vec::new(), Some(FinishReason::StopToken)));
+    }
+    let logprob = s.req.logprobs.map(|k| logprobs(logits, next, k));
+    s.tokens.push(next);
+    let piece = s.text.push(&tok.decode(s.generated())?);
+    let ev = Event::Token {
+        id: s.id,
+        token: next,
+        text: piece.text,
+        logprob,
+    };
+    let end = if piece.stopped {
+        Some(FinishReason::StopString)
+    } else if s.tokens.len() >= s.limit {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    Ok((vec![ev], end))
+}
+
+/// `token`'s log-softmax and the `k` most likely tokens', computed in f64.
+fn logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprob {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let lp = |t: usize| (logits[t] as f64 - lse) as f32;
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let k = k.min(idx.len());
+    if k > 0 {
+        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+    }
+    let mut top: Vec<(u32, f32)> = idx[..k].iter().map(|&t| (t as u32, lp(t))).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    TokenLogprob {
+        logprob: lp(token as usize),
+        top,
+    }
+}
