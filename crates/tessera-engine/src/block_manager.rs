@@ -120,7 +120,9 @@ impl BlockManager {
             let Some(&b) = self.by_hash.get(&hash) else {
                 break;
             };
-            let m = self.meta[b as usize].as_ref().expect("hashed blocks have meta");
+            let m = self.meta[b as usize]
+                .as_ref()
+                .expect("hashed blocks have meta");
             if m.parent != parent || m.tokens[..] != *chunk {
                 break; // a collision: not the same prefix
             }
@@ -152,7 +154,9 @@ impl BlockManager {
                 Some(b) => b,
                 None => {
                     let (_, b) = self.lru.pop_first().expect("counted in available()");
-                    let m = self.meta[b as usize].take().expect("cached blocks have meta");
+                    let m = self.meta[b as usize]
+                        .take()
+                        .expect("cached blocks have meta");
                     self.by_hash.remove(&m.hash);
                     self.stats.evictions += 1;
                     b

@@ -265,7 +265,12 @@ impl TextStream {
     pub fn new(stop: &[String]) -> Self {
         TextStream {
             stop: stop.to_vec(),
-            hold: stop.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1),
+            hold: stop
+                .iter()
+                .map(|s| s.len())
+                .max()
+                .unwrap_or(1)
+                .saturating_sub(1),
             text: String::new(),
             shown: 0,
             stopped: false,

@@ -221,7 +221,11 @@ impl KvStore {
         out: &mut TensorViewMut<'_, f32>,
         params: VarlenParams,
     ) -> Result<()> {
-        let max_blocks = seqs.iter().map(|s| s.context.div_ceil(BLOCK)).max().unwrap_or(0);
+        let max_blocks = seqs
+            .iter()
+            .map(|s| s.context.div_ceil(BLOCK))
+            .max()
+            .unwrap_or(0);
         let mut tables = vec![0u32; seqs.len() * max_blocks];
         for (row, s) in tables.chunks_exact_mut(max_blocks.max(1)).zip(seqs) {
             let n = s.context.div_ceil(BLOCK);

@@ -358,5 +358,4 @@ impl Llama {
             .map(|l| l.qkv.is_stacked() as usize + l.gate_up.is_stacked() as usize)
             .sum()
     }
-
 }

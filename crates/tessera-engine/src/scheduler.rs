@@ -71,7 +71,8 @@ impl SchedulerConfig {
     /// The default KV budget: [`DEFAULT_KV_FRACTION`] of physical memory, but no more
     /// than `max_seqs` full contexts need.
     pub fn default_kv_bytes(model: &crate::llama::Config, max_seqs: usize, dtype: KvDtype) -> u64 {
-        let per_seq = model.context.div_ceil(BLOCK) as u64 * KvStore::block_bytes(model, dtype) as u64;
+        let per_seq =
+            model.context.div_ceil(BLOCK) as u64 * KvStore::block_bytes(model, dtype) as u64;
         let ram = physical_memory().unwrap_or(8 << 30);
         ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
     }
@@ -434,7 +435,11 @@ impl Scheduler {
             }
         }
         for (id, reason) in done {
-            let i = self.running.iter().position(|s| s.id == id).expect("running");
+            let i = self
+                .running
+                .iter()
+                .position(|s| s.id == id)
+                .expect("running");
             let seq = self.running.remove(i);
             match reason {
                 Some(reason) => events.push(self.finish(seq, reason)),
@@ -551,7 +556,11 @@ impl Scheduler {
         }
         plan.iter()
             .map(|&(id, n)| {
-                let i = self.running.iter().position(|s| s.id == id).expect("planned");
+                let i = self
+                    .running
+                    .iter()
+                    .position(|s| s.id == id)
+                    .expect("planned");
                 (i, n)
             })
             .collect()
@@ -656,7 +665,12 @@ fn next_token(
 /// `token`'s log-softmax and the `k` most likely tokens', computed in f64.
 fn logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprob {
     let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
     let lp = |t: usize| (logits[t] as f64 - lse) as f32;
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let k = k.min(idx.len());

@@ -98,7 +98,12 @@ impl Llama {
         self.forward_one(tokens, cache, LogitRows::All)
     }
 
-    fn forward_one(&self, tokens: &[u32], cache: &mut KvCache, logits: LogitRows) -> Result<Vec<f32>> {
+    fn forward_one(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        logits: LogitRows,
+    ) -> Result<Vec<f32>> {
         let pos0 = cache.len();
         if tokens.is_empty() {
             return Err(Error::Model("forward needs at least one token".into()));
@@ -301,9 +306,11 @@ impl Llama {
         } else {
             "attention_prefill"
         };
-        profile::record(op, || att_cost().1, || {
-            store.attend(layer, &slots, &qv, &mut out, params)
-        })
+        profile::record(
+            op,
+            || att_cost().1,
+            || store.attend(layer, &slots, &qv, &mut out, params),
+        )
     }
 }
 
