@@ -2,6 +2,7 @@
 //! quantization error.
 
 mod bench_cmd;
+mod bench_serve_cmd;
 mod profile_cmd;
 mod progress;
 mod quant_cmd;
@@ -37,6 +38,9 @@ enum Command {
     Score(run_cmd::ScoreArgs),
     /// Prefill and decode tokens/s on a model (median of several runs).
     BenchModel(run_cmd::BenchModelArgs),
+    /// Offline serving benchmark through the continuous-batching scheduler: aggregate
+    /// tokens/s, time to first token and inter-token latency percentiles.
+    BenchServe(bench_serve_cmd::BenchServeArgs),
     /// Run a benchmark suite and save it as a baseline, or compare it with one
     /// (normalised by same-run calibration; exit 1 on a significant slowdown).
     Regress(regress_cmd::RegressArgs),
@@ -79,6 +83,7 @@ fn main() -> Result<()> {
         Command::Pull(args) => run_cmd::pull(args),
         Command::Score(args) => run_cmd::score(args),
         Command::BenchModel(args) => run_cmd::bench_model(args),
+        Command::BenchServe(args) => bench_serve_cmd::run(args),
         Command::Verify { ops, seed } => run_verify(&ops, seed),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Regress(args) => regress_cmd::run(args),

@@ -13,7 +13,7 @@ use tessera_engine::tokenizer::Tokenizer;
 use tessera_engine::weights::{parse_quantize, LoadOptions};
 
 /// Which model to load, and how.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// A GGUF file or a Hugging Face checkpoint directory (config.json, *.safetensors,
     /// tokenizer.json); default: the default model, pulled on first use.
@@ -148,7 +148,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
 }
 
 /// Opens a model (the default one, pulled on first use, when no path is given).
-fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
+pub(crate) fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
     let path = match a.model {
         Some(p) => p,
         None => pull::pull(&pull::DEFAULT_MODEL, log).context("pulling the default model")?,

@@ -54,7 +54,8 @@ pub struct QuantLinear<B> {
 enum Stored<B> {
     /// As loaded: f32-activation kernels.
     Blocks(QuantMatrix<B>),
-    /// Repacked for 8-bit activations on decode-size matmuls (≤ 16 rows, `SMALL_M`); its
+    /// Repacked for 8-bit activations on decode and batch-size matmuls (≤ 64 rows,
+    /// `INT8_BATCH_M`); its
     /// rows are the format's values bit for bit, so prefill (f32 activations through
     /// dequantize + GEMM, except where the integer path is faster: `qmatmul_packed`) and
     /// embedding rows read it too, and the blocks are dropped.

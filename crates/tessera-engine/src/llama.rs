@@ -344,7 +344,7 @@ impl Llama {
         })
     }
 
-    /// Whether matmuls of up to [`tessera_kernels::ops::qmatmul::SMALL_M`] rows run with
+    /// Whether matmuls of up to [`tessera_kernels::ops::qmatmul::INT8_BATCH_M`] rows run with
     /// 8-bit activations ([`LoadOptions::int8_activations`]).
     pub fn int8_activations(&self) -> bool {
         self.int8_activations

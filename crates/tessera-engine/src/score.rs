@@ -23,7 +23,7 @@ pub struct Scored {
 }
 
 /// Scores `tokens[1..]` given their prefixes: one prefill over the whole text, or, for a
-/// model with 8-bit activations, windows of `SMALL_M` tokens, so that every matmul takes
+/// model with 8-bit activations, windows of `INT8_BATCH_M` tokens, so that every matmul takes
 /// the integer path it takes when generating (a long prefill uses it only where it is
 /// the faster prefill: interleaved 4-bit weights on AVX2).
 pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
@@ -40,7 +40,7 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
     let mut cache = KvCache::new(&model.cfg, tokens.len())?;
     let n = tokens.len() - 1;
     let window = if model.int8_activations() {
-        tessera_kernels::ops::qmatmul::SMALL_M
+        tessera_kernels::ops::qmatmul::INT8_BATCH_M
     } else {
         n
     };

@@ -1,0 +1,409 @@
+//! `tessera bench-serve`: an offline throughput benchmark through the continuous-batching
+//! scheduler. Requests of synthetic text keep `--concurrency` in flight (closed loop: a
+//! finished request is replaced at once); every step is timed, so the report gives the
+//! aggregate rates, time to first token and inter-token latency percentiles, and the
+//! rates of the steps that were pure prefill or pure decode (what llama.cpp's
+//! `llama-batched-bench` calls S_PP and S_TG).
+
+use crate::progress;
+use crate::run_cmd::{load, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tessera_engine::generate::Sampling;
+use tessera_engine::kv_cache::{KvDtype, KvStore};
+use tessera_engine::llama::Config;
+use tessera_engine::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig, SeqId};
+use tessera_engine::tokenizer::Tokenizer;
+
+/// The scheduler's limits, shared by every command that batches.
+#[derive(Args, Debug, Clone)]
+pub struct BatchArgs {
+    /// Most sequences running at once (default: --concurrency for bench-serve, 16 else).
+    #[arg(long)]
+    pub max_seqs: Option<usize>,
+    /// Most tokens per step (decode tokens plus prompt chunks): smaller keeps
+    /// inter-token latency flat while long prompts arrive, larger prefills faster.
+    #[arg(long, default_value_t = 256)]
+    pub max_batch_tokens: usize,
+    /// KV cache pool size, e.g. 2GiB or 512M (default: a quarter of RAM, at most what
+    /// max-seqs full contexts need).
+    #[arg(long)]
+    pub kv_memory: Option<String>,
+    /// KV cache storage: f16 (half the attention traffic) or f32 (exact).
+    #[arg(long, default_value = "f16")]
+    pub kv_cache: KvDtype,
+    /// Turn automatic prefix caching off.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+}
+
+impl BatchArgs {
+    /// The scheduler configuration for `model`, with the KV pool printed to stderr.
+    pub fn config(&self, model: &Config, default_seqs: usize) -> Result<SchedulerConfig> {
+        let max_seqs = self.max_seqs.unwrap_or(default_seqs);
+        let bytes = match &self.kv_memory {
+            Some(s) => parse_size(s)?,
+            None => SchedulerConfig::default_kv_bytes(model, max_seqs.max(1), self.kv_cache),
+        };
+        let mut c = SchedulerConfig::with_memory(
+            model,
+            max_seqs,
+            self.max_batch_tokens,
+            bytes,
+            self.kv_cache,
+        );
+        c.prefix_caching = !self.no_prefix_cache;
+        let block = KvStore::block_bytes(model, self.kv_cache);
+        if c.kv_blocks == 0 {
+            bail!(
+                "--kv-memory {bytes} bytes holds no KV block ({block} bytes for {} positions)",
+                tessera_engine::kv_cache::BLOCK
+            );
+        }
+        eprintln!(
+            "tessera: KV cache {:.1} MiB ({} blocks of {} positions, {}; {} positions), \
+             max {} sequences, {} tokens per step",
+            (c.kv_blocks * block) as f64 / (1 << 20) as f64,
+            c.kv_blocks,
+            tessera_engine::kv_cache::BLOCK,
+            format!("{:?}", c.kv_dtype).to_lowercase(),
+            c.kv_blocks * tessera_engine::kv_cache::BLOCK,
+            c.max_seqs,
+            c.max_batch_tokens
+        );
+        Ok(c)
+    }
+}
+
+/// Parses `2GiB`, `1.5G`, `512MB`, `4096` (bytes); binary units either way.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("size '{s}': expected a number with an optional unit"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => bail!("size '{s}': unknown unit '{u}' (B, K, M, G, T)"),
+    };
+    let bytes = v * mult as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > (1u64 << 50) as f64 {
+        bail!("size '{s}' is out of range");
+    }
+    Ok(bytes as u64)
+}
+
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// Requests in all.
+    #[arg(long, default_value_t = 64)]
+    requests: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Prompt tokens per request (the shared prefix included).
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens generated per request (end-of-turn tokens ignored).
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Leading prompt tokens every request shares (prefix caching's case).
+    #[arg(long, default_value_t = 0)]
+    shared_prefix: usize,
+    /// One more request with a prompt this long, added once every other running stream
+    /// has its first token; its latencies are reported apart from the streams'.
+    #[arg(long)]
+    long_prompt: Option<usize>,
+    /// Print one JSON object instead of the text report.
+    #[arg(long)]
+    json: bool,
+    /// Record every kernel call: Chrome trace JSON to this file, per-op table to stderr.
+    #[arg(long)]
+    profile: Option<std::path::PathBuf>,
+}
+
+/// Timings of one request.
+#[derive(Debug, Default, Clone)]
+struct Timing {
+    added: f64,
+    tokens: Vec<f64>,
+    long: bool,
+}
+
+/// Synthetic prompts: real text, every request's own after the shared prefix (a number
+/// first, so no two share a block by accident).
+fn prompts(tok: &Tokenizer, a: &BenchServeArgs) -> Result<Vec<Vec<u32>>> {
+    let text = tok.encode(
+        "The quick brown fox jumps over the lazy dog while forty-two kernels run fast. \
+         Rivers flow to the sea, and the sea gives back the rain. ",
+    )?;
+    let shared: Vec<u32> = text.iter().cycle().take(a.shared_prefix).copied().collect();
+    (0..a.requests)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(tok.encode(&format!("Request {i}: "))?);
+            p.extend(text.iter().cycle().skip(i * 7).take(a.prompt_tokens));
+            p.truncate(a.prompt_tokens);
+            Ok(p)
+        })
+        .collect()
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn run(a: BenchServeArgs) -> Result<()> {
+    if a.requests == 0 || a.concurrency == 0 || a.gen_tokens == 0 {
+        bail!("--requests, --concurrency and --gen-tokens must be at least 1");
+    }
+    if a.prompt_tokens <= a.shared_prefix + 4 {
+        bail!(
+            "--prompt-tokens {} must exceed --shared-prefix {} by more than 4",
+            a.prompt_tokens,
+            a.shared_prefix
+        );
+    }
+    let (model, tok) = load(a.model.clone())?;
+    let cfg = a.batch.config(&model.cfg, a.concurrency)?;
+    let (model, tok) = (Arc::new(model), Arc::new(tok));
+    let mut s = Scheduler::new(model.clone(), tok.clone(), cfg)?;
+    let ps = prompts(&tok, &a)?;
+    let req = |prompt: Vec<u32>| GenRequest {
+        prompt,
+        max_tokens: a.gen_tokens,
+        sampling: Sampling::default(),
+        ignore_eos: true,
+        ..GenRequest::default()
+    };
+    for p in &ps {
+        s.check(&req(p.clone()))?;
+    }
+    let long_req = match a.long_prompt {
+        Some(n) => {
+            let text = tok.encode("A long document about many things, ")?;
+            let r = req(text.iter().cycle().take(n).copied().collect());
+            s.check(&r)?;
+            Some(r)
+        }
+        None => None,
+    };
+    tessera_engine::profile::enable(a.profile.is_some());
+    let bar = progress::bar(a.requests as u64, "bench-serve");
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_secs_f64();
+    let mut timings: HashMap<SeqId, Timing> = HashMap::new();
+    let mut next = ps.into_iter();
+    let (mut finished, mut in_flight) = (0, 0);
+    let (mut pre_t, mut pre_n, mut dec_t, mut dec_n) = (0.0, 0u64, 0.0, 0u64);
+    let mut long_pending = long_req;
+    while finished < a.requests {
+        while in_flight < a.concurrency {
+            let Some(p) = next.next() else { break };
+            let id = s.add(req(p))?;
+            timings.insert(
+                id,
+                Timing {
+                    added: now(),
+                    ..Timing::default()
+                },
+            );
+            in_flight += 1;
+        }
+        let streaming = timings
+            .values()
+            .filter(|t| !t.long && !t.tokens.is_empty())
+            .count();
+        if long_pending.is_some() && streaming >= in_flight {
+            let id = s.add(long_pending.take().expect("checked"))?;
+            timings.insert(
+                id,
+                Timing {
+                    added: now(),
+                    long: true,
+                    ..Timing::default()
+                },
+            );
+        }
+        let before = s.stats();
+        let ts = now();
+        let events = s.step()?;
+        let te = now();
+        let after = s.stats();
+        let (dp, dd) = (
+            after.prompt_tokens_computed - before.prompt_tokens_computed,
+            after.decode_tokens - before.decode_tokens,
+        );
+        match (dp, dd) {
+            (0, d) if d > 0 => (dec_t, dec_n) = (dec_t + te - ts, dec_n + d),
+            (p, 0) if p > 0 => (pre_t, pre_n) = (pre_t + te - ts, pre_n + p),
+            _ => {}
+        }
+        for e in events {
+            match e {
+                Event::Token { id, .. } => timings.get_mut(&id).expect("ours").tokens.push(te),
+                Event::Finished { id, .. } => {
+                    if !timings[&id].long {
+                        finished += 1;
+                        in_flight -= 1;
+                        bar.inc(1);
+                    }
+                }
+                Event::Failed { id, error } => bail!("request {id} failed: {error}"),
+            }
+        }
+    }
+    // The long request may still run: finish it for its TTFT.
+    while s.has_work() {
+        let events = s.step()?;
+        let te = now();
+        for e in events {
+            if let Event::Token { id, .. } = e {
+                timings.get_mut(&id).expect("ours").tokens.push(te);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let wall = now();
+    if let Some(path) = &a.profile {
+        tessera_engine::profile::enable(false);
+        crate::profile_cmd::report(&tessera_engine::profile::take(), path)?;
+    }
+    report(&a, &s, &timings, wall, [(pre_t, pre_n), (dec_t, dec_n)])
+}
+
+fn report(
+    a: &BenchServeArgs,
+    s: &Scheduler,
+    timings: &HashMap<SeqId, Timing>,
+    wall: f64,
+    [(pre_t, pre_n), (dec_t, dec_n)]: [(f64, u64); 2],
+) -> Result<()> {
+    let streams: Vec<&Timing> = {
+        let mut v: Vec<(&SeqId, &Timing)> = timings.iter().filter(|t| !t.1.long).collect();
+        v.sort_by_key(|t| t.0);
+        v.into_iter().map(|t| t.1).collect()
+    };
+    let generated: usize = streams.iter().map(|t| t.tokens.len()).sum();
+    let mut ttft: Vec<f64> = streams
+        .iter()
+        .filter_map(|t| t.tokens.first().map(|f| f - t.added))
+        .collect();
+    let first_ttft = ttft.first().copied().unwrap_or(f64::NAN);
+    let rest_ttft = percentile(&mut ttft[1.min(ttft.len())..].to_vec(), 0.5);
+    let mut itl: Vec<f64> = streams
+        .iter()
+        .flat_map(|t| t.tokens.windows(2).map(|w| w[1] - w[0]))
+        .collect();
+    let long_ttft = timings
+        .values()
+        .find(|t| t.long)
+        .and_then(|t| t.tokens.first().map(|f| f - t.added));
+    let st = s.stats();
+    let hit_rate = st.blocks.hit_tokens as f64 / st.blocks.lookup_tokens.max(1) as f64;
+    let host = host_label();
+    let pct = |v: &mut Vec<f64>| [0.5, 0.9, 0.99].map(|p| percentile(v, p) * 1e3);
+    let (t, i) = (pct(&mut ttft), pct(&mut itl));
+    let j = serde_json::json!({
+        "host": host,
+        "requests": a.requests,
+        "concurrency": a.concurrency,
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "shared_prefix": a.shared_prefix,
+        "max_seqs": s.config().max_seqs,
+        "max_batch_tokens": s.config().max_batch_tokens,
+        "kv_blocks": s.config().kv_blocks,
+        "wall_s": wall,
+        "output_tok_s": generated as f64 / wall,
+        "total_tok_s": (generated + a.requests * a.prompt_tokens) as f64 / wall,
+        "prefill_only_tok_s": pre_n as f64 / pre_t.max(1e-12),
+        "decode_only_tok_s": dec_n as f64 / dec_t.max(1e-12),
+        "ttft_ms": {"p50": t[0], "p90": t[1], "p99": t[2], "first": first_ttft * 1e3, "rest_p50": rest_ttft * 1e3},
+        "itl_ms": {"p50": i[0], "p90": i[1], "p99": i[2]},
+        "long_prompt": a.long_prompt,
+        "long_prompt_ttft_ms": long_ttft.map(|v| v * 1e3),
+        "prefix_cache_hit_rate": hit_rate,
+        "preemptions": st.preemptions,
+        "steps": st.steps,
+    });
+    if a.json {
+        println!("{j}");
+        return Ok(());
+    }
+    println!("host: {host}");
+    println!(
+        "{} requests, concurrency {}, {} prompt + {} generated tokens each (shared prefix {})",
+        a.requests, a.concurrency, a.prompt_tokens, a.gen_tokens, a.shared_prefix
+    );
+    println!(
+        "throughput: {:.1} output tok/s, {:.1} total tok/s over {:.2} s ({} steps)",
+        j["output_tok_s"].as_f64().unwrap_or(0.0),
+        j["total_tok_s"].as_f64().unwrap_or(0.0),
+        wall,
+        st.steps
+    );
+    println!(
+        "pure steps: prefill {:.1} tok/s, decode {:.1} tok/s",
+        j["prefill_only_tok_s"].as_f64().unwrap_or(0.0),
+        j["decode_only_tok_s"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "TTFT ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  (first request {:.1}, the rest p50 {:.1})",
+        t[0],
+        t[1],
+        t[2],
+        first_ttft * 1e3,
+        rest_ttft * 1e3
+    );
+    println!("ITL  ms: p50 {:.2}  p90 {:.2}  p99 {:.2}", i[0], i[1], i[2]);
+    if let Some(l) = long_ttft {
+        println!(
+            "long prompt of {} tokens: TTFT {:.1} ms",
+            a.long_prompt.unwrap_or(0),
+            l * 1e3
+        );
+    }
+    println!(
+        "prefix cache: {:.1}% of looked-up prompt tokens hit; {} preemptions",
+        hit_rate * 100.0,
+        st.preemptions
+    );
+    Ok(())
+}
+
+/// CPU model, best ISA and pool threads: the label every figure carries.
+pub fn host_label() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!(
+        "{model}, {}, {} threads",
+        tessera_core::CpuFeatures::get().summary(),
+        tessera_kernels::pool::global().threads()
+    )
+}
