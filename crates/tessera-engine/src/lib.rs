@@ -4,6 +4,7 @@
 use std::path::Path;
 
 pub mod block_manager;
+pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod hf;

@@ -1,0 +1,100 @@
+//! Chat templates: the model's own Jinja template (GGUF `tokenizer.chat_template`, HF
+//! `tokenizer_config.json`), rendered with `minijinja` the way Hugging Face's
+//! `apply_chat_template` renders it: `messages`, `add_generation_prompt`, `bos_token`,
+//! `eos_token`, `raise_exception`, and Python string methods (`.strip()`, `.title()`…)
+//! through minijinja-contrib's compatibility layer, since real templates (Llama 3,
+//! Mistral, Qwen2) call them. A template that fails to compile or render is an error
+//! naming the reason, never a silent fallback.
+
+use crate::{Error, Result};
+use minijinja::{context, Environment, ErrorKind};
+use serde::Serialize;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos`/`eos` are the special tokens' texts it may print.
+    pub fn new(source: &str, bos: &str, eos: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // HF's renderer trims blocks this way (`trim_blocks`, `lstrip_blocks`).
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned("chat", source.to_owned())
+            .map_err(|e| Error::Tokenizer(format!("chat template does not compile: {e}")))?;
+        Ok(ChatTemplate {
+            env,
+            bos: bos.into(),
+            eos: eos.into(),
+        })
+    }
+
+    /// The prompt text for `messages`, ending with the assistant's turn opener when
+    /// `add_generation_prompt`.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        t.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M-Instruct's template, as its GGUF carries it.
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn smollm2_renders_as_hf_does() {
+        let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>").unwrap();
+        let got = t.render(&[Message::new("user", "Hi")], true).unwrap();
+        // The text transformers' apply_chat_template gives for the same message.
+        let want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
+                    Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn broken_templates_are_errors() {
+        assert!(ChatTemplate::new("{% for x in %}", "", "").is_err());
+        let t = ChatTemplate::new("{{ raise_exception('only user roles') }}", "", "").unwrap();
+        let e = t.render(&[Message::new("user", "x")], true).unwrap_err();
+        assert!(e.to_string().contains("only user roles"), "{e}");
+    }
+}
