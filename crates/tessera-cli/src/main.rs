@@ -9,6 +9,7 @@ mod quant_cmd;
 mod regress_cmd;
 mod roofline_cmd;
 mod run_cmd;
+mod serve_cmd;
 mod tune_cmd;
 
 use anyhow::{bail, Result};
@@ -32,6 +33,8 @@ struct Cli {
 enum Command {
     /// Generate text (the default model is pulled on first use).
     Run(run_cmd::RunArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve_cmd::ServeArgs),
     /// Fetch a model into the cache (idempotent; verifies its SHA-256).
     Pull(run_cmd::PullArgs),
     /// Teacher-forced scoring: each next token's log-probability, top-k, perplexity.
@@ -81,6 +84,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run_cmd::run(args),
         Command::Pull(args) => run_cmd::pull(args),
+        Command::Serve(args) => serve_cmd::run(args),
         Command::Score(args) => run_cmd::score(args),
         Command::BenchModel(args) => run_cmd::bench_model(args),
         Command::BenchServe(args) => bench_serve_cmd::run(args),

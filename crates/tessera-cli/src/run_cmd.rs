@@ -18,7 +18,7 @@ pub struct ModelArgs {
     /// A GGUF file or a Hugging Face checkpoint directory (config.json, *.safetensors,
     /// tokenizer.json); default: the default model, pulled on first use.
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Re-encode float weights at load: q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k,
     /// q5_k, q6_k, int4_g32, int4_g64, int4_g128, i8 (per-channel INT8), f8e4m3 or
     /// f8e5m2 (FP8, per-channel scales). A matrix whose rows are not whole blocks takes

@@ -17,7 +17,7 @@ use crate::llama::Config;
 use crate::{Error, Result};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use tessera_core::{AlignedVec, Element, Isa, TensorView, TensorViewMut};
+use tessera_core::{Element, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::paged_attention::PagedKvCache;
 use tessera_kernels::ops::varlen_attention::{varlen_attention, VarlenParams, VarlenSeqs};
 
@@ -59,11 +59,17 @@ impl KvDtype {
 /// A storage element: rows convert from f32 on the way in.
 trait KvElem: Element {
     fn store(dst: &mut [Self], src: &[f32]);
+    /// `n` zeros from the allocator's zeroed pages (`calloc`): a large pool costs memory
+    /// only where blocks are written, so a generous budget is free until used.
+    fn zeroed(n: usize) -> Vec<Self>;
 }
 
 impl KvElem for f32 {
     fn store(dst: &mut [f32], src: &[f32]) {
         dst.copy_from_slice(src);
+    }
+    fn zeroed(n: usize) -> Vec<f32> {
+        vec![0.0; n] // the standard library allocates zeroed floats with alloc_zeroed
     }
 }
 
@@ -71,24 +77,30 @@ impl KvElem for f16 {
     fn store(dst: &mut [f16], src: &[f32]) {
         dst.convert_from_f32_slice(src);
     }
+    fn zeroed(n: usize) -> Vec<f16> {
+        let mut bits = std::mem::ManuallyDrop::new(vec![0u16; n]);
+        let (ptr, len, cap) = (bits.as_mut_ptr(), bits.len(), bits.capacity());
+        // SAFETY: f16 is a repr(transparent) u16 (same size and alignment), so the
+        // allocation is valid as `cap` f16s and every bit pattern (here 0 = +0.0) is an
+        // f16; ManuallyDrop hands ownership over without a double free.
+        unsafe { Vec::from_raw_parts(ptr.cast::<f16>(), len, cap) }
+    }
 }
 
 /// Per layer, a pool of keys and one of values, `per` elements each (zeroed lazily by
-/// the allocator, so an unused part of a large budget costs no memory).
+/// the allocator, [`KvElem::zeroed`]).
 #[derive(Debug)]
 struct Pool<T: Element> {
-    k: Vec<AlignedVec<T>>,
-    v: Vec<AlignedVec<T>>,
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
 }
 
 impl<T: KvElem> Pool<T> {
     fn new(layers: usize, per: usize) -> Result<Self> {
-        let zeroed = || -> Result<Vec<AlignedVec<T>>> {
-            (0..layers).map(|_| Ok(AlignedVec::zeroed(per)?)).collect()
-        };
+        let zeroed = || -> Vec<Vec<T>> { (0..layers).map(|_| T::zeroed(per)).collect() };
         Ok(Pool {
-            k: zeroed()?,
-            v: zeroed()?,
+            k: zeroed(),
+            v: zeroed(),
         })
     }
     /// Stores one position's K and V rows at element offset `at` of `layer`.

@@ -198,6 +198,28 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of a rendered chat prompt: as [`Tokenizer::encode`], but no BOS is added
+    /// when the text already starts with it (templates print `bos_token` themselves, and
+    /// HF tokenizes their output without adding special tokens).
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>> {
+        let bos_text = self.bos.and_then(|b| self.token_text(b));
+        let mut ids = self.encode(text)?;
+        if self.add_bos && bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b)) {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
+    /// A token's own text as the vocabulary spells it (special tokens included).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The text one token adds when decoded on its own (special tokens as their text).
+    pub fn piece(&self, id: u32) -> String {
+        self.inner.decode(&[id], false).unwrap_or_default()
+    }
+
     /// Text of `ids` (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(tok_err)

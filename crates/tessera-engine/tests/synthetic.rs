@@ -274,7 +274,9 @@ fn int8_activations_match_float64_reference() {
         let exact = reference_logits(&g, &tokens);
         let rounded_head = reference_logits_with(&g, &tokens[..prefill], RefActs::Int8Blocks);
         let mut cache = KvCache::new(&model.cfg, 128).expect("cache");
-        let got = model.forward(&tokens[..prefill], &mut cache).expect("prefill");
+        let got = model
+            .forward(&tokens[..prefill], &mut cache)
+            .expect("prefill");
         let e = rel(&got, &rounded_head[prefill - 1]);
         if f32_prefill {
             assert!(e < INT8_HEAD_TOL, "{label}: prefill head {e}");

@@ -22,6 +22,7 @@ verify_ops! {
     gemm => "gemm",
     attention => "attention",
     paged_attention => "paged_attention",
+    varlen_attention => "varlen_attention",
     softmax => "softmax",
     layer_norm => "layer_norm",
     rms_norm => "rms_norm",

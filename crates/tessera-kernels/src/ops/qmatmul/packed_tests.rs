@@ -187,9 +187,10 @@ fn f16_metadata_matches_f32_metadata() {
 /// range.
 #[test]
 fn packed_rows_are_the_formats_values() {
-    use crate::ops::qmatmul::{qmatmul, qmatmul_int8, qmatmul_packed};
+    use crate::ops::qmatmul::{engine_int8_isa, qmatmul, qmatmul_int8, qmatmul_packed};
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let (rows, cols, m) = (9, 512, 20);
+    // A prefill: more rows than the integer path's batch sizes.
+    let (rows, cols, m) = (9, 512, super::super::INT8_BATCH_M + 16);
     let data: Vec<f32> = (0..rows * cols)
         .map(|i| rng.random_range(-1.0f32..1.0) * if i % 61 == 0 { 30.0 } else { 1.0 })
         .collect();
@@ -216,7 +217,9 @@ fn packed_rows_are_the_formats_values() {
             }
             let y = apply(&x, (m, cols, rows), |x, y| qmatmul_packed(isa, 2, &p, x, y));
             if super::super::int8_prefill_pays(isa, &p) {
-                let y_int8 = apply(&x, (m, cols, rows), |x, y| qmatmul_int8(isa, 2, &p, x, y));
+                let y_int8 = apply(&x, (m, cols, rows), |x, y| {
+                    qmatmul_int8(engine_int8_isa(isa), 2, &p, x, y)
+                });
                 assert_eq!(y, y_int8, "{at}: prefill over packed rows, integer path");
                 int8_prefills += 1;
             } else {

@@ -1,0 +1,341 @@
+//! OpenAI's request fields, checked into engine requests, and its error shape.
+//!
+//! Requests are parsed from `serde_json::Value` field by field, so that a wrong type or
+//! an out-of-range value gets a message naming the field (`"max_tokens must be an
+//! integer ≥ 1"`), as OpenAI's own API answers, instead of a serde position. Unknown
+//! fields are ignored, as vLLM and llama.cpp's server do.
+
+use axum::http::StatusCode;
+use serde_json::{json, Map, Value};
+use tessera_engine::chat::Message;
+use tessera_engine::generate::Sampling;
+use tessera_engine::scheduler::MAX_TOP_LOGPROBS;
+
+/// Most choices one request may ask for.
+pub const MAX_N: usize = 16;
+
+/// An OpenAI-style error: status, message, type, and the offending parameter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: (!param.is_empty()).then(|| param.to_string()),
+            code: None,
+        }
+    }
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The sampling and output fields both endpoints share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Common {
+    pub max_tokens: Option<usize>,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub n: usize,
+    /// Alternatives per token when log-probabilities are asked for.
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+}
+
+/// A parsed JSON body: an object, or a 400.
+pub fn object(body: &[u8]) -> ApiResult<Map<String, Value>> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("", format!("the body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::invalid("", "the body must be a JSON object")),
+    }
+}
+
+fn present<'a>(m: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
+    m.get(k).filter(|v| !v.is_null())
+}
+
+fn uint(m: &Map<String, Value>, k: &str, lo: u64, hi: u64) -> ApiResult<Option<u64>> {
+    match present(m, k) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            _ => Err(ApiError::invalid(
+                k,
+                format!("{k} must be an integer in {lo}..={hi}, got {v}"),
+            )),
+        },
+    }
+}
+
+fn float(m: &Map<String, Value>, k: &str, lo: f64, hi: f64, default: f64) -> ApiResult<f64> {
+    match present(m, k) {
+        None => Ok(default),
+        Some(v) => match v.as_f64() {
+            Some(x) if x >= lo && x <= hi => Ok(x),
+            _ => Err(ApiError::invalid(
+                k,
+                format!("{k} must be a number in [{lo}, {hi}], got {v}"),
+            )),
+        },
+    }
+}
+
+fn boolean(m: &Map<String, Value>, k: &str) -> ApiResult<bool> {
+    match present(m, k) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::invalid(
+            k,
+            format!("{k} must be a boolean, got {v}"),
+        )),
+    }
+}
+
+/// The served model's name must be asked for (404 otherwise, as OpenAI answers).
+pub fn check_model(m: &Map<String, Value>, served: &str) -> ApiResult<()> {
+    match present(m, "model") {
+        Some(Value::String(s)) if s == served => Ok(()),
+        Some(Value::String(s)) => Err(ApiError {
+            code: Some("model_not_found"),
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model '{s}' does not exist; this server serves '{served}'"),
+            )
+        }),
+        Some(v) => Err(ApiError::invalid(
+            "model",
+            format!("model must be a string, got {v}"),
+        )),
+        None => Err(ApiError::invalid("model", "model is required")),
+    }
+}
+
+/// The fields shared by chat and completions. `chat` selects the chat spelling of the
+/// log-probability fields (`logprobs: bool` + `top_logprobs`) over the completions one
+/// (`logprobs: int`).
+pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
+    let max_tokens = match uint(m, "max_completion_tokens", 1, u32::MAX as u64)? {
+        Some(v) => Some(v),
+        None => uint(m, "max_tokens", 1, u32::MAX as u64)?,
+    };
+    let temperature = float(m, "temperature", 0.0, 2.0, 1.0)?;
+    let top_p = float(m, "top_p", 0.0, 1.0, 1.0)?;
+    if top_p == 0.0 {
+        return Err(ApiError::invalid("top_p", "top_p must be > 0"));
+    }
+    let stop = match present(m, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::invalid("stop", "stop must be a string or a list of strings")
+            })?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("stop must be a string or a list of strings, got {v}"),
+            ))
+        }
+    };
+    if stop.len() > 4 || stop.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid(
+            "stop",
+            "stop takes up to 4 non-empty strings",
+        ));
+    }
+    let n = uint(m, "n", 1, MAX_N as u64)?.unwrap_or(1) as usize;
+    let logprobs = if chat {
+        let top = uint(m, "top_logprobs", 0, MAX_TOP_LOGPROBS as u64)?;
+        match (boolean(m, "logprobs")?, top) {
+            (true, t) => Some(t.unwrap_or(0) as usize),
+            (false, Some(_)) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ))
+            }
+            (false, None) => None,
+        }
+    } else {
+        uint(m, "logprobs", 0, 5)?.map(|v| v as usize)
+    };
+    let include_usage = match present(m, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => boolean(o, "include_usage")?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("stream_options must be an object, got {v}"),
+            ))
+        }
+    };
+    for k in ["frequency_penalty", "presence_penalty"] {
+        if float(m, k, -2.0, 2.0, 0.0)? != 0.0 {
+            return Err(ApiError::invalid(
+                k,
+                format!("{k} is not supported (use repetition_penalty)"),
+            ));
+        }
+    }
+    if let Some(rf) = present(m, "response_format") {
+        let kind = rf.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind != "text" {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!("response_format type '{kind}' is not supported by this server yet (only 'text')"),
+            ));
+        }
+    }
+    let sampling = Sampling {
+        temperature: temperature as f32,
+        top_k: uint(m, "top_k", 0, 1 << 20)?.unwrap_or(0) as usize,
+        top_p: top_p as f32,
+        min_p: float(m, "min_p", 0.0, 1.0, 0.0)? as f32,
+        repetition_penalty: float(m, "repetition_penalty", 0.01, 10.0, 1.0)? as f32,
+        seed: uint(m, "seed", 0, u64::MAX)?.unwrap_or(0),
+        ..Sampling::default()
+    };
+    Ok(Common {
+        max_tokens: max_tokens.map(|v| v as usize),
+        sampling,
+        stop,
+        n,
+        logprobs,
+        stream: boolean(m, "stream")?,
+        include_usage,
+        ignore_eos: boolean(m, "ignore_eos")?,
+    })
+}
+
+/// `messages` as chat messages (string content, or a list of text parts).
+pub fn messages(m: &Map<String, Value>) -> ApiResult<Vec<Message>> {
+    let list = match present(m, "messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid("messages", "messages must not be empty"))
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("messages must be a list, got {v}"),
+            ))
+        }
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, msg)| {
+            let p = format!("messages[{i}]");
+            let role = msg
+                .get("role")
+                .and_then(Value::as_str)
+                .filter(|r| ["system", "user", "assistant", "developer", "tool"].contains(r))
+                .ok_or_else(|| ApiError::invalid(&p, format!("{p}.role must be system, user, assistant, developer or tool")))?;
+            let content = match msg.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|part| match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => Ok(t.to_string()),
+                        _ => Err(ApiError::invalid(&p, format!("{p}.content parts must be {{\"type\": \"text\", \"text\": ...}}"))),
+                    })
+                    .collect::<ApiResult<Vec<_>>>()?
+                    .join(""),
+                Some(Value::Null) | None if role == "assistant" => String::new(),
+                _ => return Err(ApiError::invalid(&p, format!("{p}.content must be a string or a list of text parts"))),
+            };
+            // "developer" is OpenAI's newer name for the system role.
+            let role = if role == "developer" { "system" } else { role };
+            Ok(Message::new(role, &content))
+        })
+        .collect()
+}
+
+/// A completions `prompt`: text, a list of texts, token ids, or a list of token-id lists.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+pub fn prompts(m: &Map<String, Value>) -> ApiResult<Vec<Prompt>> {
+    let bad = || {
+        ApiError::invalid("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+    };
+    let ids = |a: &[Value]| -> ApiResult<Vec<u32>> {
+        a.iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&x| x <= u32::MAX as u64)
+                    .map(|x| x as u32)
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)
+    };
+    let out = match present(m, "prompt") {
+        None => return Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid("prompt", "prompt must not be empty"))
+        }
+        Some(Value::Array(a)) => match &a[0] {
+            Value::String(_) => a
+                .iter()
+                .map(|v| v.as_str().map(|s| Prompt::Text(s.into())).ok_or_else(bad))
+                .collect::<ApiResult<_>>()?,
+            Value::Number(_) => vec![Prompt::Tokens(ids(a)?)],
+            Value::Array(_) => a
+                .iter()
+                .map(|v| {
+                    v.as_array()
+                        .ok_or_else(bad)
+                        .and_then(|l| ids(l))
+                        .map(Prompt::Tokens)
+                })
+                .collect::<ApiResult<_>>()?,
+            _ => return Err(bad()),
+        },
+        Some(_) => return Err(bad()),
+    };
+    if out.len() > MAX_N {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_N} prompts per request"),
+        ));
+    }
+    Ok(out)
+}

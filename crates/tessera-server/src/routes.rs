@@ -1,0 +1,617 @@
+//! The HTTP endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//! `/health`, `/metrics`. Handlers parse and check a request ([`crate::api`]), hand its
+//! sequences to the engine thread and turn the events that come back into OpenAI's
+//! response or its SSE chunk stream. Every accepted request ends in its completion or an
+//! error body; nothing is dropped silently.
+
+use crate::api::{self, ApiError, ApiResult, Common, Prompt};
+use crate::engine::{EngineHandle, EventRx};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tessera_engine::chat::ChatTemplate;
+use tessera_engine::scheduler::{Event, FinishReason, GenRequest, TokenLogprob, Usage};
+use tessera_engine::tokenizer::Tokenizer;
+
+/// Everything a handler needs.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tok: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub model_name: String,
+    pub api_key: Option<String>,
+    /// Most sequences accepted and unfinished before new requests get 429.
+    pub max_queue: usize,
+    pub created: u64,
+}
+
+/// The router over `state`, refusing bodies over `max_body` bytes (413).
+pub fn router(state: AppState, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let mut r = (e.status, Json(e.body())).into_response();
+    if e.status == StatusCode::TOO_MANY_REQUESTS {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+async fn not_found() -> Response {
+    error_response(&ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)",
+    ))
+}
+
+fn authorize(st: &AppState, headers: &HeaderMap) -> ApiResult<()> {
+    let Some(key) = &st.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if g == key => Ok(()),
+        _ => Err(ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or incorrect API key (send Authorization: Bearer KEY)",
+            )
+        }),
+    }
+}
+
+fn body_of(body: Result<Bytes, BytesRejection>, limit_hint: &str) -> ApiResult<Map<String, Value>> {
+    match body {
+        Ok(b) => api::object(&b),
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is over the server's limit ({limit_hint})"),
+        )),
+        Err(r) => Err(ApiError::invalid("", r.body_text())),
+    }
+}
+
+async fn models(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&st, &headers) {
+        st.engine.metrics.request("models", e.status.as_u16());
+        return error_response(&e);
+    }
+    st.engine.metrics.request("models", 200);
+    Json(json!({"object": "list", "data": [{
+        "id": st.model_name, "object": "model", "created": st.created, "owned_by": "tessera",
+    }]}))
+    .into_response()
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    match st.engine.shared.shutting_down.load(Ordering::Relaxed) {
+        true => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response(),
+        false => Json(json!({"status": "ok"})).into_response(),
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, ct)], st.engine.metrics.encode()).into_response()
+}
+
+/// Which endpoint a generation answers, for response shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+impl Kind {
+    fn endpoint(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat_completions",
+            Kind::Completion => "completions",
+        }
+    }
+}
+
+async fn chat(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    respond(st, headers, body, Kind::Chat).await
+}
+
+async fn completions(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    respond(st, headers, body, Kind::Completion).await
+}
+
+async fn respond(
+    st: AppState,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Response {
+    let r = generate(&st, &headers, body, kind).await;
+    let status = match &r {
+        Ok(_) => 200,
+        Err(e) => e.status.as_u16(),
+    };
+    st.engine.metrics.request(kind.endpoint(), status);
+    r.unwrap_or_else(|e| error_response(&e))
+}
+
+/// One request's sequences and how to answer.
+struct Job {
+    kind: Kind,
+    common: Common,
+    /// Prompt token counts, one per prompt (choices `p·n .. (p+1)·n` are prompt p's).
+    prompt_lens: Vec<usize>,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+async fn generate(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> ApiResult<Response> {
+    authorize(st, headers)?;
+    if st.engine.shared.shutting_down.load(Ordering::Relaxed) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        ));
+    }
+    let m = body_of(body, "see --max-body")?;
+    api::check_model(&m, &st.model_name)?;
+    let common = api::common(&m, kind == Kind::Chat)?;
+    let prompts: Vec<Vec<u32>> = match kind {
+        Kind::Chat => {
+            let msgs = api::messages(&m)?;
+            let t = st.template.as_ref().ok_or_else(|| {
+                ApiError::invalid(
+                    "messages",
+                    "this model has no chat template; use /v1/completions",
+                )
+            })?;
+            let text = t
+                .render(&msgs, true)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            vec![st
+                .tok
+                .encode_chat(&text)
+                .map_err(|e| ApiError::invalid("messages", e.to_string()))?]
+        }
+        Kind::Completion => api::prompts(&m)?
+            .into_iter()
+            .map(|p| match p {
+                Prompt::Text(t) => st
+                    .tok
+                    .encode(&t)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string())),
+                Prompt::Tokens(ids) => Ok(ids),
+            })
+            .collect::<ApiResult<_>>()?,
+    };
+    let reqs = requests(st, &prompts, &common)?;
+    let in_flight = st.engine.shared.in_flight.load(Ordering::Relaxed);
+    if in_flight + reqs.len() > st.max_queue {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "{in_flight} sequences are in flight (limit {}); retry shortly",
+                st.max_queue
+            ),
+        ));
+    }
+    let rxs = st
+        .engine
+        .submit(reqs)
+        .await
+        .map_err(|e| ApiError::invalid("", e))?;
+    let job = Job {
+        kind,
+        prompt_lens: prompts.iter().map(Vec::len).collect(),
+        id: format!(
+            "{}-{:016x}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            rand_id()
+        ),
+        created: now_s(),
+        model: st.model_name.clone(),
+        common,
+    };
+    if job.common.stream {
+        return Ok(stream_response(st.tok.clone(), job, rxs));
+    }
+    Ok(Json(collect(&st.tok, &job, rxs).await?).into_response())
+}
+
+/// The engine requests of every prompt × choice, max_tokens checked against the context.
+fn requests(st: &AppState, prompts: &[Vec<u32>], c: &Common) -> ApiResult<Vec<GenRequest>> {
+    let ctx = st.engine.context;
+    let mut out = Vec::new();
+    for p in prompts {
+        if p.len() >= ctx {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "the prompt has {} tokens; this model's context is {ctx} tokens",
+                    p.len()
+                ),
+            ));
+        }
+        let max_tokens = match c.max_tokens {
+            Some(v) if p.len() + v > ctx => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("this model's context is {ctx} tokens: the prompt has {} and max_tokens asks for {v} more", p.len()),
+                ))
+            }
+            Some(v) => v,
+            // As much as the context and the KV pool allow.
+            None => (ctx.min(st.engine.pool_positions)).saturating_sub(p.len()).max(1),
+        };
+        for i in 0..c.n {
+            let mut sampling = c.sampling.clone();
+            sampling.seed = sampling.seed.wrapping_add(i as u64);
+            out.push(GenRequest {
+                prompt: p.clone(),
+                max_tokens,
+                sampling,
+                stop: c.stop.clone(),
+                ignore_eos: c.ignore_eos,
+                logprobs: c.logprobs,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::StopToken | FinishReason::StopString | FinishReason::Cancelled => "stop",
+    }
+}
+
+/// One token's log-probability in the endpoint's shape.
+fn logprob_json(
+    tok: &Tokenizer,
+    kind: Kind,
+    token: u32,
+    lp: &TokenLogprob,
+    offset: usize,
+) -> Value {
+    let text = |t: u32| tok.piece(t);
+    match kind {
+        Kind::Chat => {
+            let entry = |t: u32, l: f32| json!({"token": text(t), "logprob": l, "bytes": text(t).into_bytes()});
+            let mut e = entry(token, lp.logprob);
+            e["top_logprobs"] = Value::Array(lp.top.iter().map(|&(t, l)| entry(t, l)).collect());
+            e
+        }
+        Kind::Completion => {
+            let top: Map<String, Value> =
+                lp.top.iter().map(|&(t, l)| (text(t), json!(l))).collect();
+            json!({"token": text(token), "logprob": lp.logprob, "top": top, "offset": offset})
+        }
+    }
+}
+
+/// Completions' parallel arrays from per-token entries.
+fn completion_logprobs(entries: &[Value]) -> Value {
+    let col = |k: &str| Value::Array(entries.iter().map(|e| e[k].clone()).collect());
+    json!({"tokens": col("token"), "token_logprobs": col("logprob"), "top_logprobs": col("top"), "text_offset": col("offset")})
+}
+
+fn usage_json(job: &Job, usages: &[Usage]) -> Value {
+    let n = job.common.n;
+    let prompt: usize = job.prompt_lens.iter().sum();
+    let completion: usize = usages.iter().map(|u| u.completion_tokens).sum();
+    let cached: usize = usages
+        .iter()
+        .step_by(n.max(1))
+        .map(|u| u.cached_tokens)
+        .sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
+}
+
+/// Waits for every choice and builds the whole response.
+async fn collect(tok: &Tokenizer, job: &Job, rxs: Vec<EventRx>) -> ApiResult<Value> {
+    let mut choices = Vec::new();
+    let mut usages = Vec::new();
+    for (index, mut rx) in rxs.into_iter().enumerate() {
+        let mut entries = Vec::new();
+        let mut offset = 0;
+        loop {
+            match rx.recv().await {
+                Some(Event::Token {
+                    token,
+                    text,
+                    logprob,
+                    ..
+                }) => {
+                    if let Some(lp) = &logprob {
+                        entries.push(logprob_json(tok, job.kind, token, lp, offset));
+                    }
+                    offset += text.len();
+                }
+                Some(Event::Finished {
+                    reason,
+                    text,
+                    usage,
+                    ..
+                }) => {
+                    let lps = job.common.logprobs.map(|_| match job.kind {
+                        Kind::Chat => json!({"content": entries}),
+                        Kind::Completion => completion_logprobs(&entries),
+                    });
+                    choices.push(match job.kind {
+                        Kind::Chat => json!({"index": index, "message": {"role": "assistant", "content": text},
+                                             "logprobs": lps, "finish_reason": finish_reason(reason)}),
+                        Kind::Completion => json!({"index": index, "text": text, "logprobs": lps,
+                                                   "finish_reason": finish_reason(reason)}),
+                    });
+                    usages.push(usage);
+                    break;
+                }
+                Some(Event::Failed { error, .. }) => {
+                    return Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        error,
+                    ))
+                }
+                None => {
+                    return Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "the engine stopped",
+                    ))
+                }
+            }
+        }
+    }
+    let object = match job.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    Ok(
+        json!({"id": job.id, "object": object, "created": job.created, "model": job.model,
+              "choices": choices, "usage": usage_json(job, &usages)}),
+    )
+}
+
+/// State of one streamed response.
+struct StreamState {
+    tok: Arc<Tokenizer>,
+    job: Job,
+    events: stream::SelectAll<std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>>,
+    usages: Vec<Option<Usage>>,
+    offsets: Vec<usize>,
+    left: usize,
+    done: bool,
+}
+
+impl StreamState {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> SseEvent {
+        let object = match self.job.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let mut j = json!({"id": self.job.id, "object": object, "created": self.job.created,
+                           "model": self.job.model, "choices": choices});
+        if self.job.common.include_usage {
+            j["usage"] = usage.unwrap_or(Value::Null);
+        }
+        SseEvent::default().data(j.to_string())
+    }
+
+    fn choice(
+        &self,
+        index: usize,
+        text: Option<&str>,
+        logprobs: Value,
+        finish: Option<&str>,
+    ) -> Value {
+        match self.job.kind {
+            Kind::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
+            }
+            Kind::Completion => {
+                json!([{"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}])
+            }
+        }
+    }
+
+    /// The SSE events for one engine event of choice `index`.
+    fn on_event(&mut self, index: usize, ev: Option<Event>) -> Vec<SseEvent> {
+        match ev {
+            Some(Event::Token {
+                token,
+                text,
+                logprob,
+                ..
+            }) => {
+                if text.is_empty() && logprob.is_none() {
+                    return Vec::new();
+                }
+                let lps = match &logprob {
+                    None => Value::Null,
+                    Some(lp) => {
+                        let e =
+                            logprob_json(&self.tok, self.job.kind, token, lp, self.offsets[index]);
+                        match self.job.kind {
+                            Kind::Chat => json!({"content": [e]}),
+                            Kind::Completion => completion_logprobs(&[e]),
+                        }
+                    }
+                };
+                self.offsets[index] += text.len();
+                vec![self.chunk(self.choice(index, Some(&text), lps, None), None)]
+            }
+            Some(Event::Finished {
+                reason,
+                tail,
+                usage,
+                ..
+            }) => {
+                let mut out = Vec::new();
+                if !tail.is_empty() {
+                    out.push(self.chunk(self.choice(index, Some(&tail), Value::Null, None), None));
+                }
+                let finish = finish_reason(reason);
+                let none = match self.job.kind {
+                    Kind::Chat => None,
+                    Kind::Completion => Some(""),
+                };
+                out.push(self.chunk(self.choice(index, none, Value::Null, Some(finish)), None));
+                self.usages[index] = Some(usage);
+                self.left -= 1;
+                out
+            }
+            Some(Event::Failed { error, .. }) => self.fail(index, &error),
+            None => self.fail(index, "the engine stopped"),
+        }
+    }
+
+    fn fail(&mut self, index: usize, error: &str) -> Vec<SseEvent> {
+        self.left = self.left.saturating_sub(1);
+        self.usages[index] = Some(Usage::default());
+        let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", error);
+        vec![SseEvent::default().data(e.body().to_string())]
+    }
+
+    /// What follows the last choice: the usage chunk when asked for, then `[DONE]`.
+    fn closing(&self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        if self.job.common.include_usage {
+            let u: Vec<Usage> = self.usages.iter().map(|u| u.unwrap_or_default()).collect();
+            out.push(self.chunk(json!([]), Some(usage_json(&self.job, &u))));
+        }
+        out.push(SseEvent::default().data("[DONE]"));
+        out
+    }
+}
+
+fn stream_response(tok: Arc<Tokenizer>, job: Job, rxs: Vec<EventRx>) -> Response {
+    let n = rxs.len();
+    let events = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        // Each receiver ends with one `None` (the channel closed) after its last event.
+        let s = stream::unfold(Some(rx), move |rx| async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(e @ Event::Token { .. }) => Some(((i, Some(e)), Some(rx))),
+                Some(e) => Some(((i, Some(e)), None)),
+                None => Some(((i, None), None)),
+            }
+        });
+        Box::pin(s) as std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>
+    }));
+    let st = StreamState {
+        tok,
+        job,
+        events,
+        usages: vec![None; n],
+        offsets: vec![0; n],
+        left: n,
+        done: false,
+    };
+    // Chat streams open every choice with the assistant role.
+    let opening: Vec<SseEvent> = match st.job.kind {
+        Kind::Chat => (0..n)
+            .map(|i| {
+                let c = json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+                st.chunk(c, None)
+            })
+            .collect(),
+        Kind::Completion => Vec::new(),
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if st.left == 0 {
+            st.done = true;
+            let closing = st.closing();
+            return Some((closing, st));
+        }
+        match st.events.next().await {
+            Some((i, ev)) => {
+                let out = st.on_event(i, ev);
+                Some((out, st))
+            }
+            None => {
+                st.done = true;
+                let closing = st.closing();
+                Some((closing, st))
+            }
+        }
+    });
+    let all = stream::iter(opening)
+        .chain(body.flat_map(stream::iter))
+        .map(Ok::<_, Infallible>);
+    Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,414 @@
+//! The server on a loopback port with the default model, spoken to over plain HTTP/1.1
+//! (a real socket, no client library between): response shapes, SSE streams against
+//! non-streamed greedy results, every bad input's status and error body, 429 with
+//! Retry-After, an API key, a client that disconnects mid-stream (its KV blocks are free
+//! again, per /metrics), and a graceful shutdown that lets a stream finish.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera_engine::kv_cache::KvDtype;
+use tessera_engine::scheduler::{Scheduler, SchedulerConfig};
+use tessera_server::{spawn, RunningServer, ServerOptions};
+
+const MODEL: &str = "smollm2";
+
+fn server(opts: ServerOptions, kv_blocks: usize) -> RunningServer {
+    let path =
+        tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
+            .expect("default model (needs python3 + pip the first time)");
+    let (model, tok) = tessera_engine::open(&path, &Default::default()).expect("model");
+    let cfg = SchedulerConfig {
+        max_seqs: 8,
+        max_batch_tokens: 64,
+        kv_blocks,
+        kv_dtype: KvDtype::F32,
+        prefix_caching: true,
+    };
+    let s = Scheduler::new(Arc::new(model), Arc::new(tok), cfg).expect("scheduler");
+    let opts = ServerOptions {
+        port: 0,
+        model_name: MODEL.into(),
+        ..opts
+    };
+    spawn(s, opts, false).expect("server starts")
+}
+
+/// A raw HTTP/1.1 exchange: (status, headers lower-cased, body).
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += "\r\n";
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("headers end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    (status, headers, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = b.windows(2).position(|w| w == b"\r\n").expect("chunk size");
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[line_end + 2..line_end + 2 + size]);
+        b = &b[line_end + 4 + size..];
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (status, _, b) = http(addr, "POST", path, &[], body.to_string().as_bytes());
+    (status, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+/// The `data:` payloads of an SSE body, parsed as the SSE spec says (fields per line,
+/// events separated by blank lines).
+fn sse_data(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8(body.to_vec()).expect("utf-8 stream");
+    let mut out = Vec::new();
+    let mut data: Vec<String> = Vec::new();
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            if !data.is_empty() {
+                out.push(data.join("\n"));
+                data.clear();
+            }
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push(d.strip_prefix(' ').unwrap_or(d).to_string());
+        } else {
+            assert!(
+                line.starts_with(':') || line.contains(':'),
+                "not an SSE field: {line:?}"
+            );
+        }
+    }
+    out
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut b = json!({"model": MODEL, "messages": [{"role": "user", "content": content}],
+                       "max_tokens": 12, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, _, b) = http(addr, "GET", "/metrics", &[], b"");
+    let text = String::from_utf8(b).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics:\n{text}"))
+}
+
+#[test]
+fn endpoints_streams_and_bad_input() {
+    let srv = server(
+        ServerOptions {
+            max_body: 64 << 10,
+            ..Default::default()
+        },
+        256,
+    );
+    let a = srv.addr;
+    // Models, health.
+    let (s, _, b) = http(a, "GET", "/v1/models", &[], b"");
+    let m: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((s, m["data"][0]["id"].as_str()), (200, Some(MODEL)));
+    assert_eq!(http(a, "GET", "/health", &[], b"").0, 200);
+    // A chat completion, then the same streamed: same text, OpenAI's chunk format.
+    let (s, full) = post(
+        a,
+        "/v1/chat/completions",
+        &chat("What is the capital of France?", json!({})),
+    );
+    assert_eq!(s, 200, "{full}");
+    let text = full["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!text.is_empty());
+    assert_eq!(full["object"], "chat.completion");
+    let finish = full["choices"][0]["finish_reason"].clone();
+    assert!(finish == "length" || finish == "stop", "{full}");
+    let body = chat(
+        "What is the capital of France?",
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let (s, headers, raw) = http(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(s, 200);
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream")));
+    let events = sse_data(&raw);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| {
+            c["choices"]
+                .get(0)
+                .and_then(|ch| ch["delta"]["content"].as_str())
+        })
+        .collect();
+    assert_eq!(streamed, text);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    for k in ["completion_tokens", "prompt_tokens"] {
+        assert_eq!(last["usage"][k], full["usage"][k], "{k}");
+    }
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        finish
+    );
+    // Completions with n, logprobs, stop; token-id prompts.
+    let (s, c) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6,
+        "n": 3, "temperature": 0.9, "seed": 5, "logprobs": 2}),
+    );
+    assert_eq!(s, 200, "{c}");
+    assert_eq!(c["choices"].as_array().unwrap().len(), 3);
+    let lp = &c["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["tokens"].as_array().unwrap().len(),
+        lp["token_logprobs"].as_array().unwrap().len()
+    );
+    assert!(lp["token_logprobs"][0].as_f64().unwrap() <= 0.0);
+    let (s, c) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [504, 2533], "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!((s, c["usage"]["prompt_tokens"].as_u64()), (200, Some(2)));
+    // Bad input: status, OpenAI's error shape, the field named.
+    let long = "word ".repeat(9000); // ~9000 tokens, under the 64 KiB body limit
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"model": MODEL, "messages": "hi"}), 400, "messages"),
+        (json!({"model": MODEL, "messages": []}), 400, "messages"),
+        (
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "gpt-9",
+        ),
+        (chat("x", json!({"max_tokens": 0})), 400, "max_tokens"),
+        (chat("x", json!({"max_tokens": "ten"})), 400, "max_tokens"),
+        (chat("x", json!({"max_tokens": 100000})), 400, "8192"),
+        (chat("x", json!({"n": 1000})), 400, "n"),
+        (chat("x", json!({"temperature": -1})), 400, "temperature"),
+        (chat("x", json!({"top_logprobs": 3})), 400, "top_logprobs"),
+        (chat("x", json!({"stop": [1, 2]})), 400, "stop"),
+        (
+            chat("x", json!({"response_format": {"type": "json_schema"}})),
+            400,
+            "response_format",
+        ),
+        (
+            json!({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "role",
+        ),
+    ];
+    for (body, status, needle) in cases {
+        let (s, e) = post(a, "/v1/chat/completions", &body);
+        assert_eq!(s, status, "{body} → {e}");
+        let msg = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(needle) || e["error"]["param"] == needle,
+            "{body} → {e}"
+        );
+        assert!(e["error"]["type"].is_string(), "{e}");
+    }
+    // Too long for the context: both lengths named (the body stays under the size limit).
+    let (s, e) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": long, "max_tokens": 1}),
+    );
+    assert_eq!(s, 400, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("8192") && msg.contains("tokens"), "{msg}");
+    let (s, _, b) = http(a, "POST", "/v1/chat/completions", &[], b"{not json");
+    assert_eq!(s, 400, "{}", String::from_utf8_lossy(&b));
+    let big = vec![b' '; 65 << 10];
+    let (s, _, b) = http(a, "POST", "/v1/completions", &[], &big);
+    assert_eq!(s, 413, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("\"error\""));
+    assert_eq!(http(a, "GET", "/v2/nothing", &[], b"").0, 404);
+    // Metrics: Prometheus text with the request counter and histograms.
+    let (_, _, b) = http(a, "GET", "/metrics", &[], b"");
+    let text = String::from_utf8(b).unwrap();
+    for name in [
+        "tessera_requests_total",
+        "tessera_time_to_first_token_seconds_bucket",
+        "tessera_kv_blocks_used",
+        "tessera_prefix_cache_hit_rate",
+        "tessera_queue_length",
+        "tessera_inter_token_latency_seconds_count",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    assert!(text.contains("status=\"404\""));
+    srv.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn disconnects_free_blocks_and_limits_hold() {
+    let srv = server(
+        ServerOptions {
+            api_key: Some("k3y".into()),
+            max_queue: 2,
+            ..Default::default()
+        },
+        256,
+    );
+    let a = srv.addr;
+    let auth = [("Authorization", "Bearer k3y")];
+    let body = chat(
+        "Tell me a long story about a dragon.",
+        json!({"max_tokens": 400, "stream": true, "ignore_eos": true}),
+    );
+    assert_eq!(
+        http(
+            a,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string().as_bytes()
+        )
+        .0,
+        401
+    );
+    assert_eq!(
+        http(
+            a,
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", "Bearer nope")],
+            body.to_string().as_bytes()
+        )
+        .0,
+        401
+    );
+    // Two long streams fill the queue limit: a third request gets 429 and Retry-After.
+    let open = |body: &Value| {
+        let mut s = TcpStream::connect(a).unwrap();
+        let b = body.to_string();
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        // Read until the first content chunk has arrived.
+        while !line.contains("\"content\":\"") || line.contains("\"role\"") {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+        }
+        r
+    };
+    let s1 = open(&body);
+    let s2 = open(&body);
+    assert!(metric(a, "tessera_kv_blocks_used") > 0.0);
+    let (s, h, _) = http(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &auth,
+        chat("x", json!({})).to_string().as_bytes(),
+    );
+    assert_eq!(s, 429);
+    assert!(h.iter().any(|(k, v)| k == "retry-after" && v == "1"));
+    // Both clients go away mid-stream: their sequences stop and their blocks come back.
+    drop((s1, s2));
+    let t = Instant::now();
+    while metric(a, "tessera_kv_blocks_used") > 0.0 || metric(a, "tessera_running_sequences") > 0.0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "blocks still held after disconnects"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        http(
+            a,
+            "POST",
+            "/v1/chat/completions",
+            &auth,
+            chat("x", json!({})).to_string().as_bytes()
+        )
+        .0,
+        200
+    );
+    // Graceful shutdown: a stream in flight still finishes with [DONE].
+    let mut r = open(&chat(
+        "Count to five.",
+        json!({"max_tokens": 40, "stream": true}),
+    ));
+    let stopper = std::thread::spawn(move || srv.shutdown());
+    let mut rest = String::new();
+    r.read_to_string(&mut rest)
+        .expect("the stream ends cleanly");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    stopper.join().unwrap().expect("shutdown returns Ok");
+}
