@@ -438,11 +438,14 @@ async fn collect(tok: &Tokenizer, job: &Job, rxs: Vec<EventRx>) -> ApiResult<Val
     )
 }
 
+/// One choice's events, tagged with its index (`None`: its channel closed early).
+type ChoiceEvents = std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>;
+
 /// State of one streamed response.
 struct StreamState {
     tok: Arc<Tokenizer>,
     job: Job,
-    events: stream::SelectAll<std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>>,
+    events: stream::SelectAll<ChoiceEvents>,
     usages: Vec<Option<Usage>>,
     offsets: Vec<usize>,
     left: usize,
@@ -566,7 +569,7 @@ fn stream_response(tok: Arc<Tokenizer>, job: Job, rxs: Vec<EventRx>) -> Response
                 None => Some(((i, None), None)),
             }
         });
-        Box::pin(s) as std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>
+        Box::pin(s) as ChoiceEvents
     }));
     let st = StreamState {
         tok,
