@@ -16,6 +16,7 @@ pub mod pull;
 pub mod rope_scaling;
 pub mod scheduler;
 pub mod score;
+pub mod structured;
 pub mod tokenizer;
 pub mod weights;
 

@@ -24,6 +24,7 @@ use crate::block_manager::{BlockManager, BlockStats};
 use crate::generate::{sample, Sampling, TextStream};
 use crate::kv_cache::{KvDtype, KvStore, BLOCK};
 use crate::llama::{Llama, LogitRows, SeqInput};
+use crate::structured::{Constraint, Grammar, Grammars};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use rand::SeedableRng;
@@ -121,6 +122,8 @@ pub struct GenRequest {
     /// Report each token's log-probability with this many alternatives (None: no
     /// log-probabilities).
     pub logprobs: Option<usize>,
+    /// Constrain the output to this grammar (structured output).
+    pub grammar: Option<Grammar>,
 }
 
 /// Handle of a request inside a scheduler.
@@ -211,6 +214,7 @@ struct Seq {
     cached_tokens: Option<usize>,
     /// Positions the sequence may reach: prompt + max_tokens, at most the context.
     limit: usize,
+    constraint: Option<Constraint>,
 }
 
 impl Seq {
@@ -233,6 +237,8 @@ pub struct Scheduler {
     running: Vec<Seq>,
     next_id: SeqId,
     stats: SchedulerStats,
+    /// Built on the first request with a grammar (the vocabulary trie takes a while).
+    grammars: std::sync::OnceLock<Grammars>,
 }
 
 impl Scheduler {
@@ -249,6 +255,7 @@ impl Scheduler {
             running: Vec::new(),
             next_id: 0,
             stats: SchedulerStats::default(),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -306,12 +313,29 @@ impl Scheduler {
                 self.cfg.kv_blocks
             )));
         }
+        if let Some(g) = &req.grammar {
+            self.constraint(g)?;
+        }
         Ok(())
+    }
+
+    /// A fresh matcher for `g` (the grammar factory is built on first use).
+    fn constraint(&self, g: &Grammar) -> Result<Constraint> {
+        if self.grammars.get().is_none() {
+            let built = Grammars::new(self.tok.clone(), self.model.cfg.vocab)?;
+            let _ = self.grammars.set(built);
+        }
+        self.grammars.get().expect("set above").matcher(g)
     }
 
     /// Queues a request; bad requests are errors and queue nothing.
     pub fn add(&mut self, req: GenRequest) -> Result<SeqId> {
         self.check(&req)?;
+        let constraint = req
+            .grammar
+            .as_ref()
+            .map(|g| self.constraint(g))
+            .transpose()?;
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Seq {
@@ -324,6 +348,7 @@ impl Scheduler {
             text: TextStream::new(&req.stop),
             cached_tokens: None,
             limit: limit(&req, self.model.cfg.context),
+            constraint,
             req,
         });
         Ok(id)
@@ -639,8 +664,17 @@ fn next_token(
     s: &mut Seq,
     logits: &[f32],
 ) -> Result<(Vec<Event>, Option<FinishReason>)> {
-    let next = sample(logits, &s.tokens, &s.req.sampling, &mut s.rng)?;
-    if !s.req.ignore_eos && tok.stop.contains(&next) {
+    let next = match &mut s.constraint {
+        None => sample(logits, &s.tokens, &s.req.sampling, &mut s.rng)?,
+        Some(c) => {
+            let mut masked = logits.to_vec();
+            c.mask(&mut masked)?;
+            let t = sample(&masked, &s.tokens, &s.req.sampling, &mut s.rng)?;
+            c.commit(t)?;
+            t
+        }
+    };
+    if tok.stop.contains(&next) && (!s.req.ignore_eos || s.constraint.is_some()) {
         return Ok((Vec::new(), Some(FinishReason::StopToken)));
     }
     let logprob = s.req.logprobs.map(|k| logprobs(logits, next, k));
@@ -652,7 +686,8 @@ fn next_token(
         text: piece.text,
         logprob,
     };
-    let end = if piece.stopped {
+    let grammar_done = s.constraint.as_ref().is_some_and(Constraint::is_stopped);
+    let end = if piece.stopped || grammar_done {
         Some(FinishReason::StopString)
     } else if s.tokens.len() >= s.limit {
         Some(FinishReason::Length)

@@ -198,6 +198,12 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of `text` alone: no BOS, special tokens written in the text recognised.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(tok_err)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Token ids of a rendered chat prompt: as [`Tokenizer::encode`], but no BOS is added
     /// when the text already starts with it (templates print `bos_token` themselves, and
     /// HF tokenizes their output without adding special tokens).

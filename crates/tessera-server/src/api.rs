@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use tessera_engine::chat::Message;
 use tessera_engine::generate::Sampling;
 use tessera_engine::scheduler::MAX_TOP_LOGPROBS;
+use tessera_engine::structured::Grammar;
 
 /// Most choices one request may ask for.
 pub const MAX_N: usize = 16;
@@ -67,6 +68,8 @@ pub struct Common {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// `response_format`: JSON output constrained by llguidance.
+    pub grammar: Option<Grammar>,
 }
 
 /// A parsed JSON body: an object, or a 400.
@@ -211,15 +214,29 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
             ));
         }
     }
-    if let Some(rf) = present(m, "response_format") {
-        let kind = rf.get("type").and_then(Value::as_str).unwrap_or_default();
-        if kind != "text" {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!("response_format type '{kind}' is not supported by this server yet (only 'text')"),
-            ));
-        }
-    }
+    let grammar = match present(m, "response_format") {
+        None => None,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Grammar::JsonObject),
+            Some("json_schema") => match rf.get("json_schema").and_then(|j| j.get("schema")) {
+                Some(s @ Value::Object(_)) => Some(Grammar::JsonSchema(s.clone())),
+                Some(Value::Bool(true)) => Some(Grammar::JsonObject),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        "response_format json_schema needs json_schema.schema, an object",
+                    ))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("response_format {rf}: type must be text, json_object or json_schema"),
+                ))
+            }
+        },
+    };
     let sampling = Sampling {
         temperature: temperature as f32,
         top_k: uint(m, "top_k", 0, 1 << 20)?.unwrap_or(0) as usize,
@@ -238,6 +255,7 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
         stream: boolean(m, "stream")?,
         include_usage,
         ignore_eos: boolean(m, "ignore_eos")?,
+        grammar,
     })
 }
 

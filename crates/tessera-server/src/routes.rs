@@ -304,6 +304,7 @@ fn requests(st: &AppState, prompts: &[Vec<u32>], c: &Common) -> ApiResult<Vec<Ge
                 stop: c.stop.clone(),
                 ignore_eos: c.ignore_eos,
                 logprobs: c.logprobs,
+                grammar: c.grammar.clone(),
             });
         }
     }

@@ -216,3 +216,26 @@ def test_load_256_streams_then_64_disconnects(client, server):
     while metric(server, "tessera_kv_blocks_used") > 0 or metric(server, "tessera_running_sequences") > 0:
         assert time.time() < deadline, "KV blocks still in use after the clients left"
         time.sleep(0.1)
+
+
+def test_structured_output_parses_and_validates(client):
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
+                             "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}}
+    for temperature in (0, 0.8):
+        r = client.chat.completions.create(
+            model=MODEL, temperature=temperature, seed=3, max_tokens=120,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=80, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "List two fruits."}])
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError, match="schema"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
