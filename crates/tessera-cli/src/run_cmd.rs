@@ -185,7 +185,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let text = if a.raw {
         a.prompt.clone()
     } else {
-        tok.chat_prompt(&a.prompt)
+        tok.chat_prompt(&a.prompt)?
     };
     let req = Request {
         prompt: tok.encode(&text)?,

@@ -231,25 +231,16 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(tok_err)
     }
 
-    /// The prompt for one user message in the model's chat format. ChatML templates
-    /// (`<|im_start|>`) are rendered with the template's default system message; models
-    /// without a template get the message as is.
-    pub fn chat_prompt(&self, message: &str) -> String {
-        match &self.chat_template {
-            Some(t) if t.contains("<|im_start|>") => {
-                let system = t
-                    .split("<|im_start|>system\n")
-                    .nth(1)
-                    .and_then(|rest| rest.split("<|im_end|>").next())
-                    .filter(|s| !s.contains("{{") && !s.contains("{%"));
-                let mut p = String::new();
-                if let Some(s) = system {
-                    p += &format!("<|im_start|>system\n{s}<|im_end|>\n");
-                }
-                p + &format!("<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
-            }
-            _ => message.to_owned(),
-        }
+    /// The prompt for one user message in the model's chat format: the model's own
+    /// template rendered as Hugging Face renders it ([`crate::chat`]); a model without a
+    /// template gets the message as is. A template that fails to render is an error.
+    pub fn chat_prompt(&self, message: &str) -> Result<String> {
+        let Some(src) = &self.chat_template else {
+            return Ok(message.to_owned());
+        };
+        let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or_default();
+        let t = crate::chat::ChatTemplate::new(src, &text(self.bos), &text(self.eos))?;
+        t.render(&[crate::chat::Message::new("user", message)], true)
     }
 }
 

@@ -21,7 +21,7 @@ fn logits_match_float64_reference() {
     let model = Llama::load(&g).expect("loads");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let ids = tok
-        .encode(&tok.chat_prompt("Name three colors."))
+        .encode(&tok.chat_prompt("Name three colors.").expect("template"))
         .expect("encodes");
     assert!(
         ids.len() > 17,
@@ -111,7 +111,7 @@ fn tokenizer_round_trips_and_knows_chatml() {
     assert_eq!(tok.encode("<|im_start|>").expect("encodes"), vec![1]);
     assert_eq!(tok.encode("2024").expect("encodes").len(), 4);
     assert!(tok.stop.contains(&2));
-    let p = tok.chat_prompt("Hi");
+    let p = tok.chat_prompt("Hi").expect("template");
     assert!(
         p.starts_with("<|im_start|>system\n") && p.ends_with("<|im_start|>assistant\n"),
         "{p}"
@@ -124,7 +124,10 @@ fn greedy_answer_is_right() {
     let model = Llama::load(&g).expect("loads");
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
     let ids = tok
-        .encode(&tok.chat_prompt("What is the capital of France?"))
+        .encode(
+            &tok.chat_prompt("What is the capital of France?")
+                .expect("template"),
+        )
         .expect("encodes");
     let req = Request {
         prompt: ids,

@@ -112,8 +112,8 @@ fn tokenizer_json_round_trip_matches_llama_cpp() {
         );
     }
     assert_eq!(
-        tok.chat_prompt("Hi"),
-        gguf_tok.chat_prompt("Hi"),
+        tok.chat_prompt("Hi").expect("template"),
+        gguf_tok.chat_prompt("Hi").expect("template"),
         "same chat template"
     );
 }
