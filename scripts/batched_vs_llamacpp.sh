@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Same-run comparison of `tessera bench-serve` with llama.cpp's llama-batched-bench: B
 # sequences, each a PP-token prompt and TG generated tokens, at B = 1, 4, 16, 32.
-#   scripts/batched_vs_llamacpp.sh LLAMA_BATCHED_BENCH MODEL.gguf [ROUNDS] [extra tessera flags]
+#   [BATCHES="1 4 16 32"] scripts/batched_vs_llamacpp.sh LLAMA_BATCHED_BENCH MODEL.gguf [ROUNDS] [extra tessera flags]
 # LLAMA_BATCHED_BENCH: the binary of a llama.cpp build made for measurement (e.g. from the
 # llama.cpp vendored in the llama-cpp-python source package; never part of this
 # repository). Both use 2 threads; rounds alternate the two so drift hits both.
@@ -16,7 +16,7 @@ pp=${PP:-128} tg=${TG:-128}
 [ -x "$tessera" ] || { echo "no tessera binary at $tessera (cargo build --release)" >&2; exit 2; }
 for r in $(seq "$rounds"); do
   echo "== round $r"
-  for b in 1 4 16 32; do
+  for b in ${BATCHES:-1 4 16 32}; do
     line=$("$peer" -m "$model" -c $(( (pp + tg) * b + 64 )) -b 2048 -ub 512 -npp "$pp" -ntg "$tg" \
       -npl "$b" -t 2 2>/dev/null | grep -E "^\|\s+$pp " | tail -1)
     [ -n "$line" ] || { echo "llama-batched-bench printed no result for B=$b" >&2; exit 1; }

@@ -699,23 +699,13 @@ fn next_token(
 
 /// `token`'s log-softmax and the `k` most likely tokens', computed in f64.
 fn logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprob {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    let lp = |t: usize| (logits[t] as f64 - lse) as f32;
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    let k = k.min(idx.len());
-    if k > 0 {
-        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
-    }
-    let mut top: Vec<(u32, f32)> = idx[..k].iter().map(|&t| (t as u32, lp(t))).collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let lse = crate::score::log_sum_exp(logits);
+    let lp = |l: f32| (l as f64 - lse) as f32;
     TokenLogprob {
-        logprob: lp(token as usize),
-        top,
+        logprob: lp(logits[token as usize]),
+        top: crate::score::top_k(logits, k)
+            .into_iter()
+            .map(|(t, l)| (t, lp(l)))
+            .collect(),
     }
 }

@@ -26,7 +26,7 @@ pub struct Scored {
 /// model with 8-bit activations, windows of `INT8_BATCH_M` tokens, so that every matmul takes
 /// the integer path it takes when generating (a long prefill uses it only where it is
 /// the faster prefill: interleaved 4-bit weights on AVX2).
-pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
+pub fn score(model: &Llama, tokens: &[u32], alternatives: usize) -> Result<Scored> {
     if tokens.len() < 2 {
         return Err(Error::Model("scoring needs at least two tokens".into()));
     }
@@ -52,26 +52,9 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
     let positions: Vec<PositionScore> = (0..n)
         .map(|i| {
             let row = &logits[i * v..(i + 1) * v];
-            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&l| (l as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
+            let lse = log_sum_exp(row);
             let next = tokens[i + 1];
-            let k = top_k.min(v);
-            let mut top: Vec<(u32, f32)> = Vec::new();
-            if k > 0 {
-                top = row
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &l)| (j as u32, l))
-                    .collect();
-                top.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-                top.truncate(k);
-            }
-            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let top = top_k(row, alternatives);
             PositionScore {
                 next,
                 logprob: row[next as usize] as f64 - lse,
@@ -84,6 +67,33 @@ pub fn score(model: &Llama, tokens: &[u32], top_k: usize) -> Result<Scored> {
         perplexity: (-mean).exp(),
         positions,
     })
+}
+
+/// ln Σ exp(row), in f64 (max-shifted).
+pub(crate) fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    max + row
+        .iter()
+        .map(|&l| (l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// The `k` largest values of `row` with their indices, largest first.
+pub(crate) fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(row.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut top: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(j, &l)| (j as u32, l))
+        .collect();
+    top.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+    top.truncate(k);
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    top
 }
 
 /// Perplexity as llama.cpp's `llama-perplexity -c ctx` measures it, for side-by-side

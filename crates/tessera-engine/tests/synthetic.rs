@@ -166,17 +166,21 @@ fn check_against_reference(formats: &Formats, label: &str) {
         write(&path, &model_bytes_with(tied, formats));
         let g = Gguf::open(&path).expect("valid file");
         let model = Llama::load(&g).expect("loads");
-        let tokens: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
+        // A prefill past the batching sizes (the dequantize+GEMM path), then 3
+        // single-token steps.
+        let prefill = tessera_kernels::ops::qmatmul::F32_BATCH_M + 4;
+        let tokens: Vec<u32> = (0..prefill as u32 + 3)
+            .map(|i| (i * 37 + 5) % VOCAB as u32)
+            .collect();
         let want = reference_logits(&g, &tokens);
-        // 20-token prefill (M > 16: the dequantize+GEMM path), then 3 single-token steps.
         let mut cache = KvCache::new(&model.cfg, 64).expect("cache");
-        let got = model.forward(&tokens[..20], &mut cache).expect("prefill");
+        let got = model.forward(&tokens[..prefill], &mut cache).expect("prefill");
         assert!(
-            rel(&got, &want[19]) < LOGIT_TOL,
+            rel(&got, &want[prefill - 1]) < LOGIT_TOL,
             "prefill: {}",
-            rel(&got, &want[19])
+            rel(&got, &want[prefill - 1])
         );
-        for i in 20..23 {
+        for i in prefill..prefill + 3 {
             let got = model
                 .forward(&tokens[i..i + 1], &mut cache)
                 .expect("decode");
@@ -203,8 +207,8 @@ fn check_against_reference(formats: &Formats, label: &str) {
     }
 }
 
-/// A 20-token prompt keeps f32 activations in layers whose prefill is faster through
-/// the GEMM (M > 16; every format but the interleaved 4-bit ones, see
+/// A prompt longer than `INT8_BATCH_M` keeps f32 activations in layers whose prefill is
+/// faster through the GEMM (every format but the interleaved 4-bit ones, see
 /// [`HEAD_ONLY_32`] and [`HEAD_ONLY_K`]) and sends only the last position through the output projection,
 /// which quantizes that one input row: the float64 forward rounding the same row is
 /// then matched to f32 accuracy (measured 5e-7), and any kernel mistake (a lane scale,

@@ -166,7 +166,8 @@ pub(super) fn test_shapes(rng: &mut Rng) -> Vec<QMatmulProblem> {
         (3, 33, 96, true),
         (5, 127, 32, false),
         (16, 9, 160, false),
-        (17, 13, 64, true), // first prefill-path size
+        (17, 13, 64, true), // past the decode sizes: a batching step
+        (49, 13, 64, true), // first f32 prefill-path size (F32_BATCH_M + 1)
         (40, 300, 96, false),
         // K a multiple of 256 (the K-quants' super-block) too.
         (1, 5, 256, false),
