@@ -174,7 +174,9 @@ fn check_against_reference(formats: &Formats, label: &str) {
             .collect();
         let want = reference_logits(&g, &tokens);
         let mut cache = KvCache::new(&model.cfg, 64).expect("cache");
-        let got = model.forward(&tokens[..prefill], &mut cache).expect("prefill");
+        let got = model
+            .forward(&tokens[..prefill], &mut cache)
+            .expect("prefill");
         assert!(
             rel(&got, &want[prefill - 1]) < LOGIT_TOL,
             "prefill: {}",

@@ -45,8 +45,9 @@ pub const SMALL_M: usize = 16;
 /// Largest M that the per-block path takes with f32 activations: batching steps of up to
 /// this many tokens. Its cost grows linearly with M while dequantize + GEMM pays a fixed
 /// dequantization of the whole matrix per call; measured on a Zen 4 host (2 threads, Q4_1
-/// 3072×576, AVX-512): per-block 670 µs at M = 16, dequantize + GEMM 2.13 ms at M = 32
-/// and 2.17 ms at M = 64, so the two cross near M = 48.
+/// 3072×576, AVX-512, `tessera bench qmatmul --shape MxNxK --dtype q4_1 --variant
+/// avx512`): dequantize + GEMM 2.13 ms at M = 32 and 2.17 ms at M = 64; per-block 0.67 ms
+/// at M = 16, 1.37 ms at M = 32, 2.02 ms at M = 48 — they cross near 48.
 pub const F32_BATCH_M: usize = 48;
 /// Activation rows sharing one dequantized block (2 zmm accumulators each).
 const M_CHUNK: usize = 4;
