@@ -206,6 +206,16 @@ pub fn config_from_json(j: &Json) -> Result<Config> {
             .filter(|&v| v > 0 && v < 1 << 24)
             .ok_or_else(|| err(format!("config.json: {k} = {}", j[k])))
     };
+    // Absent: the architecture's default; present, it must be a number (a string here
+    // once ran the model with the default θ and silently wrong output).
+    let float = |k: &str, default: f64| -> Result<f64> {
+        match &j[k] {
+            Json::Null => Ok(default),
+            v => v
+                .as_f64()
+                .ok_or_else(|| err(format!("config.json: {k} = {v} is not a number"))),
+        }
+    };
     let heads = int("num_attention_heads")?;
     let dim = int("hidden_size")?;
     let head_dim = dim / heads.max(1);
@@ -235,8 +245,8 @@ pub fn config_from_json(j: &Json) -> Result<Config> {
             int("num_key_value_heads")?
         },
         head_dim,
-        rope_theta: j["rope_theta"].as_f64().unwrap_or(10_000.0),
-        eps: j["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+        rope_theta: float("rope_theta", 10_000.0)?,
+        eps: float("rms_norm_eps", 1e-6)? as f32,
         vocab: int("vocab_size")?,
         context,
         rope_style: RopeStyle::HalfSplit,

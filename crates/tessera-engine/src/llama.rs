@@ -71,11 +71,16 @@ impl Config {
                 .filter(|&v| v > 0 && v < 1 << 24)
                 .ok_or_else(|| Error::Model(format!("{key} = {v}")))
         };
-        let float = |k: &str, default: f64| -> f64 {
-            g.metadata
-                .get(&format!("{arch}.{k}"))
-                .and_then(|v| v.as_f64())
-                .unwrap_or(default)
+        // Absent: the architecture's default; present, it must be a number (a string
+        // here once ran with the default θ and answered in another language).
+        let float = |k: &str, default: f64| -> Result<f64> {
+            let key = format!("{arch}.{k}");
+            match g.metadata.get(&key) {
+                None => Ok(default),
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| Error::Model(format!("{key} = {v:?} is not a number"))),
+            }
         };
         let heads = int("attention.head_count")?;
         let dim = int("embedding_length")?;
@@ -91,8 +96,8 @@ impl Config {
             heads,
             kv_heads,
             head_dim: dim / heads,
-            rope_theta: float("rope.freq_base", 10_000.0),
-            eps: float("attention.layer_norm_rms_epsilon", 1e-5) as f32,
+            rope_theta: float("rope.freq_base", 10_000.0)?,
+            eps: float("attention.layer_norm_rms_epsilon", 1e-5)? as f32,
             vocab,
             context: int("context_length")?,
             rope_style,
@@ -304,6 +309,13 @@ impl Llama {
             }
             let f = src.vector("rope_freqs.weight")?;
             cfg.rope_scaling = RopeScaling::factors(f.into_iter().map(f64::from).collect())?;
+        }
+        // A layer count below the file's would run a truncated model without a word.
+        if src.has(&format!("blk.{}.attn_norm.weight", cfg.n_layers)) {
+            return Err(Error::Model(format!(
+                "the weights have more layers than the {} the configuration declares",
+                cfg.n_layers
+            )));
         }
         let rope_freqs = cfg.rope_scaling.frequencies(cfg.head_dim, cfg.rope_theta)?;
         let (d, f, kv) = (cfg.dim, cfg.ffn_dim, cfg.kv_dim());

@@ -482,6 +482,14 @@ fn malformed_checkpoints_are_errors() {
         ),
         ("heads", cfg(&|j| j["num_attention_heads"] = 5.into())),
         ("hidden_size", cfg(&|j| j["hidden_size"] = 0.into())),
+        (
+            "rope_theta as a string",
+            cfg(&|j| j["rope_theta"] = "100000".into()),
+        ),
+        (
+            "rms_norm_eps as a string",
+            cfg(&|j| j["rms_norm_eps"] = "1e-5".into()),
+        ),
     ];
     for (what, config) in cases {
         write_checkpoint(&dir, &tensors, &config);
@@ -493,6 +501,12 @@ fn malformed_checkpoints_are_errors() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
     assert!(open(&dir).is_err(), "truncated file accepted");
+    // Fewer layers declared than the checkpoint holds: a truncated model must not run.
+    write_checkpoint(&dir, &tensors, &cfg(&|j| j["num_hidden_layers"] = 1.into()));
+    let loaded = HfCheckpoint::open(&dir)
+        .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()));
+    let e = loaded.expect_err("a layer count below the checkpoint's accepted");
+    assert!(e.to_string().contains("more layers"), "{e}");
     // A missing tensor, and an untied model without its head.
     for drop in ["model.layers.1.mlp.up_proj.weight", "lm_head.weight"] {
         let kept: Vec<Tensor> = random_model(false)

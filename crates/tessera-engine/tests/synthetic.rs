@@ -314,6 +314,61 @@ fn int8_activations_match_float64_reference() {
     }
 }
 
+/// Metadata of the wrong type or that does not add up is an error, not a default: a
+/// string θ once ran with θ = 10 000 and answered in another language.
+#[test]
+fn wrong_typed_or_inconsistent_metadata_is_an_error() {
+    let shape = ModelShape {
+        layers: LAYERS,
+        dim: DIM,
+        ffn: FFN,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+    };
+    let good = model_bytes(true);
+    let g = Gguf::open(&{
+        let p = temp("meta-good.gguf");
+        write(&p, &good);
+        p
+    })
+    .expect("valid");
+    let tensors: Vec<RawTensor> = g
+        .tensors
+        .iter()
+        .map(|t| RawTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            dtype: t.dtype,
+            bytes: g.bytes(t).to_vec(),
+        })
+        .collect();
+    let path = temp("meta-bad.gguf");
+    for (key, value, want) in [
+        (
+            "rope.freq_base",
+            Value::String("100000".into()),
+            "rope.freq_base",
+        ),
+        (
+            "attention.layer_norm_rms_epsilon",
+            Value::String("1e-5".into()),
+            "epsilon",
+        ),
+        ("block_count", Value::U32(1), "more layers"),
+    ] {
+        let mut meta = llama_metadata("llama", &shape);
+        let k = format!("llama.{key}");
+        meta.iter_mut().find(|(n, _)| *n == k).expect("key").1 = value;
+        write(&path, &gguf_bytes_owned(&meta, &tensors));
+        let g = Gguf::open(&path).expect("the file itself is well formed");
+        let e = tessera_engine::llama::Config::from_gguf(&g)
+            .and_then(|c| Llama::from_source(c, &g, &Default::default()))
+            .expect_err(key);
+        assert!(e.to_string().contains(want), "{key}: {e}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn truncated_and_corrupted_files_are_errors() {
     let good = model_bytes(true);
