@@ -56,12 +56,25 @@ impl Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
             let best = *Isa::available().first().unwrap_or(&Isa::Scalar);
-            match std::env::var("TESSERA_ISA")
-                .ok()
-                .and_then(|s| s.parse::<Isa>().ok())
-            {
-                Some(cap) if cap.is_available() => cap,
-                _ => best,
+            let Ok(s) = std::env::var("TESSERA_ISA") else {
+                return best;
+            };
+            match s.parse::<Isa>() {
+                Ok(cap) if cap.is_available() => cap,
+                Ok(cap) => {
+                    eprintln!(
+                        "tessera: TESSERA_ISA={cap} is not available on this CPU; using {best}"
+                    );
+                    best
+                }
+                Err(_) => {
+                    let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+                    eprintln!(
+                        "tessera: TESSERA_ISA='{s}' is not one of {}; using {best}",
+                        names.join(", ")
+                    );
+                    best
+                }
             }
         })
     }

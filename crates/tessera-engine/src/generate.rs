@@ -186,7 +186,13 @@ pub fn generate(
     if req.stop.iter().any(|s| s.is_empty()) {
         return Err(Error::Model("empty stop string".into()));
     }
-    let capacity = (prompt.len() + req.max_tokens).min(model.cfg.context);
+    if req.max_tokens == 0 {
+        return Err(Error::Model("max_tokens must be at least 1".into()));
+    }
+    let capacity = prompt
+        .len()
+        .saturating_add(req.max_tokens)
+        .min(model.cfg.context);
     if prompt.len() >= capacity {
         return Err(Error::Model(format!(
             "prompt of {} tokens does not fit the {}-token context",

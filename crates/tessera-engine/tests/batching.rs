@@ -479,4 +479,12 @@ fn bad_limits_and_requests_are_clear_errors() {
         let e = s.check(&req).unwrap_err().to_string();
         assert!(e.contains(want), "{want}: {e}");
     }
+    // The single-sequence path says the same of max_tokens 0 (it once blamed the context).
+    let req = tessera_engine::generate::Request {
+        prompt: vec![1],
+        max_tokens: 0,
+        ..Default::default()
+    };
+    let e = tessera_engine::generate::generate(&f.model, &f.tok, &req, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("max_tokens"), "{e}");
 }

@@ -83,15 +83,25 @@ impl ThreadPool {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (0..threads.max(1) - 1)
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("tessera-{i}"))
-                    .spawn(move || worker_loop(&s, i))
-                    .expect("spawning a pool thread")
-            })
-            .collect();
+        let mut workers = Vec::with_capacity(threads.max(1) - 1);
+        for i in 0..threads.max(1) - 1 {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tessera-{i}"))
+                .spawn(move || worker_loop(&s, i));
+            match spawned {
+                Ok(w) => workers.push(w),
+                // The system refused another thread: run with those it gave, and say so.
+                Err(e) => {
+                    eprintln!(
+                        "tessera: could not start pool thread {} of {threads} ({e}); using {}",
+                        i + 2,
+                        i + 1
+                    );
+                    break;
+                }
+            }
+        }
         Self {
             shared,
             workers,
@@ -244,17 +254,41 @@ impl Drop for ThreadPool {
     }
 }
 
-/// The process-wide pool: `TESSERA_THREADS` threads, or one per available core.
+/// Most threads `TESSERA_THREADS` may ask for (beyond any real machine's cores; a larger
+/// value is a typo, and the system would refuse the threads anyway).
+pub const MAX_THREADS: usize = 1024;
+
+/// The process-wide pool: `TESSERA_THREADS` threads, or one per available core. A value
+/// that is not a count in 1..=[`MAX_THREADS`] is reported on stderr and replaced by one
+/// thread per core.
 pub fn global() -> &'static ThreadPool {
     static POOL: OnceLock<ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let n = std::env::var("TESSERA_THREADS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let var = std::env::var("TESSERA_THREADS").ok();
+        let (n, warning) = threads_from(var.as_deref(), cores);
+        if let Some(w) = warning {
+            eprintln!("tessera: {w}");
+        }
         ThreadPool::new(n)
     })
+}
+
+/// The pool size for a `TESSERA_THREADS` value on a machine of `cores`, and the warning
+/// to print when the value is not a count in 1..=[`MAX_THREADS`] (then one per core).
+fn threads_from(var: Option<&str>, cores: usize) -> (usize, Option<String>) {
+    let Some(s) = var else {
+        return (cores, None);
+    };
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => (n, None),
+        _ => (
+            cores,
+            Some(format!(
+                "TESSERA_THREADS='{s}' is not a thread count in 1..={MAX_THREADS}; using {cores} (one per core)"
+            )),
+        ),
+    }
 }
 
 /// A raw pointer that tasks on several threads may share; each task must write a
@@ -275,6 +309,21 @@ impl<T> SharedMut<T> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn bad_thread_counts_are_reported_not_ignored() {
+        assert_eq!(threads_from(None, 4), (4, None));
+        assert_eq!(threads_from(Some("3"), 4), (3, None));
+        for bad in ["0", "abc", "100000", "-1", ""] {
+            let (n, w) = threads_from(Some(bad), 4);
+            assert_eq!(n, 4, "{bad}");
+            assert!(
+                w.is_some_and(|w| w.contains(bad) && w.contains("one per core")),
+                "{bad}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]
