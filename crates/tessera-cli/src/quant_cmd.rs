@@ -24,11 +24,31 @@ pub struct QuantErrorArgs {
     seed: u64,
 }
 
+/// Most values the weight matrix or the activations may hold: 2²⁷ f32 (512 MiB), since
+/// the report keeps several quantized and dequantized copies of each.
+const MAX_VALUES: usize = 1 << 27;
+
 pub fn run(a: QuantErrorArgs) -> Result<()> {
     let dims = registry::parse_dims("quant-error", &a.shape, 2, "ROWSxCOLS")?;
     let (rows, cols) = (dims[0], dims[1]);
     if a.batch == 0 {
         bail!("--batch must be at least 1");
+    }
+    for (what, n) in [
+        ("the weight matrix", rows.checked_mul(cols)),
+        (
+            "the activations (--batch × COLS)",
+            a.batch.checked_mul(cols),
+        ),
+    ] {
+        if n.is_none_or(|n| n > MAX_VALUES) {
+            bail!(
+                "{what} would hold {} values; the limit is {MAX_VALUES} (--shape {}, --batch {})",
+                n.map_or("more than usize".into(), |n| n.to_string()),
+                a.shape,
+                a.batch
+            );
+        }
     }
     let mut rng = registry::rng(a.seed);
     let (w, source) = match &a.file {

@@ -53,11 +53,31 @@ pub fn open(
         _ => path,
     };
     if hf::is_checkpoint(dir) {
-        let ck = hf::HfCheckpoint::open(dir)?;
-        let model = llama::Llama::from_source(ck.config.clone(), &ck, opts)?;
-        return Ok((model, tokenizer::Tokenizer::from_hf_dir(dir)?));
+        return open_checkpoint(dir, opts);
+    }
+    if path.is_dir() {
+        return Err(Error::Io(format!(
+            "{} is a directory without config.json: an HF checkpoint needs config.json, \
+             *.safetensors and tokenizer.json; a GGUF model is one file",
+            path.display()
+        )));
+    }
+    if path.exists() && !path.is_file() {
+        return Err(Error::Io(format!(
+            "{} is not a regular file (models are read from files, not pipes or devices)",
+            path.display()
+        )));
     }
     let g = gguf::Gguf::open(path)?;
     let model = llama::Llama::from_source(llama::Config::from_gguf(&g)?, &g, opts)?;
     Ok((model, tokenizer::Tokenizer::from_gguf(&g)?))
+}
+
+fn open_checkpoint(
+    dir: &Path,
+    opts: &weights::LoadOptions,
+) -> Result<(llama::Llama, tokenizer::Tokenizer)> {
+    let ck = hf::HfCheckpoint::open(dir)?;
+    let model = llama::Llama::from_source(ck.config.clone(), &ck, opts)?;
+    Ok((model, tokenizer::Tokenizer::from_hf_dir(dir)?))
 }

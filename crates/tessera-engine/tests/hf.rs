@@ -501,6 +501,12 @@ fn malformed_checkpoints_are_errors() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
     assert!(open(&dir).is_err(), "truncated file accepted");
+    // A directory without config.json, and a device, say what they are.
+    let empty = temp_dir("empty");
+    let e = tessera_engine::open(&empty, &LoadOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("without config.json"), "{e}");
+    let e = tessera_engine::open(Path::new("/dev/null"), &LoadOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
     // Fewer layers declared than the checkpoint holds: a truncated model must not run.
     write_checkpoint(&dir, &tensors, &cfg(&|j| j["num_hidden_layers"] = 1.into()));
     let loaded = HfCheckpoint::open(&dir)

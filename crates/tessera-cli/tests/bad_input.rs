@@ -1,0 +1,65 @@
+//! The `tessera` binary on bad input: a clear message and a failing exit status, never a
+//! panic, an abort or a silent default. (Cases that need no model file.)
+
+use std::process::Command;
+
+fn tessera(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the binary runs");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("panicked"), "{args:?}: {text}");
+    (out.status.success(), text)
+}
+
+#[test]
+fn absurd_sizes_are_refused_before_allocating() {
+    for (args, want) in [
+        (
+            vec!["quant-error", "--shape", "99999x99999"],
+            "9999800001 values",
+        ),
+        (
+            vec!["quant-error", "--shape", "4294967296x4294967297"],
+            "more than usize",
+        ),
+        (
+            vec!["quant-error", "--batch", "100000000000"],
+            "activations",
+        ),
+        (vec!["quant-error", "--shape", "0x5"], "ROWSxCOLS"),
+        (vec!["bench-serve", "--requests", "0"], "at least 1"),
+        (
+            vec![
+                "bench-serve",
+                "--prompt-tokens",
+                "8",
+                "--shared-prefix",
+                "8",
+            ],
+            "must exceed",
+        ),
+    ] {
+        let (ok, text) = tessera(&args, &[]);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(text.contains(want), "{args:?}: {text}");
+    }
+}
+
+#[test]
+fn bad_environment_settings_are_reported() {
+    for (var, value, want) in [
+        ("TESSERA_THREADS", "0", "TESSERA_THREADS='0'"),
+        ("TESSERA_THREADS", "abc", "TESSERA_THREADS='abc'"),
+        ("TESSERA_THREADS", "100000", "TESSERA_THREADS='100000'"),
+        ("TESSERA_ISA", "bogus", "TESSERA_ISA='bogus'"),
+    ] {
+        let (ok, text) = tessera(&["calibrate", "--threads", "1"], &[(var, value)]);
+        assert!(ok, "{var}={value}: {text}");
+        assert!(text.contains(want), "{var}={value}: {text}");
+    }
+}
