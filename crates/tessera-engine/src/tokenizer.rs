@@ -103,11 +103,25 @@ impl Tokenizer {
         };
         inner.with_pre_tokenizer(Some(pre_tok));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        if let Some(types) = g
-            .metadata
-            .get("tokenizer.ggml.token_type")
-            .and_then(|v| v.as_array())
-        {
+        let types = match g.metadata.get("tokenizer.ggml.token_type") {
+            None => None,
+            Some(v) => match v.as_array() {
+                Some(a) if a.len() == tokens.len() => Some(a),
+                Some(a) => {
+                    return Err(Error::Tokenizer(format!(
+                        "tokenizer.ggml.token_type has {} entries for {} tokens",
+                        a.len(),
+                        tokens.len()
+                    )))
+                }
+                None => {
+                    return Err(Error::Tokenizer(
+                        "tokenizer.ggml.token_type is not an array".into(),
+                    ))
+                }
+            },
+        };
+        if let Some(types) = types {
             let special: Vec<AddedToken> = types
                 .iter()
                 .zip(&tokens)
@@ -116,18 +130,24 @@ impl Tokenizer {
                 .collect();
             inner.add_special_tokens(&special);
         }
-        let id = |key: &str| {
-            g.metadata
-                .get(key)
-                .and_then(|v| v.as_u64())
-                .map(|v| v as u32)
-                .filter(|&v| (v as usize) < tokens.len())
+        // Absent: none. Present, it must be a token of this vocabulary.
+        let id = |key: &str| -> Result<Option<u32>> {
+            let Some(v) = g.metadata.get(key) else {
+                return Ok(None);
+            };
+            match v.as_u64() {
+                Some(id) if (id as usize) < tokens.len() => Ok(Some(id as u32)),
+                _ => Err(Error::Tokenizer(format!(
+                    "{key} = {v:?} is not a token id below the vocabulary's {}",
+                    tokens.len()
+                ))),
+            }
         };
-        let eos = id("tokenizer.ggml.eos_token_id");
+        let eos = id("tokenizer.ggml.eos_token_id")?;
         let stop = turn_ends(&inner, eos.into_iter().collect());
         Ok(Tokenizer {
             inner,
-            bos: id("tokenizer.ggml.bos_token_id"),
+            bos: id("tokenizer.ggml.bos_token_id")?,
             eos,
             add_bos: g
                 .metadata

@@ -305,3 +305,58 @@ fn int8_activations_keep_perplexity() {
     assert!((p_f32 - nll_f32).abs() < 1e-4, "{p_f32} vs {nll_f32}");
     assert!((p_int8 - p_f32).abs() < INT8_ACTS_PPL_RATIO_TOL.ln_1p());
 }
+
+/// The default model's tokenizer metadata with one key changed: ids outside the
+/// vocabulary and a token_type list of the wrong length are errors (control tokens would
+/// silently stop being special), while the unchanged metadata loads.
+#[test]
+fn inconsistent_tokenizer_metadata_is_an_error() {
+    use tessera_engine::gguf::{Gguf, Value};
+    let g = open_default_model();
+    let base: Vec<(String, Value)> = g
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer.") && k.as_str() != "tokenizer.chat_template")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let vocab = Tokenizer::from_gguf(&g)
+        .unwrap()
+        .encode("x")
+        .map(|_| ())
+        .ok();
+    assert!(vocab.is_some());
+    let n = match &g.metadata["tokenizer.ggml.tokens"] {
+        Value::Array(a) => a.len(),
+        other => panic!("tokens: {other:?}"),
+    };
+    let path = std::env::temp_dir().join(format!("tessera-{}-tok.gguf", std::process::id()));
+    let with = |key: &str, v: Option<Value>| {
+        let mut meta: Vec<(String, Value)> =
+            base.iter().filter(|(k, _)| k != key).cloned().collect();
+        meta.extend(v.map(|v| (key.to_string(), v)));
+        write(&path, &gguf_bytes_owned(&meta, &[]));
+        Tokenizer::from_gguf(&Gguf::open(&path).expect("well-formed file"))
+    };
+    assert!(with("tokenizer.ggml.eos_token_id", Some(Value::U32(2))).is_ok());
+    for (key, v, want) in [
+        (
+            "tokenizer.ggml.eos_token_id",
+            Value::U32(n as u32),
+            "eos_token_id",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Value::U32(u32::MAX),
+            "bos_token_id",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(vec![Value::I32(1); 7]),
+            "7 entries",
+        ),
+    ] {
+        let e = with(key, Some(v)).expect_err(key);
+        assert!(e.to_string().contains(want), "{key}: {e}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
