@@ -273,6 +273,11 @@ fn write_trace(path: &std::path::Path, results: &[bench::BenchResult]) -> Result
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    // Bad selections and output paths fail now, not after calibrating and benchmarking.
+    jobs(&args.sel, None)?;
+    if let Some(path) = &args.profile {
+        crate::profile_cmd::check_writable(path)?;
+    }
     let ceilings = calibrate();
     let opts = BenchOptions {
         budget: Duration::from_millis(args.budget_ms),

@@ -182,6 +182,9 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             a.shared_prefix
         );
     }
+    if let Some(path) = &a.profile {
+        crate::profile_cmd::check_writable(path)?;
+    }
     let (model, tok) = load(a.model.clone())?;
     let cfg = a.batch.config(&model.cfg, a.concurrency)?;
     let (model, tok) = (Arc::new(model), Arc::new(tok));

@@ -59,3 +59,23 @@ pub fn report(events: &[OpEvent], path: &Path) -> Result<()> {
     );
     Ok(())
 }
+
+/// Fails now if `path` cannot be written later (its directory missing, say), so a long
+/// run does not end in an error after all its work.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    if path.is_dir() {
+        anyhow::bail!("cannot write {}: it is a directory", path.display());
+    }
+    Ok(())
+}

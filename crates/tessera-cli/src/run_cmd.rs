@@ -181,6 +181,9 @@ pub(crate) fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
+    if let Some(path) = &a.profile {
+        crate::profile_cmd::check_writable(path)?;
+    }
     let (model, tok) = load(a.model)?;
     let text = if a.raw {
         a.prompt.clone()
@@ -304,6 +307,9 @@ pub fn score(a: ScoreArgs) -> Result<()> {
 }
 
 pub fn bench_model(a: BenchModelArgs) -> Result<()> {
+    if let Some(path) = &a.profile {
+        crate::profile_cmd::check_writable(path)?;
+    }
     let (model, tok) = load(a.model)?;
     if a.prompt_tokens == 0 || a.runs == 0 || a.prompt_tokens + a.gen_tokens > model.cfg.context {
         anyhow::bail!(

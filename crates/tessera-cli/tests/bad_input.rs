@@ -33,6 +33,15 @@ fn absurd_sizes_are_refused_before_allocating() {
         ),
         (vec!["quant-error", "--shape", "0x5"], "ROWSxCOLS"),
         (vec!["bench-serve", "--requests", "0"], "at least 1"),
+        (vec!["bench", "gemm", "--shape", "0x0x0"], "MxNxK"),
+        (
+            vec!["bench", "rms_norm", "--profile", "/nonexistent-dir/t.json"],
+            "does not exist",
+        ),
+        (
+            vec!["run", "--profile", "/nonexistent-dir/t.json"],
+            "does not exist",
+        ),
         (
             vec![
                 "bench-serve",
