@@ -278,6 +278,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(path) = &args.profile {
         crate::profile_cmd::check_writable(path)?;
     }
+    let missing = tessera_core::CpuFeatures::get().missing_paths();
+    if !missing.is_empty() {
+        eprintln!(
+            "tessera: not measured on this host (it cannot run them): {}",
+            missing.join(", ")
+        );
+    }
     let ceilings = calibrate();
     let opts = BenchOptions {
         budget: Duration::from_millis(args.budget_ms),

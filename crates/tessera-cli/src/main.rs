@@ -160,6 +160,13 @@ fn run_verify(ops: &[String], seed: u64) -> Result<()> {
         cases,
         failed
     );
+    let missing = CpuFeatures::get().missing_paths();
+    if !missing.is_empty() {
+        println!(
+            "not verified on this host (it cannot run them): {}",
+            missing.join(", ")
+        );
+    }
     if failed > 0 {
         bail!("{failed} kernel variants failed verification");
     }

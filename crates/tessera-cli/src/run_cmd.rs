@@ -128,6 +128,9 @@ pub struct BenchModelArgs {
     /// KV cache storage: f16 or f32.
     #[arg(long, default_value = "f16")]
     kv_cache: KvDtype,
+    /// Print one JSON object (rates of every run, medians, host CPU, ISA, threads).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -337,10 +340,28 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         dec.push(s.decode_tok_s());
     }
     let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        let mut s = v.clone();
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
     };
-    println!(
+    if a.json {
+        let j = serde_json::json!({
+            "host": crate::bench_serve_cmd::host_label(),
+            "cpu_features": tessera_core::CpuFeatures::get().summary(),
+            "isa": tessera_core::Isa::best().name(),
+            "threads": tessera_kernels::pool::global().threads(),
+            "int8_activations": model.int8_activations(),
+            "kv_cache": format!("{:?}", a.kv_cache).to_lowercase(),
+            "prompt_tokens": a.prompt_tokens,
+            "gen_tokens": a.gen_tokens,
+            "prefill_tok_s": median(&mut pre),
+            "decode_tok_s": median(&mut dec),
+            "prefill_tok_s_runs": pre,
+            "decode_tok_s_runs": dec,
+        });
+        println!("{j}");
+    } else {
+        println!(
         "prefill {} tokens: {:.1} tok/s; decode {} tokens: {:.1} tok/s (median of {} runs, {} threads)",
         a.prompt_tokens,
         median(&mut pre),
@@ -349,6 +370,7 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         a.runs,
         tessera_kernels::pool::global().threads()
     );
+    }
     if let Some(path) = &a.profile {
         tessera_engine::profile::enable(false);
         crate::profile_cmd::report(&tessera_engine::profile::take(), path)?;

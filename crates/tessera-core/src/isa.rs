@@ -143,6 +143,31 @@ impl CpuFeatures {
         CpuFeatures::default()
     }
 
+    /// The kernel paths this CPU cannot run, for reports that must say what stayed
+    /// unverified or unmeasured here (`avx512 (no AVX-512F/BW/VL)`, `neon (not an Arm
+    /// CPU)`, `vnni kernels (no AVX512_VNNI)`).
+    pub fn missing_paths(&self) -> Vec<String> {
+        let mut v: Vec<String> = Isa::ALL
+            .into_iter()
+            .filter(|i| !i.is_available())
+            .map(|i| match i {
+                Isa::Neon => "neon (not an Arm CPU)".to_string(),
+                Isa::Avx512 if cfg!(target_arch = "x86_64") => "avx512 (no AVX-512F/BW/VL)".into(),
+                Isa::Avx2 if cfg!(target_arch = "x86_64") => "avx2 (no AVX2+FMA)".into(),
+                other => format!("{} (not this architecture)", other.name()),
+            })
+            .collect();
+        if cfg!(target_arch = "x86_64") {
+            if !self.avx512_vnni {
+                v.push("avx512-vnni kernels (no AVX512_VNNI)".into());
+            }
+            if !self.avx512_bf16 {
+                v.push("avx512-bf16 kernels (no AVX512_BF16)".into());
+            }
+        }
+        v
+    }
+
     /// A one-line summary for reports (`avx512+bf16+vnni`).
     pub fn summary(&self) -> String {
         let mut s = Isa::available()
