@@ -418,7 +418,12 @@ fn open_with_tokenizer(dir: &Path) {
     let mut cache = KvCache::new(&model.cfg, 8).expect("cache");
     let logits = model.forward(&ids, &mut cache).expect("forward");
     assert_eq!(logits.len(), VOCAB);
-    assert!(logits.iter().all(|v| v.is_finite()));
+    // The same model as opening the directory itself: the same logits, bit for bit.
+    let (by_dir, _) = tessera_engine::open(&dir, &LoadOptions::default()).expect("directory");
+    let mut cache = KvCache::new(&by_dir.cfg, 8).expect("cache");
+    let want = by_dir.forward(&ids, &mut cache).expect("forward");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&logits), bits(&want));
 }
 
 /// A Qwen2 GGUF (biases, half-split RoPE, HF row order) through the GGUF loader, against

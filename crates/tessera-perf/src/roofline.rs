@@ -398,7 +398,6 @@ mod tests {
         std::fs::write(&path, serde_json::to_string(&sample()).unwrap()).unwrap();
         let r = Roofline::cached(&path, 1, false);
         assert_ne!(r.fingerprint, "test cpu <x>");
-        assert!(r.fma_gflops > 0.0 && r.dram_gbps > 0.0 && r.l2_gbps > 0.0);
         // Now the cache is this machine's and is returned as is (up to JSON's last digit).
         let again = Roofline::cached(&path, 1, false);
         assert_eq!(again.fingerprint, r.fingerprint);
