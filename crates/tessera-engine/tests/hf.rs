@@ -419,7 +419,7 @@ fn open_with_tokenizer(dir: &Path) {
     let logits = model.forward(&ids, &mut cache).expect("forward");
     assert_eq!(logits.len(), VOCAB);
     // The same model as opening the directory itself: the same logits, bit for bit.
-    let (by_dir, _) = tessera_engine::open(&dir, &LoadOptions::default()).expect("directory");
+    let (by_dir, _) = tessera_engine::open(dir, &LoadOptions::default()).expect("directory");
     let mut cache = KvCache::new(&by_dir.cfg, 8).expect("cache");
     let want = by_dir.forward(&ids, &mut cache).expect("forward");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
