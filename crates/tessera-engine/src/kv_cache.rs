@@ -140,13 +140,46 @@ pub struct KvStore {
     num_blocks: usize,
 }
 
-/// One sequence's view for attention: its block table and its cached length once this
-/// step's keys are in.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SeqSlots<'a> {
-    pub table: &'a [u32],
-    pub context: usize,
-    pub queries: usize,
+/// The block tables and lengths of one step's sequences in the varlen kernel's flat
+/// form, built once per step and shared by every layer.
+#[derive(Debug)]
+pub(crate) struct StepTables {
+    tables: Vec<u32>,
+    max_blocks: usize,
+    /// Cached length of each sequence once the step's keys are in.
+    pub lens: Vec<usize>,
+    /// Query rows of each sequence in the step.
+    pub q_lens: Vec<usize>,
+}
+
+impl StepTables {
+    /// From each sequence's (block table, context after the step, rows in the step).
+    pub fn new<'a>(seqs: impl ExactSizeIterator<Item = (&'a [u32], usize, usize)> + Clone) -> Self {
+        let max_blocks = seqs.clone().map(|s| s.1.div_ceil(BLOCK)).max().unwrap_or(0);
+        let n = seqs.len();
+        let mut t = StepTables {
+            tables: vec![0u32; n * max_blocks],
+            max_blocks,
+            lens: Vec::with_capacity(n),
+            q_lens: Vec::with_capacity(n),
+        };
+        for (i, (table, context, queries)) in seqs.enumerate() {
+            let b = context.div_ceil(BLOCK);
+            t.tables[i * max_blocks..][..b].copy_from_slice(&table[..b]);
+            t.lens.push(context);
+            t.q_lens.push(queries);
+        }
+        t
+    }
+
+    fn seqs(&self) -> VarlenSeqs<'_> {
+        VarlenSeqs {
+            block_tables: &self.tables,
+            max_blocks: self.max_blocks,
+            context_lens: &self.lens,
+            q_lens: &self.q_lens,
+        }
+    }
 }
 
 impl KvStore {
@@ -228,29 +261,12 @@ impl KvStore {
     pub(crate) fn attend(
         &self,
         layer: usize,
-        seqs: &[SeqSlots<'_>],
+        step: &StepTables,
         q: &TensorView<'_, f32>,
         out: &mut TensorViewMut<'_, f32>,
         params: VarlenParams,
     ) -> Result<()> {
-        let max_blocks = seqs
-            .iter()
-            .map(|s| s.context.div_ceil(BLOCK))
-            .max()
-            .unwrap_or(0);
-        let mut tables = vec![0u32; seqs.len() * max_blocks];
-        for (row, s) in tables.chunks_exact_mut(max_blocks.max(1)).zip(seqs) {
-            let n = s.context.div_ceil(BLOCK);
-            row[..n].copy_from_slice(&s.table[..n]);
-        }
-        let lens: Vec<usize> = seqs.iter().map(|s| s.context).collect();
-        let q_lens: Vec<usize> = seqs.iter().map(|s| s.queries).collect();
-        let vs = VarlenSeqs {
-            block_tables: &tables,
-            max_blocks,
-            context_lens: &lens,
-            q_lens: &q_lens,
-        };
+        let vs = step.seqs();
         let isa = Isa::best();
         with_pool!(&self.pools, p => {
             let view = self.view(&p.k[layer], &p.v[layer]);

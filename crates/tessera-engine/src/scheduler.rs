@@ -273,6 +273,15 @@ impl Scheduler {
 
     /// Checks a request as [`Scheduler::add`] would, without queueing it.
     pub fn check(&self, req: &GenRequest) -> Result<()> {
+        self.check_fields(req)?;
+        if let Some(g) = &req.grammar {
+            self.constraint(g)?;
+        }
+        Ok(())
+    }
+
+    /// Every check but the grammar's (which compiles a matcher).
+    fn check_fields(&self, req: &GenRequest) -> Result<()> {
         let c = &self.model.cfg;
         req.sampling.validate()?;
         if req.prompt.is_empty() {
@@ -313,9 +322,6 @@ impl Scheduler {
                 self.cfg.kv_blocks
             )));
         }
-        if let Some(g) = &req.grammar {
-            self.constraint(g)?;
-        }
         Ok(())
     }
 
@@ -330,16 +336,30 @@ impl Scheduler {
 
     /// Queues a request; bad requests are errors and queue nothing.
     pub fn add(&mut self, req: GenRequest) -> Result<SeqId> {
-        self.check(&req)?;
+        let seq = self.prepare(req)?;
+        Ok(self.enqueue(seq))
+    }
+
+    /// Queues requests as one group (a request's `n` choices): all of them, or none and
+    /// the first error. Each is checked, and its grammar compiled, once.
+    pub fn add_group(&mut self, reqs: Vec<GenRequest>) -> Result<Vec<SeqId>> {
+        let seqs = reqs
+            .into_iter()
+            .map(|r| self.prepare(r))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(seqs.into_iter().map(|s| self.enqueue(s)).collect())
+    }
+
+    /// A checked request as a sequence, not yet queued (its id is set by `enqueue`).
+    fn prepare(&self, req: GenRequest) -> Result<Seq> {
+        self.check_fields(&req)?;
         let constraint = req
             .grammar
             .as_ref()
             .map(|g| self.constraint(g))
             .transpose()?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.waiting.push_back(Seq {
-            id,
+        Ok(Seq {
+            id: 0,
             tokens: req.prompt.clone(),
             computed: 0,
             table: Vec::new(),
@@ -350,8 +370,15 @@ impl Scheduler {
             limit: limit(&req, self.model.cfg.context),
             constraint,
             req,
-        });
-        Ok(id)
+        })
+    }
+
+    fn enqueue(&mut self, mut seq: Seq) -> SeqId {
+        let id = self.next_id;
+        self.next_id += 1;
+        seq.id = id;
+        self.waiting.push_back(seq);
+        id
     }
 
     /// Stops a request: its blocks are freed now. Returns its final event, or None for an

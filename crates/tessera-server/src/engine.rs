@@ -194,12 +194,9 @@ fn submit(
     routes: &mut HashMap<SeqId, Route>,
     shared: &Shared,
 ) -> Result<Vec<EventRx>, String> {
-    for r in &reqs {
-        s.check(r).map_err(|e| e.to_string())?;
-    }
-    let mut out = Vec::with_capacity(reqs.len());
-    for r in reqs {
-        let id = s.add(r).map_err(|e| e.to_string())?;
+    let ids = s.add_group(reqs).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
         let (tx, rx) = tmpsc::unbounded_channel();
         routes.insert(
             id,

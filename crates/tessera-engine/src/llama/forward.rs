@@ -13,7 +13,7 @@
 //! A single generation is the same call with one sequence ([`Llama::forward`]).
 
 use super::{Llama, Result};
-use crate::kv_cache::{KvCache, KvStore, SeqSlots};
+use crate::kv_cache::{KvCache, KvStore, StepTables};
 use crate::linear::Linear;
 use crate::profile::{self, OpCost};
 use crate::Error;
@@ -181,6 +181,11 @@ impl Llama {
             )
         };
         let (rope_q, rope_k) = (rope(c.heads)?, rope(c.kv_heads)?);
+        // Every layer attends over the same tables: flattened once per step.
+        let step = StepTables::new(
+            seqs.iter()
+                .map(|q| (q.table, q.pos0 + q.tokens.len(), q.tokens.len())),
+        );
         for (l, layer) in self.layers.iter().enumerate() {
             // h = norm(x) (first layer), else x += previous MLP output; h = norm(x).
             if l == 0 {
@@ -206,7 +211,7 @@ impl Llama {
                     at += q.tokens.len();
                 }
             });
-            self.attend(l, store, seqs, &mut s, n)?;
+            self.attend(l, store, &step, &mut s, n)?;
             linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
             norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
             layer.gate_up.forward(
@@ -267,34 +272,27 @@ impl Llama {
         &self,
         layer: usize,
         store: &KvStore,
-        seqs: &[SeqInput<'_>],
+        step: &StepTables,
         s: &mut Scratch,
         n: usize,
     ) -> Result<()> {
         let c = &self.cfg;
         let hd = c.head_dim;
-        let slots: Vec<SeqSlots<'_>> = seqs
-            .iter()
-            .map(|q| SeqSlots {
-                table: q.table,
-                context: q.pos0 + q.tokens.len(),
-                queries: q.tokens.len(),
-            })
-            .collect();
         let att_cost = || {
             // Each query reads keys and values of its visible positions once.
             let (mut visible, mut seen) = (0, 0);
-            for q in &slots {
-                let (m, pos0) = (q.queries, q.context - q.queries);
-                visible += m * pos0 + m * (m + 1) / 2;
-                seen += q.context;
+            for (&m, &context) in step.q_lens.iter().zip(&step.lens) {
+                visible += m * (context - m) + m * (m + 1) / 2;
+                seen += context;
             }
             let bytes = 2 * store.dtype().size_bytes() * seen * c.kv_dim() + 8 * n * c.dim;
-            let decode = slots.iter().all(|q| q.queries == 1);
-            let shape = format!("{n}q x {seen}kv");
-            (decode, cost(shape, 4 * c.heads * hd * visible, bytes))
+            cost(
+                format!("{n}q x {seen}kv"),
+                4 * c.heads * hd * visible,
+                bytes,
+            )
         };
-        let decode = att_cost().0;
+        let decode = step.q_lens.iter().all(|&m| m == 1);
         let qv = view(&s.qr, &[n, c.heads, hd])?;
         let mut out = TensorViewMut::contiguous(&mut s.att, &[n, c.heads, hd])?;
         let params = VarlenParams {
@@ -306,11 +304,9 @@ impl Llama {
         } else {
             "attention_prefill"
         };
-        profile::record(
-            op,
-            || att_cost().1,
-            || store.attend(layer, &slots, &qv, &mut out, params),
-        )
+        profile::record(op, att_cost, || {
+            store.attend(layer, step, &qv, &mut out, params)
+        })
     }
 }
 
