@@ -17,6 +17,7 @@ use tessera_engine::kv_cache::{KvDtype, KvStore};
 use tessera_engine::llama::Config;
 use tessera_engine::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig, SeqId};
 use tessera_engine::tokenizer::Tokenizer;
+use tessera_perf::stats::quantile;
 
 /// The scheduler's limits, shared by every command that batches.
 #[derive(Args, Debug, Clone)]
@@ -163,14 +164,6 @@ fn prompts(tok: &Tokenizer, a: &BenchServeArgs) -> Result<Vec<Vec<u32>>> {
         .collect()
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.requests == 0 || a.concurrency == 0 || a.gen_tokens == 0 {
         bail!("--requests, --concurrency and --gen-tokens must be at least 1");
@@ -306,13 +299,13 @@ fn report(
         v.into_iter().map(|t| t.1).collect()
     };
     let generated: usize = streams.iter().map(|t| t.tokens.len()).sum();
-    let mut ttft: Vec<f64> = streams
+    let ttft: Vec<f64> = streams
         .iter()
         .filter_map(|t| t.tokens.first().map(|f| f - t.added))
         .collect();
     let first_ttft = ttft.first().copied().unwrap_or(f64::NAN);
-    let rest_ttft = percentile(&mut ttft[1.min(ttft.len())..].to_vec(), 0.5);
-    let mut itl: Vec<f64> = streams
+    let rest_ttft = quantile(&ttft[1.min(ttft.len())..], 0.5);
+    let itl: Vec<f64> = streams
         .iter()
         .flat_map(|t| t.tokens.windows(2).map(|w| w[1] - w[0]))
         .collect();
@@ -323,8 +316,8 @@ fn report(
     let st = s.stats();
     let hit_rate = st.blocks.hit_tokens as f64 / st.blocks.lookup_tokens.max(1) as f64;
     let host = host_label();
-    let pct = |v: &mut Vec<f64>| [0.5, 0.9, 0.99].map(|p| percentile(v, p) * 1e3);
-    let (t, i) = (pct(&mut ttft), pct(&mut itl));
+    let pct = |v: &[f64]| [0.5, 0.9, 0.99].map(|p| quantile(v, p) * 1e3);
+    let (t, i) = (pct(&ttft), pct(&itl));
     let j = serde_json::json!({
         "host": host,
         "requests": a.requests,
@@ -395,15 +388,7 @@ fn report(
 
 /// CPU model, best ISA and pool threads: the label every figure carries.
 pub fn host_label() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let model = tessera_perf::regress::cpu_model();
     format!(
         "{model}, {}, {} threads",
         tessera_core::CpuFeatures::get().summary(),

@@ -415,9 +415,9 @@ pub fn normalize(samples_s: &[f64], bound: &str, dram_gbps: f64, peak_gflops: f6
     samples_s.iter().map(|s| s * rate).collect()
 }
 
-/// This machine as baselines identify it.
-pub fn fingerprint(threads: usize) -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
+/// The CPU's model name (`/proc/cpuinfo`), or the architecture where it is not known.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
             t.lines()
@@ -425,7 +425,12 @@ pub fn fingerprint(threads: usize) -> String {
                 .and_then(|l| l.split(':').nth(1))
                 .map(|m| m.trim().to_string())
         })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// This machine as baselines identify it.
+pub fn fingerprint(threads: usize) -> String {
+    let model = cpu_model();
     format!(
         "{model} | {} | {threads} threads | {}",
         tessera_core::CpuFeatures::get().summary(),
