@@ -51,9 +51,11 @@ pub struct BlockStats {
 }
 
 /// The pool's bookkeeping (the keys and values themselves live in a
-/// [`crate::kv_cache::KvStore`] of the same number of blocks).
+/// [`crate::kv_cache::KvStore`] of the same number of blocks). Crate-internal: the
+/// scheduler is its only user and upholds what its methods assume (block ids from this
+/// manager, full blocks of [`BLOCK`] tokens).
 #[derive(Debug)]
-pub struct BlockManager {
+pub(crate) struct BlockManager {
     refs: Vec<u32>,
     /// Never-keyed (or evicted) unreferenced blocks.
     free: Vec<u32>,
@@ -71,7 +73,7 @@ pub struct BlockManager {
 
 impl BlockManager {
     /// A pool of `total` blocks; `prefix_caching` off makes every release a plain free.
-    pub fn new(total: usize, prefix_caching: bool) -> Self {
+    pub(crate) fn new(total: usize, prefix_caching: bool) -> Self {
         BlockManager {
             refs: vec![0; total],
             free: (0..total as u32).rev().collect(),
@@ -88,16 +90,16 @@ impl BlockManager {
         }
     }
 
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.refs.len()
     }
 
     /// Blocks an allocation can take now (free plus evictable).
-    pub fn available(&self) -> usize {
+    pub(crate) fn available(&self) -> usize {
         self.free.len() + self.lru.len()
     }
 
-    pub fn stats(&self) -> BlockStats {
+    pub(crate) fn stats(&self) -> BlockStats {
         BlockStats {
             used: self.total() - self.available(),
             cached: self.lru.len(),
@@ -107,7 +109,7 @@ impl BlockManager {
 
     /// Takes the cached blocks of the longest prefix of `tokens` (whole blocks, at most
     /// `max_tokens` positions) and returns them with their keys; each gets a reference.
-    pub fn acquire_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<u64>) {
+    pub(crate) fn acquire_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<u64>) {
         let (mut blocks, mut hashes) = (Vec::new(), Vec::new());
         let whole = max_tokens.min(tokens.len()) / BLOCK;
         self.stats.lookup_tokens += (whole * BLOCK) as u64;
@@ -144,7 +146,7 @@ impl BlockManager {
 
     /// Allocates `n` fresh blocks (each with one reference), or none when fewer than `n`
     /// are available.
-    pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+    pub(crate) fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if n > self.available() {
             return None;
         }
@@ -171,7 +173,7 @@ impl BlockManager {
     /// Keys full block `index` of a sequence (`tokens` are its positions, `parent` the
     /// previous block's key) so later prefixes can find it; returns its key. A block
     /// whose key another block already holds stays unkeyed (both hold the same values).
-    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
+    pub(crate) fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
         let hash = block_hash(parent, tokens);
         if self.prefix_caching
             && self.meta[block as usize].is_none()
@@ -191,7 +193,7 @@ impl BlockManager {
 
     /// Drops one reference to each block; blocks nobody holds become free (or cached,
     /// LRU-ordered, when they carry a key).
-    pub fn release(&mut self, blocks: &[u32]) {
+    pub(crate) fn release(&mut self, blocks: &[u32]) {
         // Later blocks of a sequence are released first so that, under eviction, a
         // prefix's tail goes before its head (the head is what other prompts share).
         for &b in blocks.iter().rev() {
