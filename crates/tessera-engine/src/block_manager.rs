@@ -109,7 +109,11 @@ impl BlockManager {
 
     /// Takes the cached blocks of the longest prefix of `tokens` (whole blocks, at most
     /// `max_tokens` positions) and returns them with their keys; each gets a reference.
-    pub(crate) fn acquire_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<u64>) {
+    pub(crate) fn acquire_prefix(
+        &mut self,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> (Vec<u32>, Vec<u64>) {
         let (mut blocks, mut hashes) = (Vec::new(), Vec::new());
         let whole = max_tokens.min(tokens.len()) / BLOCK;
         self.stats.lookup_tokens += (whole * BLOCK) as u64;

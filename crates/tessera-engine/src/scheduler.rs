@@ -210,6 +210,8 @@ struct Seq {
     hashes: Vec<u64>,
     rng: rand::rngs::StdRng,
     text: TextStream,
+    /// Incremental detokenization of the generated tokens ([`Detok`]).
+    detok: Detok,
     /// Prompt positions the prefix cache gave at first admission (None before it).
     cached_tokens: Option<usize>,
     /// Positions the sequence may reach: prompt + max_tokens, at most the context.
@@ -366,6 +368,7 @@ impl Scheduler {
             hashes: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(req.sampling.seed),
             text: TextStream::new(&req.stop),
+            detok: Detok::default(),
             cached_tokens: None,
             limit: limit(&req, self.model.cfg.context),
             constraint,
@@ -669,6 +672,39 @@ impl Scheduler {
     }
 }
 
+/// The generated text, decoded a few tokens at a time instead of whole after every token
+/// (which made each step O(generated tokens) per sequence). Tokens `prefix..read` were
+/// decoded last time; decoding `prefix..` again and keeping what extends that text gives
+/// the new characters with the context a decoder needs (leading spaces, merged bytes),
+/// and waits while the last token ends inside a UTF-8 character.
+#[derive(Clone, Debug, Default)]
+struct Detok {
+    prefix: usize,
+    read: usize,
+    text: String,
+}
+
+impl Detok {
+    /// The whole text of `generated` (which grew by one token since the last call).
+    fn advance(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<&str> {
+        let before = tok.decode(&generated[self.prefix..self.read])?;
+        let now = tok.decode(&generated[self.prefix..])?;
+        match now.strip_prefix(before.as_str()) {
+            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
+                self.text.push_str(new);
+                (self.prefix, self.read) = (self.read, generated.len());
+            }
+            Some(_) => {}
+            // A decoder whose output for a window is not an extension: decode it all.
+            None => {
+                self.text = tok.decode(generated)?;
+                (self.prefix, self.read) = (generated.len(), generated.len());
+            }
+        }
+        Ok(&self.text)
+    }
+}
+
 /// Positions a request may reach.
 fn limit(req: &GenRequest, context: usize) -> usize {
     req.prompt.len().saturating_add(req.max_tokens).min(context)
@@ -706,7 +742,8 @@ fn next_token(
     }
     let logprob = s.req.logprobs.map(|k| logprobs(logits, next, k));
     s.tokens.push(next);
-    let piece = s.text.push(&tok.decode(s.generated())?);
+    let generated = &s.tokens[s.req.prompt.len()..];
+    let piece = s.text.push(s.detok.advance(tok, generated)?);
     let ev = Event::Token {
         id: s.id,
         token: next,
