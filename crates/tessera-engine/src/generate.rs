@@ -213,6 +213,7 @@ pub fn generate(
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut text = TextStream::new(&req.stop);
+    let mut detok = Detok::default();
     while stats.generated.len() < req.max_tokens && cache.len() < capacity {
         let next = sample(&logits, &history, sampling, &mut rng)?;
         if !req.ignore_eos && tok.stop.contains(&next) {
@@ -221,7 +222,7 @@ pub fn generate(
         }
         stats.generated.push(next);
         history.push(next);
-        let piece = text.push(&tok.decode(&stats.generated)?);
+        let piece = text.push(detok.advance(tok, &stats.generated)?);
         if !piece.text.is_empty() {
             on_text(&piece.text);
         }
@@ -242,6 +243,39 @@ pub fn generate(
     stats.text = text.text().to_string();
     stats.decode_s = t1.elapsed().as_secs_f64();
     Ok(stats)
+}
+
+/// The generated text, decoded a few tokens at a time instead of whole after every token
+/// (which made each step O(generated tokens) per sequence). Tokens `prefix..read` were
+/// decoded last time; decoding `prefix..` again and keeping what extends that text gives
+/// the new characters with the context a decoder needs (leading spaces, merged bytes),
+/// and waits while the last token ends inside a UTF-8 character.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Detok {
+    prefix: usize,
+    read: usize,
+    text: String,
+}
+
+impl Detok {
+    /// The whole text of `generated` (which grew by one token since the last call).
+    pub(crate) fn advance(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<&str> {
+        let before = tok.decode(&generated[self.prefix..self.read])?;
+        let now = tok.decode(&generated[self.prefix..])?;
+        match now.strip_prefix(before.as_str()) {
+            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
+                self.text.push_str(new);
+                (self.prefix, self.read) = (self.read, generated.len());
+            }
+            Some(_) => {}
+            // A decoder whose output for a window is not an extension: decode it all.
+            None => {
+                self.text = tok.decode(generated)?;
+                (self.prefix, self.read) = (generated.len(), generated.len());
+            }
+        }
+        Ok(&self.text)
+    }
 }
 
 /// New text of one step of a [`TextStream`].

@@ -21,7 +21,7 @@
 //! depend on which other sequences share its steps.
 
 use crate::block_manager::{BlockManager, BlockStats};
-use crate::generate::{sample, Sampling, TextStream};
+use crate::generate::{sample, Detok, Sampling, TextStream};
 use crate::kv_cache::{KvDtype, KvStore, BLOCK};
 use crate::llama::{Llama, LogitRows, SeqInput};
 use crate::structured::{Constraint, Grammar, Grammars};
@@ -669,39 +669,6 @@ impl Scheduler {
         let at = self.waiting.partition_point(|w| w.id < seq.id);
         self.waiting.insert(at, seq);
         true
-    }
-}
-
-/// The generated text, decoded a few tokens at a time instead of whole after every token
-/// (which made each step O(generated tokens) per sequence). Tokens `prefix..read` were
-/// decoded last time; decoding `prefix..` again and keeping what extends that text gives
-/// the new characters with the context a decoder needs (leading spaces, merged bytes),
-/// and waits while the last token ends inside a UTF-8 character.
-#[derive(Clone, Debug, Default)]
-struct Detok {
-    prefix: usize,
-    read: usize,
-    text: String,
-}
-
-impl Detok {
-    /// The whole text of `generated` (which grew by one token since the last call).
-    fn advance(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<&str> {
-        let before = tok.decode(&generated[self.prefix..self.read])?;
-        let now = tok.decode(&generated[self.prefix..])?;
-        match now.strip_prefix(before.as_str()) {
-            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
-                self.text.push_str(new);
-                (self.prefix, self.read) = (self.read, generated.len());
-            }
-            Some(_) => {}
-            // A decoder whose output for a window is not an extension: decode it all.
-            None => {
-                self.text = tok.decode(generated)?;
-                (self.prefix, self.read) = (generated.len(), generated.len());
-            }
-        }
-        Ok(&self.text)
     }
 }
 
