@@ -56,7 +56,7 @@ pub(super) unsafe fn dots<const R: usize>(
                     },
                     Meta::Factored(_) | Meta::SplitI8(_) => unreachable!("factored \
                         metadata is only built interleaved, which `reading` sends to \
-                        `avx2_rows8`"),
+                        `rows8`"),
                 },)*
             }
         };

@@ -4,7 +4,7 @@
 //! Why its own kernel: the row layout stores Q6_K one byte per weight plus an f32 per
 //! 16 weights, 40 bytes per 32 against the file's 26.25, which capped decode at ~66 %
 //! of the file-size roofline. Here the codes keep the file's 6 bits (a nibble plane as
-//! in `avx2_rows8`, plus a 2-bit plane whose crumbs OR into bits 4–5) and the scales its
+//! in `rows8`, plus a 2-bit plane whose crumbs OR into bits 4–5) and the scales its
 //! i8 per 16 weights and f16 per 256, so the bytes streamed are the file's.
 //!
 //! Arithmetic per chunk, row and activation row: codes u < 64 and |q_x| ≤ 127 make each
@@ -16,8 +16,8 @@
 //! sub-scale-weighted sum is exact in i32 (|·| < 2²⁶), and one conversion and one FMA
 //! by d·d_x finish it.
 
-use super::avx2_rows8::{prefetch_pair, store_group};
 use super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
+use super::rows8::{prefetch_pair, store_group};
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;

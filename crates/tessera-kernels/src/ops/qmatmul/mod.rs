@@ -130,7 +130,7 @@ pub fn qmatmul_packed(
 ) -> Result<()> {
     let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
     if m <= INT8_BATCH_M || int8_prefill_pays(isa, w) {
-        return qmatmul_int8(engine_int8_isa(isa), threads, w, x, y);
+        return qmatmul_int8(engine_int8_isa(isa, w), threads, w, x, y);
     }
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
@@ -149,15 +149,17 @@ pub fn qmatmul_packed(
 /// M = 128 a tie (56 against 53); Q8_0 32×960×576 0.27 against 0.49 ms.
 pub const INT8_BATCH_M: usize = 64;
 
-/// The ISA whose integer kernel [`qmatmul_packed`] runs for `isa`: AVX2's where the CPU
-/// has it. The row-major VNNI kernel lost to the AVX2 ones at every shape measured on a
-/// Zen 4 host (2 threads; `tessera bench qmatmul --shape MxNxK`, variants avx2-int8,
-/// avx2-int8-r8 and avx512-vnni): Q8_0 49152×576 at M = 1 0.74 ms (AVX2) against 1.13,
-/// at M = 16 6.8 against 8.5 ms; Q4_1 3072×576 interleaved 32 µs and 210 µs against
-/// 69 µs and 648 µs. The VNNI kernel stays a registry variant, verified and benchmarked.
-pub fn engine_int8_isa(isa: Isa) -> Isa {
+/// The ISA whose integer kernel [`qmatmul_packed`] runs for `isa` over `w`. Interleaved
+/// weights keep it: on a VNNI CPU their `vpdpbusd` loop beat the `vpmaddubsw` one (Zen 4
+/// host, 2 threads, Q4_1 at M = 16: 3072×576 173 against 202–308 µs, 576×1536 93–97
+/// against 112–114 µs, a tie at M = 1; `tessera bench qmatmul --shape MxNxK --dtype q4_1`,
+/// variants avx512-vnni-r8 and avx2-int8-r8). Row-major weights take AVX2's kernel where
+/// the CPU has it: the row-major VNNI kernel lost to it at every shape measured (Q8_0
+/// 49152×576 at M = 1 0.74 ms against 1.13, at M = 16 6.8 against 8.5 ms); it stays a
+/// registry variant, verified and benchmarked.
+pub fn engine_int8_isa(isa: Isa, w: &PackedWeights) -> Isa {
     match isa {
-        Isa::Avx512 if Isa::Avx2.is_available() => Isa::Avx2,
+        Isa::Avx512 if !w.layout.interleaved() && Isa::Avx2.is_available() => Isa::Avx2,
         other => other,
     }
 }
@@ -172,7 +174,12 @@ pub fn engine_int8_isa(isa: Isa) -> Isa {
 /// so it keeps the GEMM.
 fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if isa.is_available() && IntKernel::for_isa(isa).reading(w) == IntKernel::Avx2Rows8 {
+    if isa.is_available()
+        && matches!(
+            IntKernel::for_isa(isa).reading(w),
+            IntKernel::Avx2Rows8 | IntKernel::VnniRows8
+        )
+    {
         return w.layout == packed::CodeLayout::Nibbles8
             && !matches!(w.meta, packed::Meta::SplitI8(_));
     }
@@ -300,13 +307,16 @@ fn run_int8(
             // SAFETY: as above; `reading` chose it for interleaved weights, and the
             // driver below hands it whole groups (r a multiple of 8, out reaching the
             // 8th row's mc outputs at 7·M_CHUNK + mc).
-            IntKernel::Avx2Rows8 => unsafe { avx2_rows8::dots(w, r, &a[..mc], out) },
+            IntKernel::Avx2Rows8 => unsafe { rows8::dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for Avx2Rows8; `for_isa` chose Vnni, so the CPU has VNNI.
+            IntKernel::VnniRows8 => unsafe { rows8::dots_vnni(w, r, &a[..mc], out) },
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        IntKernel::Avx2Rows8 => {
+        IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
@@ -325,6 +335,9 @@ enum IntKernel {
     /// `vpmaddubsw` over 4-bit weights interleaved 8 rows at a time, 8 rows per call.
     #[cfg(target_arch = "x86_64")]
     Avx2Rows8,
+    /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
+    #[cfg(target_arch = "x86_64")]
+    VnniRows8,
     /// AVX2 W8A8 with one scale per weight row and per activation row: integer sums over
     /// the whole row, scaled once.
     #[cfg(target_arch = "x86_64")]
@@ -346,15 +359,21 @@ impl IntKernel {
         IntKernel::Portable
     }
 
-    /// The kernel that reads `w`'s layout: VNNI reads row-major codes and f32 metadata
-    /// only, so f16 metadata or interleaved rows (packed on a CPU without VNNI) go to the
-    /// AVX2 kernels, which every VNNI CPU has; interleaved rows take their own.
+    /// The kernel that reads `w`'s layout: interleaved rows take the interleaved loop
+    /// of the same instruction set; the row-major VNNI kernel reads f32 metadata only,
+    /// so f16 metadata (packed on a CPU without VNNI) goes to the AVX2 kernel, which
+    /// every VNNI CPU has.
     fn reading(self, w: &PackedWeights) -> Self {
         #[cfg(target_arch = "x86_64")]
         match self {
-            IntKernel::Vnni | IntKernel::Avx2 if w.layout.interleaved() => {
-                return IntKernel::Avx2Rows8
+            IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,
+            // Interleaved full bytes are packed only on VNNI CPUs; `vpmaddubsw` would
+            // saturate on them, so an ISA forced below (TESSERA_ISA=avx2) reads them
+            // through the portable loop.
+            IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 => {
+                return IntKernel::Portable
             }
+            IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,
             IntKernel::Vnni if matches!(w.meta, packed::Meta::F16 { .. }) => {
                 return IntKernel::Avx2
             }
@@ -579,10 +598,10 @@ mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_planes8;
 #[cfg(target_arch = "x86_64")]
-mod avx2_rows8;
-#[cfg(target_arch = "x86_64")]
 mod avx2_w8a8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_k;
+#[cfg(target_arch = "x86_64")]
+mod rows8;

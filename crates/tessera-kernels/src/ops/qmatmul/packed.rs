@@ -29,9 +29,9 @@
 //! built elsewhere go to the AVX2 kernel.
 //!
 //! 4-bit formats with one scale per chunk, and Q3_K/Q6_K, are instead interleaved 8
-//! rows at a time ([`PackedWeights::interleaved`]), the layout the AVX2 decode kernels
-//! need to stop being instruction-bound (on VNNI CPUs too: it beats the row-major VNNI
-//! kernel there, [`PackedWeights::new`]); 4-bit bytes are the
+//! rows at a time ([`PackedWeights::interleaved`]), the layout the decode kernels need
+//! to stop being instruction-bound (`rows8`, with `vpmaddubsw` or `vpdpbusd`; on VNNI
+//! CPUs the 8-bit formats too, [`CodeLayout::Bytes8`]); 4-bit bytes are the
 //! same, only their order changes, and Q6_K's codes split into a nibble plane and a
 //! 2-bit plane, its file's 6.5625 bits per weight instead of the row layout's 10.
 //! `dequantize_row` reads every layout.
@@ -135,6 +135,10 @@ pub(super) enum CodeLayout {
     /// As `Nibbles8` for the low 4 bits, each chunk pair followed by a plane of the
     /// codes' top 2 bits (Q6_K).
     Planes8,
+    /// [`ROWS8`] rows interleaved per chunk, a byte per code (Q8_0, Q8_K), only on CPUs
+    /// with AVX512_VNNI ([`PackedWeights::can_interleave`]): register t of chunk c holds
+    /// each row's codes 4t..4t+4.
+    Bytes8,
 }
 
 impl CodeLayout {
@@ -143,13 +147,17 @@ impl CodeLayout {
             (false, false) => CodeLayout::Bytes,
             (false, true) => CodeLayout::Nibbles,
             (true, true) => CodeLayout::Nibbles8,
-            (true, false) => CodeLayout::Planes8,
+            (true, false) if B::SPLIT_I8_SCALES => CodeLayout::Planes8,
+            (true, false) => CodeLayout::Bytes8,
         }
     }
 
-    /// Whether rows are interleaved 8 at a time (`avx2_rows8`, `avx2_planes8`).
+    /// Whether rows are interleaved 8 at a time (`rows8`, `avx2_planes8`).
     pub(super) fn interleaved(self) -> bool {
-        matches!(self, CodeLayout::Nibbles8 | CodeLayout::Planes8)
+        matches!(
+            self,
+            CodeLayout::Nibbles8 | CodeLayout::Planes8 | CodeLayout::Bytes8
+        )
     }
 }
 
@@ -164,10 +172,11 @@ pub(super) const PLANES_PAIR_BYTES: usize = GROUP_PAIR_BYTES + GROUP_PAIR_BYTES 
 impl PackedWeights {
     /// Repacks `w` (dequantization semantics unchanged: the packed values are the
     /// format's own u, d, m) in the layout the fastest kernel reads: interleaved wherever
-    /// the format allows it. On VNNI CPUs too: measured on a Zen 4 host (2 threads, Q4_1
-    /// 3072×576), the AVX2 interleaved kernel took 32 µs at M = 1 and 210 µs at M = 16,
-    /// the row-major VNNI kernel 69 and 648 µs (`tessera bench qmatmul --shape
-    /// MxNxK --dtype q4_1`, variants avx2-int8-r8 and avx512-vnni).
+    /// the format allows it ([`PackedWeights::can_interleave`]). Measured on a Zen 4
+    /// host (2 threads; `tessera bench qmatmul --shape MxNxK --dtype D`): Q4_1 3072×576
+    /// interleaved 32 µs at M = 1 and 173 µs at M = 16 (avx512-vnni-r8), row-major VNNI
+    /// 69 and 648 µs; Q8_0 49152×576 interleaved 3.8–3.9 ms at M = 16 against the
+    /// row-major AVX2 kernel's 7.0–9.8, a tie at M = 1 (DRAM-bound).
     pub fn new<B: BlockFormat>(w: &QuantMatrix<B>) -> Self {
         let interleave = Self::can_interleave::<B>();
         Self::build(w, interleave)
@@ -185,7 +194,7 @@ impl PackedWeights {
     /// 4t..4t+4, high: chunk 2p+1's). One `vpmaddubsw` against 4 broadcast activation
     /// bytes then feeds 8 rows' sums, and the i32 lanes are the 8 rows' dots with no
     /// horizontal reduction, so a decode kernel spends ~2.5× fewer instructions per
-    /// weight (`avx2_rows8`). Scales and minima go per group, per chunk, 8 rows
+    /// weight (`rows8`). Scales and minima go per group, per chunk, 8 rows
     /// contiguous, so one load covers a chunk's 8 rows.
     ///
     /// Also Q3_K and Q6_K, whose 16-weight halves have their own i8 scales (times one
@@ -198,9 +207,14 @@ impl PackedWeights {
         Self::can_interleave::<B>().then(|| Self::build(w, true))
     }
 
-    /// Whether [`PackedWeights::interleaved`] takes format B.
+    /// Whether [`PackedWeights::interleaved`] takes format B. The 8-bit formats (offset
+    /// 128, one scale per chunk) only where the CPU has AVX512_VNNI: `vpdpbusd` takes
+    /// full unsigned bytes, while `vpmaddubsw` would saturate on them, so without VNNI
+    /// they keep the row layout and its signed-byte kernel (`avx2_int8`).
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
-        (B::NIBBLES && !B::SPLIT16) || B::SPLIT_I8_SCALES
+        (B::NIBBLES && !B::SPLIT16)
+            || B::SPLIT_I8_SCALES
+            || (B::OFFSET == 128 && !B::SPLIT16 && CpuFeatures::get().avx512_vnni)
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {
@@ -310,16 +324,20 @@ impl PackedWeights {
     /// its low bits ([`PackedWeights::low_mask`]), and in 6-bit planes of its top 2.
     fn code_places(&self, r: usize, b: usize, j: usize) -> ((usize, u32), Option<(usize, u32)>) {
         let nibble = 4 * (b % 2) as u32;
+        let lane = (r % ROWS8) * 4 + j % 4;
         match self.layout {
             CodeLayout::Bytes => return ((r * self.row_bytes() + b * QK + j, 0), None),
             CodeLayout::Nibbles => {
                 return ((r * self.row_bytes() + (b / 2) * QK + j, nibble), None)
             }
+            CodeLayout::Bytes8 => {
+                let unit = (r / ROWS8) * self.group_bytes() + b * ROWS8 * QK;
+                return ((unit + (j / 4) * QK + lane, 0), None);
+            }
             CodeLayout::Nibbles8 | CodeLayout::Planes8 => {}
         }
         let pairs = (self.cols / QK).div_ceil(2);
         let unit = ((r / ROWS8) * pairs + b / 2) * self.group_pair_bytes();
-        let lane = (r % ROWS8) * 4 + j % 4;
         let low = (unit + (j / 4) * QK + lane, nibble);
         let top = (self.layout == CodeLayout::Planes8).then(|| {
             let register = (j / 4) % 4;
@@ -335,7 +353,7 @@ impl PackedWeights {
     /// The bits of a code stored at its low place: 4 in nibble layouts (the 6-bit
     /// planes' low plane included), all 8 in byte rows.
     fn low_mask(&self) -> u8 {
-        if self.layout == CodeLayout::Bytes {
+        if matches!(self.layout, CodeLayout::Bytes | CodeLayout::Bytes8) {
             0xFF
         } else {
             0xF
@@ -396,10 +414,11 @@ impl PackedWeights {
             return;
         }
         let stride = if self.layout.interleaved() { QK } else { 4 };
+        let mask = self.low_mask();
         for (t, four) in out.chunks_exact_mut(4).enumerate() {
             let bytes = &self.quants[low + t * stride..][..4];
             for (o, &v) in four.iter_mut().zip(bytes) {
-                *o = (v >> shift) & 0xF;
+                *o = (v >> shift) & mask;
             }
         }
         if let Some((top, _)) = top {
@@ -534,12 +553,16 @@ impl PackedWeights {
             GROUP_PAIR_BYTES
         }
     }
+    /// Code bytes of an interleaved group of [`ROWS8`] rows.
+    pub(super) fn group_bytes(&self) -> usize {
+        ROWS8 * self.row_bytes()
+    }
     /// Code bytes per row: 16 per 32 weights for nibbles (an odd last chunk padded),
     /// 24 for 6-bit planes, 32 for bytes.
     pub(super) fn row_bytes(&self) -> usize {
         let pairs = (self.cols / QK).div_ceil(2);
         match self.layout {
-            CodeLayout::Bytes => self.cols,
+            CodeLayout::Bytes | CodeLayout::Bytes8 => self.cols,
             CodeLayout::Nibbles | CodeLayout::Nibbles8 => pairs * QK,
             CodeLayout::Planes8 => pairs * PLANES_PAIR_BYTES / ROWS8,
         }

@@ -71,7 +71,13 @@ fn only_offset_128_formats_have_wide_codes() {
             widest = widest.max(*codes.iter().max().unwrap());
         }
         if p.signed_bytes() {
-            assert_eq!(p.layout, CodeLayout::Bytes, "{dtype}");
+            // Full bytes interleave only for `vpdpbusd`; `vpmaddubsw` reads them as rows.
+            let want = if CpuFeatures::get().avx512_vnni && dtype != DType::I8 {
+                CodeLayout::Bytes8
+            } else {
+                CodeLayout::Bytes
+            };
+            assert_eq!(p.layout, want, "{dtype}");
         } else {
             assert!(widest < 64, "{dtype}: code {widest}");
         }
@@ -218,7 +224,7 @@ fn packed_rows_are_the_formats_values() {
             let y = apply(&x, (m, cols, rows), |x, y| qmatmul_packed(isa, 2, &p, x, y));
             if super::super::int8_prefill_pays(isa, &p) {
                 let y_int8 = apply(&x, (m, cols, rows), |x, y| {
-                    qmatmul_int8(engine_int8_isa(isa), 2, &p, x, y)
+                    qmatmul_int8(engine_int8_isa(isa, &p), 2, &p, x, y)
                 });
                 assert_eq!(y, y_int8, "{at}: prefill over packed rows, integer path");
                 int8_prefills += 1;
@@ -233,7 +239,7 @@ fn packed_rows_are_the_formats_values() {
                 "{at}: K"
             );
             assert!(
-                p.size_bytes() > 0 && p.size_bytes() < rows * cols * 2,
+                p.size_bytes() > 0 && p.size_bytes() < p.stored_rows() * cols * 2,
                 "{at}"
             );
         }
@@ -250,13 +256,21 @@ fn packed_rows_are_the_formats_values() {
 /// layout, over ragged groups (1, 7, 9, 17 rows: padding in the last group), odd
 /// chunk counts (K = 96), every activation-row count of a call (1–4, and 6 = 4 + 2),
 /// and 1 or 3 threads (groups split across tasks); NaN-poisoned outputs, and a NaN
-/// activation reaching exactly its row.
+/// activation reaching exactly its row. Both instances of the loop where the CPU has
+/// them: `vpmaddubsw` (AVX2) and `vpdpbusd` (the AVX-512 ISA with AVX512_VNNI).
 #[test]
 fn interleaved_kernel_matches_portable() {
     if !Isa::Avx2.is_available() {
         eprintln!("skipped: no AVX2");
         return;
     }
+    let vnni = CpuFeatures::get().avx512_vnni;
+    let isas: &[Isa] = if vnni {
+        &[Isa::Avx2, Isa::Avx512]
+    } else {
+        eprintln!("the vpdpbusd instance skipped: no AVX512_VNNI on this CPU");
+        &[Isa::Avx2]
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     let mut formats = 0;
     for dtype in BLOCK_DTYPES {
@@ -277,29 +291,31 @@ fn interleaved_kernel_matches_portable() {
                     qmatmul_int8(Isa::Scalar, 1, row_major, x, y)
                 });
                 let scale: f32 = x.iter().map(|v| v.abs()).sum::<f32>() / m as f32;
-                for threads in [1, 3] {
+                for (&isa, threads) in isas.iter().flat_map(|i| [(i, 1), (i, 3)]) {
                     let got = apply(&x, (m, k, rows), |x, y| {
-                        qmatmul_int8(Isa::Avx2, threads, interleaved, x, y)
+                        qmatmul_int8(isa, threads, interleaved, x, y)
                     });
                     for (g, w) in got.iter().zip(&want) {
                         assert!(
                             (g - w).abs() <= 1e-5 * scale,
-                            "{dtype} {rows}x{k} m {m}: {g} vs {w}"
+                            "{dtype} {isa} {rows}x{k} m {m}: {g} vs {w}"
                         );
                     }
                 }
                 x[(m - 1) * k + k / 2] = f32::NAN;
-                let got = apply(&x, (m, k, rows), |x, y| {
-                    qmatmul_int8(Isa::Avx2, 2, interleaved, x, y)
-                });
-                let (before, last) = got.split_at((m - 1) * rows);
-                assert!(before.iter().all(|v| v.is_finite()), "{dtype} m {m}");
-                assert!(last.iter().all(|v| v.is_nan()), "{dtype} m {m}");
+                for &isa in isas {
+                    let got = apply(&x, (m, k, rows), |x, y| {
+                        qmatmul_int8(isa, 2, interleaved, x, y)
+                    });
+                    let (before, last) = got.split_at((m - 1) * rows);
+                    assert!(before.iter().all(|v| v.is_finite()), "{dtype} {isa} m {m}");
+                    assert!(last.iter().all(|v| v.is_nan()), "{dtype} {isa} m {m}");
+                }
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K.
-    assert_eq!(formats, 8);
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K; with VNNI Q8_0 and Q8_K.
+    assert_eq!(formats, if vnni { 10 } else { 8 });
 }
 
 /// Activation quantization is compiled per ISA (it runs on one thread before every

@@ -79,15 +79,25 @@ const INT8: Int8Labels = Int8Labels {
 /// The AVX2 integer kernel over weights interleaved 8 rows at a time
 /// ([`PackedWeights::interleaved`]; "avx2-int8" runs the row-major layout).
 const INTERLEAVED: &str = "avx2-int8-r8";
+/// The same loop with `vpdpbusd` (AVX512_VNNI on ymm registers).
+const INTERLEAVED_VNNI: &str = "avx512-vnni-r8";
+
+/// Whether a variant reads the interleaved weights.
+fn is_interleaved(v: &Variant) -> bool {
+    v.label == INTERLEAVED || v.label == INTERLEAVED_VNNI
+}
 
 /// Whether a variant takes 8-bit activations.
 fn is_int8(v: &Variant) -> bool {
-    INT8.contains(v) || v.label == INTERLEAVED
+    INT8.contains(v) || is_interleaved(v)
 }
 
-/// Whether `dtype`'s weights can be interleaved.
-fn interleaves(dtype: DType) -> bool {
-    crate::with_block_format!(dtype, B => PackedWeights::can_interleave::<B>(), _ => false)
+/// Whether `dtype`'s weights can be interleaved, and whether the AVX2 kernel reads them
+/// then (not full bytes, which only the VNNI kernel takes).
+fn interleaves(dtype: DType) -> (bool, bool) {
+    crate::with_block_format!(dtype,
+        B => (PackedWeights::can_interleave::<B>(), B::NIBBLES || B::SPLIT_I8_SCALES),
+        _ => (false, false))
 }
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
@@ -126,8 +136,15 @@ impl OpSpec for QMatmulOp {
     }
     fn variants(&self, dtype: DType) -> Vec<Variant> {
         let mut v = INT8.variants();
-        if Isa::Avx2.is_available() && interleaves(dtype) {
+        let (interleaved, avx2_reads) = interleaves(dtype);
+        if Isa::Avx2.is_available() && interleaved && avx2_reads {
             v.insert(v.len() - 1, Variant::labelled(Isa::Avx2, INTERLEAVED));
+        }
+        if CpuFeatures::get().avx512_vnni && interleaved {
+            v.insert(
+                v.len() - 1,
+                Variant::labelled(Isa::Avx512, INTERLEAVED_VNNI),
+            );
         }
         v
     }
@@ -445,9 +462,9 @@ impl<B: BlockFormat> Instance for QInstance<B> {
         let (w, packed) = (&self.w, &self.packed);
         let interleaved = self.interleaved.as_ref();
         self.ops.call(|x, y| {
-            if v.label == INTERLEAVED {
+            if is_interleaved(v) {
                 let w = interleaved
-                    .ok_or_else(|| Error::Unsupported(format!("{INTERLEAVED} for {}", B::DTYPE)))?;
+                    .ok_or_else(|| Error::Unsupported(format!("{} for {}", v.label, B::DTYPE)))?;
                 super::qmatmul_int8(v.isa(), threads, w, x, y)
             } else if INT8.contains(v) {
                 super::qmatmul_int8(v.isa(), threads, packed, x, y)

@@ -1,40 +1,74 @@
-//! The AVX2 integer kernel for 4-bit weights interleaved eight rows at a time
-//! ([`PackedWeights::interleaved`]); Q3_K/Q6_K's split scales go on to `avx2_planes8`.
+//! The integer kernel for weights interleaved eight rows at a time
+//! ([`PackedWeights::interleaved`]): one chunk loop, instantiated for AVX2
+//! (`vpmaddubsw`) and for AVX512_VNNI on ymm registers (`vpdpbusd`) through [`Dot4`];
+//! Q3_K/Q6_K's split scales go on to `avx2_planes8`.
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
 //! and 4-bit decode on AVX2 was bound by those instructions, not by DRAM
 //! (docs/performance.md). Here a ymm holds 4 codes of each of 8 rows: one `vpmaddubsw`
-//! against 4 activation bytes broadcast to every lane gives the 8 rows' partial sums,
-//! 8 of them cover the chunk, and one `vpmaddwd`, one conversion and one FMA finish the
+//! (or `vpdpbusd`) against 4 activation bytes broadcast to every lane gives the 8 rows'
+//! partial sums, 8 of them cover the chunk, and one conversion and one FMA finish the
 //! chunk for all 8 rows, whose scales are one load. About 4 vector instructions per 32
 //! weights instead of ~10, and the 8 i32 lanes are the 8 rows' dots, so no horizontal
-//! sum either.
+//! sum either. Batches (M = 16, a batching step) are bound by these instructions, so
+//! `vpdpbusd`'s one instruction for `vpmaddubsw` + `vpaddw` (+ `vpmaddwd` per chunk)
+//! is worth 1.3–1.8× there (docs/performance.md).
 //!
-//! The 8 partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`): codes
-//! ≤ 15 and |q_x| ≤ 127 bound each pair sum by 2·15·127 = 3810, and 8·3810 = 30480
-//! < 2¹⁵.
+//! On AVX2 the 8 partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`):
+//! codes ≤ 15 and |q_x| ≤ 127 bound each pair sum by 2·15·127 = 3810, and 8·3810 =
+//! 30480 < 2¹⁵. `vpdpbusd` sums in i32, so the VNNI instance also reads full-byte codes
+//! ([`CodeLayout::Bytes8`]: Q8_0, Q8_K, up to 255·127·32 per chunk), which AVX2 never
+//! gets (the packer interleaves them only on VNNI CPUs).
 //!
 //! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
 //! start value exact in i32, the minimum term from the activation's precomputed
 //! d_x·Σq_x ([`QuantActs`]'s `block_sums`).
 
 use super::avx2_int8::MetaElem;
-use super::packed::{Meta, PackedWeights, QuantActs, GROUP_PAIR_BYTES, ROWS8};
+use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, GROUP_PAIR_BYTES, ROWS8};
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;
 use std::arch::x86_64::*;
 
 /// `out[g·M_CHUNK + i] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
-/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows.
+/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with
+/// `vpmaddubsw`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w.layout.interleaved()`; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
+/// AVX2, FMA and F16C; `w.layout.interleaved()` but not [`CodeLayout::Bytes8`] (full
+/// bytes would saturate `vpmaddubsw`); r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
 /// ≤ M_CHUNK, each built for `w.cols` columns and `w`'s offset; out.len() ≥
 /// 7·M_CHUNK + acts.len().
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+    debug_assert!(w.layout != CodeLayout::Bytes8);
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Maddubs>(w, r0, acts, out) }
+}
+
+/// [`dots`] with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL): the same loop,
+/// one instruction per 4 activation bytes instead of `vpmaddubsw` + `vpaddw`, and no
+/// `vpmaddwd` per chunk. Q3_K/Q6_K's split scales still go to `avx2_planes8`.
+///
+/// # Safety
+/// As [`dots`], [`CodeLayout::Bytes8`] included, and the CPU has AVX-512F/VL and
+/// AVX512_VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Vnni>(w, r0, acts, out) }
+}
+
+/// The body of [`dots`] and [`dots_vnni`], inlined into each so it is compiled with the
+/// caller's target features: the chunk loop is written once, its 4-byte dot product
+/// (`D`) per instruction set.
+///
+/// # Safety
+/// As [`dots`], plus `D`'s own CPU features.
+#[inline(always)]
+unsafe fn dots_with<D: Dot4>(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
@@ -46,12 +80,12 @@ pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out
             Meta::F32 { scales, mins } => {
                 debug_assert!(scales.len() >= at + nb * ROWS8);
                 let m = Plain::of(scales, mins, at);
-                by_rows(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<D, _>(w, m, !mins.is_empty(), r0, acts, out)
             }
             Meta::F16 { scales, mins } => {
                 debug_assert!(scales.len() >= at + nb * ROWS8);
                 let m = Plain::of(scales, mins, at);
-                by_rows(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<D, _>(w, m, !mins.is_empty(), r0, acts, out)
             }
             Meta::Factored(f) => {
                 debug_assert!(f.sc.len() >= at + nb * ROWS8);
@@ -62,10 +96,82 @@ pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out
                     sc: f.sc.as_ptr().add(at),
                     mn: f.mn.as_ptr().add(at),
                 };
-                by_rows(w, m, true, r0, acts, out)
+                by_rows::<D, _>(w, m, true, r0, acts, out)
             }
             Meta::SplitI8(s) => super::avx2_planes8::dots(w, s, r0, acts, out),
         }
+    }
+}
+
+/// The 4-byte dot products of a chunk: per i32 lane (one weight row), Σ u·q_x over 32
+/// codes in 8 steps of 4, starting from the activation block's start value.
+trait Dot4 {
+    /// A running chunk sum.
+    type Sum: Copy;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn start(init: i32) -> Self::Sum;
+    /// Adds the 4-byte dots of codes `u` (< 16) and activation bytes `x`.
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn add(sum: Self::Sum, u: __m256i, x: __m256i) -> Self::Sum;
+    /// The chunk's i32 sums from its two running sums (the first started from `init`),
+    /// start value included.
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn finish(sums: [Self::Sum; 2], init: i32) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see the module
+/// docs), then `vpmaddwd` against ones into i32.
+struct Maddubs;
+
+impl Dot4 for Maddubs {
+    type Sum = __m256i;
+    #[inline(always)]
+    unsafe fn start(_: i32) -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, u: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe { _mm256_add_epi16(sum, _mm256_maddubs_epi16(u, x)) }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [__m256i; 2], init: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract. The two i16 sums together obey the 8-step
+        // bound of the module docs.
+        unsafe {
+            _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1)),
+                _mm256_set1_epi32(init),
+            )
+        }
+    }
+}
+
+/// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32 directly.
+struct Vnni;
+
+impl Dot4 for Vnni {
+    type Sum = __m256i;
+    #[inline(always)]
+    unsafe fn start(init: i32) -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_set1_epi32(init) }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, u: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: AVX512_VNNI + AVX512VL per the contract.
+        unsafe { _mm256_dpbusd_epi32(sum, u, x) }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [__m256i; 2], _: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe { _mm256_add_epi32(a, b) }
     }
 }
 
@@ -177,9 +283,10 @@ pub(super) fn prefetch_pair(codes: *const u8, pair: usize, pair_bytes: usize) {
     }
 }
 
-/// One monomorphized loop per minimum / no minimum and activation-row count.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn by_rows<C: ChunkMeta>(
+/// One monomorphized loop per code width (nibbles or bytes), minimum / no minimum and
+/// activation-row count.
+#[inline(always)]
+unsafe fn by_rows<D: Dot4, C: ChunkMeta>(
     w: &PackedWeights,
     meta: C,
     min: bool,
@@ -187,20 +294,23 @@ unsafe fn by_rows<C: ChunkMeta>(
     acts: &[&QuantActs],
     out: &mut [f32],
 ) {
-    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
-    unsafe {
-        match (min, acts.len()) {
-            (_, 0) => {}
-            (false, 1) => dots_m::<false, C, 1>(w, meta, r0, acts, out),
-            (false, 2) => dots_m::<false, C, 2>(w, meta, r0, acts, out),
-            (false, 3) => dots_m::<false, C, 3>(w, meta, r0, acts, out),
-            (false, _) => dots_m::<false, C, M_CHUNK>(w, meta, r0, acts, out),
-            (true, 1) => dots_m::<true, C, 1>(w, meta, r0, acts, out),
-            (true, 2) => dots_m::<true, C, 2>(w, meta, r0, acts, out),
-            (true, 3) => dots_m::<true, C, 3>(w, meta, r0, acts, out),
-            (true, _) => dots_m::<true, C, M_CHUNK>(w, meta, r0, acts, out),
-        }
+    macro_rules! arms {
+        ($($bytes:literal, $min:literal;)*) => {
+            match (w.layout == CodeLayout::Bytes8, min, acts.len()) {
+                (_, _, 0) => {}
+                $(
+                    ($bytes, $min, 1) => dots_m::<D, $bytes, $min, C, 1>(w, meta, r0, acts, out),
+                    ($bytes, $min, 2) => dots_m::<D, $bytes, $min, C, 2>(w, meta, r0, acts, out),
+                    ($bytes, $min, 3) => dots_m::<D, $bytes, $min, C, 3>(w, meta, r0, acts, out),
+                    ($bytes, $min, _) => {
+                        dots_m::<D, $bytes, $min, C, M_CHUNK>(w, meta, r0, acts, out)
+                    }
+                )*
+            }
+        };
     }
+    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
+    unsafe { arms!(false, false; false, true; true, false; true, true;) }
 }
 
 /// The group's codes and metadata, and the loop constants.
@@ -208,7 +318,6 @@ struct Group<C> {
     codes: *const u8,
     meta: C,
     nib: __m256i,
-    ones: __m256i,
 }
 
 /// One activation row's per-block arrays as raw pointers.
@@ -232,8 +341,8 @@ impl Default for ActRow {
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_m<const MIN: bool, C: ChunkMeta, const M: usize>(
+#[inline(always)]
+unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
     w: &PackedWeights,
     meta: C,
     r0: usize,
@@ -243,18 +352,14 @@ unsafe fn dots_m<const MIN: bool, C: ChunkMeta, const M: usize>(
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
     debug_assert!(acts.len() == M && out.len() > (ROWS8 - 1) * M_CHUNK + M - 1);
-    debug_assert!(w.quants.len() >= (group + 1) * nb.div_ceil(2) * GROUP_PAIR_BYTES);
+    debug_assert!(w.quants.len() >= (group + 1) * w.group_bytes());
     debug_assert!(acts.iter().all(|a| a.block_sums.len() >= nb));
     let g = Group {
         // SAFETY: the group's codes start here (checked above).
-        codes: unsafe {
-            w.quants
-                .as_ptr()
-                .add(group * nb.div_ceil(2) * GROUP_PAIR_BYTES)
-        },
+        codes: unsafe { w.quants.as_ptr().add(group * w.group_bytes()) },
         meta,
-        nib: _mm256_set1_epi8(0x0F),
-        ones: _mm256_set1_epi16(1),
+        // SAFETY: AVX per the contract.
+        nib: unsafe { _mm256_set1_epi8(0x0F) },
     };
     // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
     let mut rows = [ActRow::default(); M];
@@ -266,21 +371,27 @@ unsafe fn dots_m<const MIN: bool, C: ChunkMeta, const M: usize>(
             sums: acts[i].block_sums.as_ptr(),
         };
     }
-    let mut acc = [_mm256_setzero_ps(); M];
+    // SAFETY: AVX per the contract.
+    let mut acc = [unsafe { _mm256_setzero_ps() }; M];
     let mut c = 0;
     // SAFETY: chunks c (and c + 1) < nb exist in the group and in every activation row.
     unsafe {
         while c + 1 < nb {
-            prefetch_pair(g.codes, c / 2, GROUP_PAIR_BYTES);
-            chunk::<false, MIN, C, M>(&g, &rows, c, &mut acc);
-            chunk::<true, MIN, C, M>(&g, &rows, c + 1, &mut acc);
+            let pair_bytes = if BYTES {
+                2 * BYTES_CHUNK
+            } else {
+                GROUP_PAIR_BYTES
+            };
+            prefetch_pair(g.codes, c / 2, pair_bytes);
+            chunk::<D, BYTES, false, MIN, C, M>(&g, &rows, c, &mut acc);
+            chunk::<D, BYTES, true, MIN, C, M>(&g, &rows, c + 1, &mut acc);
             c += 2;
         }
         if c < nb {
-            chunk::<false, MIN, C, M>(&g, &rows, c, &mut acc);
+            chunk::<D, BYTES, false, MIN, C, M>(&g, &rows, c, &mut acc);
         }
     }
-    // SAFETY: this function's target features include AVX.
+    // SAFETY: AVX per the contract.
     unsafe { store_group(&acc, out) };
 }
 
@@ -301,13 +412,23 @@ pub(super) unsafe fn store_group<const M: usize>(acc: &[__m256; M], out: &mut [f
     }
 }
 
-/// Adds chunk c (the high nibbles of its pair when HI) of the group's 8 rows, against
-/// every activation row, to `acc`.
+/// Bytes of a [`CodeLayout::Bytes8`] group's chunk: 8 rows × 32 codes.
+const BYTES_CHUNK: usize = ROWS8 * QK;
+
+/// Adds chunk c (the high nibbles of its pair when HI; its own 256 bytes when BYTES) of
+/// the group's 8 rows, against every activation row, to `acc`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; chunk c exists in the group and in every row of `rows`.
 #[inline(always)]
-unsafe fn chunk<const HI: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
+unsafe fn chunk<
+    D: Dot4,
+    const BYTES: bool,
+    const HI: bool,
+    const MIN: bool,
+    C: ChunkMeta,
+    const M: usize,
+>(
     g: &Group<C>,
     rows: &[ActRow; M],
     c: usize,
@@ -315,11 +436,22 @@ unsafe fn chunk<const HI: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
 ) {
     // SAFETY: per the contract.
     unsafe {
-        let base = g.codes.add((c / 2) * GROUP_PAIR_BYTES);
-        let mut s16 = [_mm256_setzero_si256(); M];
+        let base = if BYTES {
+            g.codes.add(c * BYTES_CHUNK)
+        } else {
+            g.codes.add((c / 2) * GROUP_PAIR_BYTES)
+        };
+        // Two running sums per activation row, even and odd steps: `vpdpbusd`
+        // accumulates in place, and one chain of 8 would wait on its latency.
+        let mut sums = [[D::start(0); 2]; M];
+        for i in 0..M {
+            sums[i][0] = D::start(*rows[i].init.add(c));
+        }
         for t in 0..QK / 4 {
             let v = _mm256_loadu_si256(base.add(QK * t) as *const __m256i);
-            let u = if HI {
+            let u = if BYTES {
+                v
+            } else if HI {
                 _mm256_and_si256(_mm256_srli_epi16::<4>(v), g.nib)
             } else {
                 _mm256_and_si256(v, g.nib)
@@ -327,17 +459,14 @@ unsafe fn chunk<const HI: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
             for i in 0..M {
                 let four = rows[i].q.add(QK * c + 4 * t).cast::<i32>().read_unaligned();
                 let x = _mm256_set1_epi32(four);
-                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(u, x));
+                sums[i][t % 2] = D::add(sums[i][t % 2], u, x);
             }
         }
         let d = g.meta.scales(c);
         let m = if MIN { g.meta.mins(c) } else { d };
         for i in 0..M {
             let r = &rows[i];
-            let s = _mm256_add_epi32(
-                _mm256_madd_epi16(s16[i], g.ones),
-                _mm256_set1_epi32(*r.init.add(c)),
-            );
+            let s = D::finish(sums[i], *r.init.add(c));
             let scale = _mm256_mul_ps(d, _mm256_set1_ps(*r.dx.add(8 * c)));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[i]);
             if MIN {
