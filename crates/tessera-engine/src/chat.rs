@@ -26,6 +26,12 @@ impl Message {
     }
 }
 
+/// Template instructions one rendering may run: a template comes from the model file,
+/// so a loop over `range(10**5)` nested in another must end in an error, not hold the
+/// engine. Real templates run ~30 per message (SmolLM2's, measured by
+/// `fuel_bounds_rendering`), so this allows conversations of ~300 k messages.
+const TEMPLATE_FUEL: u64 = 10_000_000;
+
 /// A compiled chat template.
 #[derive(Debug)]
 pub struct ChatTemplate {
@@ -47,6 +53,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_function("raise_exception", raise_exception);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| Error::Tokenizer(format!("chat template does not compile: {e}")))?;
         Ok(ChatTemplate {
@@ -88,6 +95,23 @@ mod tests {
         let want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
                     Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn fuel_bounds_rendering() {
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let e = t.render(&[Message::new("user", "x")], true).unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        // A 10 000-message conversation still renders with SmolLM2's template.
+        let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>").unwrap();
+        let long: Vec<Message> = (0..10_000).map(|_| Message::new("user", "Hi")).collect();
+        let text = t.render(&long, true).unwrap();
+        assert_eq!(text.matches("<|im_start|>user").count(), 10_000);
     }
 
     #[test]

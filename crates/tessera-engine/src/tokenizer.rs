@@ -166,7 +166,17 @@ impl Tokenizer {
     /// The tokenizer of an HF checkpoint directory (`tokenizer.json`, and
     /// `tokenizer_config.json` / `config.json` for BOS, EOS and the chat template).
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
-        let inner = HfTokenizer::from_file(dir.join("tokenizer.json"))
+        let path = dir.join("tokenizer.json");
+        // `tokenizers` panics on some malformed files instead of returning its error
+        // (an `expect` in its decoder deserializer, found by the `tokenizer_json` fuzz
+        // target): caught here and reported like any other bad file.
+        let loaded = std::panic::catch_unwind(|| HfTokenizer::from_file(&path)).map_err(|_| {
+            Error::Tokenizer(format!(
+                "{}: malformed (the tokenizers crate could not deserialize it)",
+                path.display()
+            ))
+        })?;
+        let inner = loaded
             .map_err(|e| Error::Tokenizer(format!("{}/tokenizer.json: {e}", dir.display())))?;
         let json = |name: &str| -> Result<Json> {
             let path = dir.join(name);

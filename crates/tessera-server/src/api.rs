@@ -357,3 +357,31 @@ pub fn prompts(m: &Map<String, Value>) -> ApiResult<Vec<Prompt>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request fuzz target's seeds (`fuzz/seeds/request`) are valid requests, so
+    /// the fuzzer starts from bodies that reach every validation step.
+    #[test]
+    fn fuzz_seeds_are_valid_requests() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/request");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("fuzz/seeds/request") {
+            let path = entry.unwrap().path();
+            let body = std::fs::read(&path).unwrap();
+            let m = object(&body).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+            check_model(&m, "smollm2-135m-instruct-q4_1").unwrap();
+            let chat = m.contains_key("messages");
+            common(&m, chat).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+            if chat {
+                assert!(!messages(&m).unwrap().is_empty());
+            } else {
+                assert!(!prompts(&m).unwrap().is_empty());
+            }
+            seen += 1;
+        }
+        assert!(seen >= 3, "{seen} seeds");
+    }
+}
