@@ -24,7 +24,6 @@ fuzz_target!(|data: &[u8]| {
         None => (data, &[][..]),
     };
     let dir = scratch::dir().join("checkpoint");
-    std::fs::create_dir_all(&dir).expect("creating the checkpoint directory");
     std::fs::write(dir.join("config.json"), config).expect("writing config.json");
     std::fs::write(dir.join("model.safetensors"), weights).expect("writing the weights");
     std::fs::write(dir.join("tokenizer.json"), TOKENIZER).expect("writing tokenizer.json");

@@ -28,8 +28,8 @@ impl Message {
 
 /// Template instructions one rendering may run: a template comes from the model file,
 /// so a loop over `range(10**5)` nested in another must end in an error, not hold the
-/// engine. Real templates run ~30 per message (SmolLM2's, measured by
-/// `fuel_bounds_rendering`), so this allows conversations of ~300 k messages.
+/// engine. SmolLM2's template renders a 10,000-message conversation within it
+/// (`fuel_bounds_rendering`).
 const TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// A compiled chat template.

@@ -367,9 +367,9 @@ impl IntKernel {
         #[cfg(target_arch = "x86_64")]
         match self {
             IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,
-            // Interleaved full bytes are packed only on VNNI CPUs; `vpmaddubsw` would
-            // saturate on them, so an ISA forced below (TESSERA_ISA=avx2) reads them
-            // through the portable loop.
+            // Interleaved full bytes are packed only for the VNNI kernel
+            // (`PackedWeights::packs_interleaved`); `vpmaddubsw` would saturate on them,
+            // so AVX2 asked for explicitly reads them through the portable loop.
             IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 => {
                 return IntKernel::Portable
             }

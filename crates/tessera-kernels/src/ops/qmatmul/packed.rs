@@ -172,14 +172,13 @@ pub(super) const PLANES_PAIR_BYTES: usize = GROUP_PAIR_BYTES + GROUP_PAIR_BYTES 
 impl PackedWeights {
     /// Repacks `w` (dequantization semantics unchanged: the packed values are the
     /// format's own u, d, m) in the layout the fastest kernel reads: interleaved wherever
-    /// the format allows it ([`PackedWeights::can_interleave`]). Measured on a Zen 4
+    /// the format allows it ([`PackedWeights::packs_interleaved`]). Measured on a Zen 4
     /// host (2 threads; `tessera bench qmatmul --shape MxNxK --dtype D`): Q4_1 3072×576
     /// interleaved 32 µs at M = 1 and 173 µs at M = 16 (avx512-vnni-r8), row-major VNNI
     /// 69 and 648 µs; Q8_0 49152×576 interleaved 3.8–3.9 ms at M = 16 against the
     /// row-major AVX2 kernel's 7.0–9.8, a tie at M = 1 (DRAM-bound).
     pub fn new<B: BlockFormat>(w: &QuantMatrix<B>) -> Self {
-        let interleave = Self::can_interleave::<B>();
-        Self::build(w, interleave)
+        Self::build(w, Self::packs_interleaved::<B>())
     }
 
     /// Repacks `w` one row after another (what the VNNI kernel reads).
@@ -215,6 +214,15 @@ impl PackedWeights {
         (B::NIBBLES && !B::SPLIT16)
             || B::SPLIT_I8_SCALES
             || (B::OFFSET == 128 && !B::SPLIT16 && CpuFeatures::get().avx512_vnni)
+    }
+
+    /// Whether [`PackedWeights::new`] interleaves format B: as
+    /// [`PackedWeights::can_interleave`], but full bytes only where the default ISA
+    /// reaches the VNNI kernel. Under `TESSERA_ISA=avx2` they stay row-major, for AVX2's
+    /// signed-byte kernel, instead of falling to the portable loop (`IntKernel::reading`).
+    pub(super) fn packs_interleaved<B: BlockFormat>() -> bool {
+        Self::can_interleave::<B>()
+            && (B::NIBBLES || B::SPLIT_I8_SCALES || Isa::best() == Isa::Avx512)
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {

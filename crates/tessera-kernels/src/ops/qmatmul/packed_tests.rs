@@ -72,7 +72,8 @@ fn only_offset_128_formats_have_wide_codes() {
         }
         if p.signed_bytes() {
             // Full bytes interleave only for `vpdpbusd`; `vpmaddubsw` reads them as rows.
-            let want = if CpuFeatures::get().avx512_vnni && dtype != DType::I8 {
+            let vnni = CpuFeatures::get().avx512_vnni && Isa::best() == Isa::Avx512;
+            let want = if vnni && dtype != DType::I8 {
                 CodeLayout::Bytes8
             } else {
                 CodeLayout::Bytes

@@ -13,7 +13,8 @@
 //! weights instead of ~10, and the 8 i32 lanes are the 8 rows' dots, so no horizontal
 //! sum either. Batches (M = 16, a batching step) are bound by these instructions, so
 //! `vpdpbusd`'s one instruction for `vpmaddubsw` + `vpaddw` (+ `vpmaddwd` per chunk)
-//! is worth 1.3–1.8× there (docs/performance.md).
+//! pays there: Q4_1 16×3072×576 172–219 µs against 207–273 on a Zen 4 host
+//! (docs/performance.md, "Batching and serving").
 //!
 //! On AVX2 the 8 partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`):
 //! codes ≤ 15 and |q_x| ≤ 127 bound each pair sum by 2·15·127 = 3810, and 8·3810 =
@@ -111,7 +112,8 @@ trait Dot4 {
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn start(init: i32) -> Self::Sum;
-    /// Adds the 4-byte dots of codes `u` (< 16) and activation bytes `x`.
+    /// Adds the 4-byte dots of codes `u` (< 16 for [`Maddubs`], any byte for [`Vnni`])
+    /// and activation bytes `x`.
     ///
     /// # Safety
     /// As [`Dot4::start`].
