@@ -67,7 +67,7 @@ pub struct Stats {
     pub text: String,
     pub prefill_s: f64,
     pub decode_s: f64,
-    /// The reason it stopped: "stop token", "stop string" or "length".
+    /// The reason it stopped: "stop token", "stop string", "length" or "cancelled".
     pub finish: &'static str,
 }
 
@@ -178,6 +178,20 @@ pub fn generate(
     req: &Request,
     mut on_text: impl FnMut(&str),
 ) -> Result<Stats> {
+    generate_until(model, tok, req, |piece| {
+        on_text(piece);
+        true
+    })
+}
+
+/// [`generate`] whose consumer can stop it: `on_text` returning false ends generation
+/// after that piece, with finish "cancelled" (a stream whose reader went away).
+pub fn generate_until(
+    model: &Llama,
+    tok: &Tokenizer,
+    req: &Request,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<Stats> {
     let (prompt, sampling) = (&req.prompt[..], &req.sampling);
     sampling.validate()?;
     if prompt.is_empty() {
@@ -223,8 +237,11 @@ pub fn generate(
         stats.generated.push(next);
         history.push(next);
         let piece = text.push(detok.advance(tok, &stats.generated)?);
-        if !piece.text.is_empty() {
-            on_text(&piece.text);
+        if !piece.text.is_empty() && !on_text(&piece.text) {
+            stats.text = text.text().to_string();
+            stats.finish = "cancelled";
+            stats.decode_s = t1.elapsed().as_secs_f64();
+            return Ok(stats);
         }
         if piece.stopped {
             stats.text = text.text().to_string();

@@ -265,12 +265,24 @@ impl Tokenizer {
     /// template rendered as Hugging Face renders it ([`crate::chat`]); a model without a
     /// template gets the message as is. A template that fails to render is an error.
     pub fn chat_prompt(&self, message: &str) -> Result<String> {
-        let Some(src) = &self.chat_template else {
+        if self.chat_template.is_none() {
             return Ok(message.to_owned());
+        }
+        self.chat_messages(&[crate::chat::Message::new("user", message)])
+    }
+
+    /// The prompt for a conversation, ending with the assistant's turn: the model's
+    /// template rendered as Hugging Face renders it. A model without a template is an
+    /// error here (there is no neutral way to join several turns).
+    pub fn chat_messages(&self, messages: &[crate::chat::Message]) -> Result<String> {
+        let Some(src) = &self.chat_template else {
+            return Err(Error::Tokenizer(
+                "the model has no chat template; pass a raw prompt instead".into(),
+            ));
         };
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or_default();
         let t = crate::chat::ChatTemplate::new(src, &text(self.bos), &text(self.eos))?;
-        t.render(&[crate::chat::Message::new("user", message)], true)
+        t.render(messages, true)
     }
 }
 

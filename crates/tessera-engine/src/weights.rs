@@ -122,27 +122,32 @@ fn reencode(l: Box<dyn Linear>, name: &str, opts: &LoadOptions) -> Result<Box<dy
         return Ok(l);
     };
     let (rows, cols) = (l.out_features(), l.in_features());
+    let target = quantize_target(target, cols);
+    quantize_matrix(target, rows, cols, w)
+        .map_err(|e| Error::Model(format!("{name}: quantizing to {target}: {e}")))
+}
+
+/// `w [rows, cols]` (row-major f32) quantized to exactly `target`: any block format
+/// (Q8_K included), per-channel INT8 (`i8`) or FP8 with per-channel scales. Rows that are
+/// not whole blocks of `target` are an error, not a fallback (that is
+/// [`quantize_target`]'s job, for model loading).
+pub fn quantize_matrix(target: DType, rows: usize, cols: usize, w: &[f32]) -> Result<Box<dyn Linear>> {
     fn q<B: BlockFormat + 'static>(rows: usize, cols: usize, w: &[f32]) -> Result<Box<dyn Linear>> {
         Ok(Box::new(QuantLinear::new(QuantMatrix::<B>::quantize(
             rows, cols, w,
         )?)))
     }
-    let target = quantize_target(target, cols);
-    let failed =
-        |e: tessera_core::Error| Error::Model(format!("{name}: quantizing to {target}: {e}"));
     if target == DType::I8 {
-        let m = Int8Matrix::quantize(rows, cols, w).map_err(failed)?;
-        return Ok(Box::new(MatrixLinear::new(m)));
+        return Ok(Box::new(MatrixLinear::new(Int8Matrix::quantize(rows, cols, w)?)));
     }
     if let Some(f) = Fp8::of(target) {
-        let m = Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w).map_err(failed)?;
+        let m = Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w)?;
         return Ok(Box::new(MatrixLinear::new(m)));
     }
-    let quantized = with_block_format!(target,
+    with_block_format!(target,
         B => q::<B>(rows, cols, w),
         _ => Err(Error::Model(format!("cannot quantize to {target}")))
-    );
-    quantized.map_err(|e| Error::Model(format!("{name}: quantizing to {target}: {e}")))
+    )
 }
 
 #[cfg(test)]
