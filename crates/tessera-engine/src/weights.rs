@@ -131,14 +131,21 @@ fn reencode(l: Box<dyn Linear>, name: &str, opts: &LoadOptions) -> Result<Box<dy
 /// (Q8_K included), per-channel INT8 (`i8`) or FP8 with per-channel scales. Rows that are
 /// not whole blocks of `target` are an error, not a fallback (that is
 /// [`quantize_target`]'s job, for model loading).
-pub fn quantize_matrix(target: DType, rows: usize, cols: usize, w: &[f32]) -> Result<Box<dyn Linear>> {
+pub fn quantize_matrix(
+    target: DType,
+    rows: usize,
+    cols: usize,
+    w: &[f32],
+) -> Result<Box<dyn Linear>> {
     fn q<B: BlockFormat + 'static>(rows: usize, cols: usize, w: &[f32]) -> Result<Box<dyn Linear>> {
         Ok(Box::new(QuantLinear::new(QuantMatrix::<B>::quantize(
             rows, cols, w,
         )?)))
     }
     if target == DType::I8 {
-        return Ok(Box::new(MatrixLinear::new(Int8Matrix::quantize(rows, cols, w)?)));
+        return Ok(Box::new(MatrixLinear::new(Int8Matrix::quantize(
+            rows, cols, w,
+        )?)));
     }
     if let Some(f) = Fp8::of(target) {
         let m = Fp8Matrix::quantize(f, Fp8Scaling::PerChannel, rows, cols, w)?;

@@ -88,12 +88,13 @@ pub fn borrow<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<Array<'py>> 
     // The buffer protocol (memoryview, bytearray, array.array): numpy wraps it as is.
     // Lists and scalars become a float64 copy, which the dtype check then refuses.
     let np = obj.py().import("numpy")?;
-    let arr = np.call_method1("asarray", (obj,)).map_err(|e| {
-        PyTypeError::new_err(format!(
+    let arr =
+        np.call_method1("asarray", (obj,)).map_err(|e| {
+            PyTypeError::new_err(format!(
             "{name}: expected a numpy array, a tensor with __dlpack__ or a buffer, got {} ({e})",
             obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         ))
-    })?;
+        })?;
     let a = arr.cast::<PyUntypedArray>()?.clone();
     from_numpy(name, &a)
 }
@@ -161,9 +162,9 @@ struct DlTensor {
 const DL_CPU: i32 = 1;
 
 fn from_dlpack<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<Array<'py>> {
-    let cap = obj.call_method0("__dlpack__").map_err(|e| {
-        PyTypeError::new_err(format!("{name}: __dlpack__() failed: {e}"))
-    })?;
+    let cap = obj
+        .call_method0("__dlpack__")
+        .map_err(|e| PyTypeError::new_err(format!("{name}: __dlpack__() failed: {e}")))?;
     let capsule = cap.cast::<PyCapsule>().map_err(|_| {
         PyTypeError::new_err(format!("{name}: __dlpack__() did not return a capsule"))
     })?;
@@ -243,7 +244,7 @@ fn make_raw(
             strides.push(0); // never stepped: any stride is as good
             continue;
         }
-        if s < 0 || s as usize % es != 0 {
+        if s < 0 || !(s as usize).is_multiple_of(es) {
             return Err(value_err(format!(
                 "{name}: stride {s} bytes is negative or not a whole number of {}-byte elements; \
                  pass a copy (np.ascontiguousarray / .contiguous())",
@@ -253,7 +254,7 @@ fn make_raw(
         strides.push(s as usize / es);
         last += (d - 1) * (s as usize);
     }
-    if numel > 0 && addr % es != 0 {
+    if numel > 0 && !addr.is_multiple_of(es) {
         return Err(value_err(format!(
             "{name}: data is not aligned to its {es}-byte elements"
         )));

@@ -161,7 +161,10 @@ impl Engine {
             .parse()
             .map_err(|e| PyValueError::new_err(format!("kv_cache: {e}")))?;
         let opts = LoadOptions {
-            quantize: quantize.map(parse_quantize).transpose().map_err(engine_err)?,
+            quantize: quantize
+                .map(parse_quantize)
+                .transpose()
+                .map_err(engine_err)?,
             int8_activations: int8_acts,
         };
         let (inner, path) = py.detach(|| {
@@ -374,7 +377,12 @@ impl TextIter {
     /// The generate dict (text, ids, …) once the iterator is exhausted; None before.
     #[getter]
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let g = self.result.lock().map_err(|_| PyValueError::new_err("poisoned"))?;
-        g.as_ref().map(|s| result_dict(py, &self.req, s)).transpose()
+        let g = self
+            .result
+            .lock()
+            .map_err(|_| PyValueError::new_err("poisoned"))?;
+        g.as_ref()
+            .map(|s| result_dict(py, &self.req, s))
+            .transpose()
     }
 }

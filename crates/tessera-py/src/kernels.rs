@@ -155,7 +155,11 @@ pub fn attention_py<'py>(
     }
     let d = q.raw.dims[2];
     let (obj, o) = out_or_new(py, out, &q.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("q", &q.raw), ("k", &k.raw), ("v", &v.raw)])?;
+    check_disjoint(
+        "out",
+        &o.raw,
+        &[("q", &q.raw), ("k", &k.raw), ("v", &v.raw)],
+    )?;
     let p = AttentionParams {
         causal,
         scale: scale.unwrap_or(1.0 / (d.max(1) as f32).sqrt()),
@@ -406,8 +410,7 @@ pub fn rope<'py>(
         .into_iter()
         .map(|p| usize::try_from(p).map_err(|_| PyValueError::new_err("positions: negative")))
         .collect::<PyResult<Vec<usize>>>()?;
-    let table =
-        Rope::new(style, &pos, x.raw.dims[1], x.raw.dims[2], theta).map_err(core_err)?;
+    let table = Rope::new(style, &pos, x.raw.dims[1], x.raw.dims[2], theta).map_err(core_err)?;
     let (obj, o) = out_or_new(py, out, &x.raw.dims)?;
     check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
     let (xr, or) = (&x.raw, &o.raw);

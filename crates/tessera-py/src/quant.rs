@@ -69,9 +69,18 @@ impl QuantizedMatrix {
     /// A block-format matrix from its raw ggml blocks (as stored in a GGUF file):
     /// `rows·cols/block_size` blocks, row-major.
     #[staticmethod]
-    fn from_bytes(dtype: &str, rows: usize, cols: usize, data: &Bound<'_, PyBytes>) -> PyResult<Self> {
+    fn from_bytes(
+        dtype: &str,
+        rows: usize,
+        cols: usize,
+        data: &Bound<'_, PyBytes>,
+    ) -> PyResult<Self> {
         let d = parse_format(dtype)?;
-        fn build<B: BlockFormat>(rows: usize, cols: usize, bytes: &[u8]) -> PyResult<Box<dyn Linear>> {
+        fn build<B: BlockFormat>(
+            rows: usize,
+            cols: usize,
+            bytes: &[u8],
+        ) -> PyResult<Box<dyn Linear>> {
             let blocks = blocks_from_bytes::<B>(bytes).map_err(core_err)?.to_vec();
             let m = QuantMatrix::from_blocks(rows, cols, blocks).map_err(core_err)?;
             Ok(Box::new(QuantLinear::new(m)))
@@ -85,7 +94,11 @@ impl QuantizedMatrix {
 
     fn __repr__(&self) -> String {
         let (r, c) = self.shape();
-        format!("QuantizedMatrix({}, shape=({r}, {c}), nbytes={})", self.dtype(), self.nbytes())
+        format!(
+            "QuantizedMatrix({}, shape=({r}, {c}), nbytes={})",
+            self.dtype(),
+            self.nbytes()
+        )
     }
 }
 
@@ -97,7 +110,12 @@ impl QuantizedMatrix {
 /// integer dot products (block formats), as llama.cpp does.
 #[pyfunction]
 #[pyo3(signature = (w, dtype, *, int8_acts=false))]
-pub fn quantize(py: Python<'_>, w: &Bound<'_, PyAny>, dtype: &str, int8_acts: bool) -> PyResult<QuantizedMatrix> {
+pub fn quantize(
+    py: Python<'_>,
+    w: &Bound<'_, PyAny>,
+    dtype: &str,
+    int8_acts: bool,
+) -> PyResult<QuantizedMatrix> {
     let d = parse_format(dtype)?;
     let a = borrow("w", w)?;
     a.raw.expect("w", Elem::F32)?;
@@ -189,6 +207,7 @@ pub fn qmatmul<'py>(
     py.detach(|| {
         // SAFETY: alive, typed and disjoint (checked above).
         let xv: TensorView<'_, f32> = unsafe { xr.view() }?;
+        // SAFETY: as for x: out is alive, float32, writeable and disjoint from x.
         let mut ov = unsafe { or.view_mut::<f32>() }?;
         q.w.forward(&xv, &mut ov).map_err(engine_err)
     })?;
