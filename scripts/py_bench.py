@@ -31,9 +31,7 @@ def median_time(f, reps, inner=1):
 
 def cli_median(bin_, args):
     out = subprocess.run([bin_, "bench", *args, "--json"], capture_output=True, text=True, check=True).stdout
-    rows = json.loads(out)
-    rows = rows if isinstance(rows, list) else rows.get("results", [rows])
-    return rows[0]["median_s"]
+    return json.loads(out)["results"][0]["median_s"]
 
 
 def numpy_attention(q, k, v, causal):

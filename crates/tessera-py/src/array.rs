@@ -227,7 +227,9 @@ fn from_dlpack<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<Array<'py>>
     })
 }
 
-/// Checks and converts byte strides; computes the byte range.
+/// Checks and converts byte strides; computes the byte range. An empty array has no
+/// elements to step to, whatever its strides (numpy gives zeros), so it gets row-major
+/// ones.
 fn make_raw(
     name: &str,
     addr: usize,
@@ -236,30 +238,51 @@ fn make_raw(
     byte_strides: &[isize],
 ) -> PyResult<Raw> {
     let es = elem.size();
-    let numel: usize = dims.iter().product();
+    if dims.contains(&0) {
+        let mut strides = vec![0; dims.len()];
+        let mut acc = 1;
+        for (s, &d) in strides.iter_mut().zip(&dims).rev() {
+            *s = acc;
+            acc *= d.max(1);
+        }
+        return Ok(Raw {
+            addr,
+            elem,
+            dims,
+            strides,
+            lo: addr,
+            hi: addr,
+        });
+    }
     let mut strides = Vec::with_capacity(dims.len());
-    let mut last = 0usize;
+    // Byte offset of the last element; checked, as a DLPack producer's strides are not.
+    let mut last = Some(0usize);
     for (&d, &s) in dims.iter().zip(byte_strides) {
-        if d <= 1 {
+        if d == 1 {
             strides.push(0); // never stepped: any stride is as good
             continue;
         }
         if s < 0 || !(s as usize).is_multiple_of(es) {
             return Err(value_err(format!(
-                "{name}: stride {s} bytes is negative or not a whole number of {}-byte elements; \
-                 pass a copy (np.ascontiguousarray / .contiguous())",
-                es
+                "{name}: stride {s} bytes is negative or not a whole number of {es}-byte \
+                 elements; pass a copy (np.ascontiguousarray / .contiguous())"
             )));
         }
         strides.push(s as usize / es);
-        last += (d - 1) * (s as usize);
+        last = last.and_then(|l| l.checked_add((d - 1).checked_mul(s as usize)?));
     }
-    if numel > 0 && !addr.is_multiple_of(es) {
+    if !addr.is_multiple_of(es) {
         return Err(value_err(format!(
             "{name}: data is not aligned to its {es}-byte elements"
         )));
     }
-    let hi = if numel == 0 { addr } else { addr + last + es };
+    let hi = last
+        .and_then(|l| addr.checked_add(l)?.checked_add(es))
+        .ok_or_else(|| {
+            value_err(format!(
+                "{name}: strides {byte_strides:?} overflow the address space"
+            ))
+        })?;
     Ok(Raw {
         addr,
         elem,
@@ -384,6 +407,22 @@ impl Raw {
         }
     }
 
+    /// [`Raw::ints`] converted to `U` (indices, lengths, positions): a negative or
+    /// too-large value is a ValueError naming the argument.
+    ///
+    /// # Safety
+    /// As [`Raw::ints`].
+    pub unsafe fn indices<U: TryFrom<i64>>(&self, name: &str) -> PyResult<Vec<U>> {
+        // SAFETY: forwarded contract.
+        let v = unsafe { self.ints(name) }?;
+        v.into_iter()
+            .map(|x| {
+                U::try_from(x)
+                    .map_err(|_| value_err(format!("{name}: {x} is negative or out of range")))
+            })
+            .collect()
+    }
+
     /// Contiguous row-major?
     pub fn is_contiguous(&self) -> bool {
         let mut want = 1;
@@ -430,11 +469,13 @@ pub fn check_disjoint(out_name: &str, out: &Raw, others: &[(&str, &Raw)]) -> PyR
     Ok(())
 }
 
-/// `out` if given (checked), else a new float32 numpy array of `dims`.
-pub fn out_or_new<'py>(
+/// The destination: `out` if given (writeable float32 of `dims`, disjoint from every
+/// input), else a new float32 numpy array of `dims`.
+pub fn output<'py>(
     py: Python<'py>,
     out: Option<&Bound<'py, PyAny>>,
     dims: &[usize],
+    inputs: &[(&str, &Raw)],
 ) -> PyResult<(Bound<'py, PyAny>, Array<'py>)> {
     let obj = match out {
         Some(o) => o.clone(),
@@ -442,5 +483,6 @@ pub fn out_or_new<'py>(
     };
     let a = borrow("out", &obj)?;
     a.expect_out("out", dims)?;
+    check_disjoint("out", &a.raw, inputs)?;
     Ok((obj, a))
 }

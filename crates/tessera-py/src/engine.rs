@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use tessera_engine::chat::Message;
-use tessera_engine::generate::{generate_until, Request, Sampling, Stats};
+use tessera_engine::generate::{generate, generate_until, Request, Sampling, Stats};
 use tessera_engine::kv_cache::KvDtype;
 use tessera_engine::llama::Llama;
 use tessera_engine::tokenizer::Tokenizer;
@@ -217,7 +217,7 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyDict>> {
         let req = self.request(prompt, chat, knobs(kwargs)?)?;
         let inner = &self.inner;
-        let stats = py.detach(|| generate_until(&inner.model, &inner.tok, &req, |_| true));
+        let stats = py.detach(|| generate(&inner.model, &inner.tok, &req, |_| {}));
         result_dict(py, &req, &stats.map_err(engine_err)?)
     }
 

@@ -3,7 +3,7 @@
 //! the GIL released. Outputs are float32 (the kernels accumulate and write f32); inputs
 //! may be float32, float16 or bfloat16 where the kernel takes them, all of one type.
 
-use crate::array::{borrow, check_disjoint, out_or_new, Array, Elem, Raw};
+use crate::array::{borrow, check_disjoint, output, Elem, Raw};
 use crate::core_err;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -112,8 +112,7 @@ pub fn gemm_py<'py>(
         let batch = if ad.len() == 3 { ad[0] } else { bd[0] };
         dims.insert(0, batch);
     }
-    let (obj, o) = out_or_new(py, out, &dims)?;
-    check_disjoint("out", &o.raw, &[("a", &a.raw), ("b", &b.raw)])?;
+    let (obj, o) = output(py, out, &dims, &[("a", &a.raw), ("b", &b.raw)])?;
     let p = GemmParams { alpha, beta };
     let (ar, br, or) = (&a.raw, &b.raw, &o.raw);
     py.detach(|| {
@@ -154,10 +153,10 @@ pub fn attention_py<'py>(
         )));
     }
     let d = q.raw.dims[2];
-    let (obj, o) = out_or_new(py, out, &q.raw.dims)?;
-    check_disjoint(
-        "out",
-        &o.raw,
+    let (obj, o) = output(
+        py,
+        out,
+        &q.raw.dims,
         &[("q", &q.raw), ("k", &k.raw), ("v", &v.raw)],
     )?;
     let p = AttentionParams {
@@ -218,10 +217,8 @@ pub fn paged_attention_py<'py>(
             q.raw.dims, bt.raw.dims
         )));
     }
-    let tables = contiguous_ints(&bt, "block_tables")?
-        .into_iter()
-        .map(|b| u32::try_from(b).map_err(|_| PyValueError::new_err("block_tables: negative id")))
-        .collect::<PyResult<Vec<u32>>>()?;
+    // SAFETY: `bt` is alive for this call.
+    let tables: Vec<u32> = unsafe { bt.raw.indices("block_tables") }?;
     let cl = borrow("context_lens", context_lens)?;
     if cl.raw.dims != [q.raw.dims[0]] {
         return Err(PyValueError::new_err(format!(
@@ -229,14 +226,12 @@ pub fn paged_attention_py<'py>(
             cl.raw.dims, q.raw.dims[0]
         )));
     }
-    let lens = contiguous_ints(&cl, "context_lens")?
-        .into_iter()
-        .map(|l| usize::try_from(l).map_err(|_| PyValueError::new_err("context_lens: negative")))
-        .collect::<PyResult<Vec<usize>>>()?;
-    let (obj, o) = out_or_new(py, out, &q.raw.dims)?;
-    check_disjoint(
-        "out",
-        &o.raw,
+    // SAFETY: `cl` is alive for this call.
+    let lens: Vec<usize> = unsafe { cl.raw.indices("context_lens") }?;
+    let (obj, o) = output(
+        py,
+        out,
+        &q.raw.dims,
         &[("q", &q.raw), ("k_cache", &kc.raw), ("v_cache", &vc.raw)],
     )?;
     let d = q.raw.dims[2];
@@ -274,12 +269,6 @@ pub fn paged_attention_py<'py>(
     Ok(obj)
 }
 
-/// An int32/int64 array's values in row-major order.
-fn contiguous_ints(a: &Array<'_>, name: &str) -> PyResult<Vec<i64>> {
-    // SAFETY: `a` is alive for this call.
-    unsafe { a.raw.ints(name) }
-}
-
 /// RMSNorm over the last dim: `out = x / sqrt(mean(x²) + eps) · weight`.
 ///
 /// With `residual` (float32, contiguous, x's shape, x float32 contiguous): first
@@ -300,8 +289,7 @@ pub fn rms_norm<'py>(
         gamma: param_vec("weight", weight, last_dim(&x.raw))?,
         eps,
     };
-    let (obj, o) = out_or_new(py, out, &x.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
+    let (obj, o) = output(py, out, &x.raw.dims, &[("x", &x.raw)])?;
     let isa = Isa::best();
     if let Some(res) = residual {
         let r = borrow("residual", res)?;
@@ -356,8 +344,7 @@ pub fn layer_norm<'py>(
         beta: param_vec("bias", bias, n)?,
         eps,
     };
-    let (obj, o) = out_or_new(py, out, &x.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
+    let (obj, o) = output(py, out, &x.raw.dims, &[("x", &x.raw)])?;
     let (xr, or) = (&x.raw, &o.raw);
     py.detach(|| {
         with_float!("x", xr, T => {
@@ -406,13 +393,10 @@ pub fn rope<'py>(
             pa.raw.dims, x.raw.dims[0]
         )));
     }
-    let pos = contiguous_ints(&pa, "positions")?
-        .into_iter()
-        .map(|p| usize::try_from(p).map_err(|_| PyValueError::new_err("positions: negative")))
-        .collect::<PyResult<Vec<usize>>>()?;
+    // SAFETY: `pa` is alive for this call.
+    let pos: Vec<usize> = unsafe { pa.raw.indices("positions") }?;
     let table = Rope::new(style, &pos, x.raw.dims[1], x.raw.dims[2], theta).map_err(core_err)?;
-    let (obj, o) = out_or_new(py, out, &x.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
+    let (obj, o) = output(py, out, &x.raw.dims, &[("x", &x.raw)])?;
     let (xr, or) = (&x.raw, &o.raw);
     py.detach(|| {
         with_float!("x", xr, T => {
@@ -441,8 +425,7 @@ pub fn swiglu<'py>(
             g.raw.dims, u.raw.dims
         )));
     }
-    let (obj, o) = out_or_new(py, out, &g.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("gate", &g.raw), ("up", &u.raw)])?;
+    let (obj, o) = output(py, out, &g.raw.dims, &[("gate", &g.raw), ("up", &u.raw)])?;
     let (gr, ur, or) = (&g.raw, &u.raw, &o.raw);
     py.detach(|| {
         with_float!("gate", gr, T => {
@@ -463,8 +446,7 @@ pub fn softmax<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let x = borrow("x", x)?;
-    let (obj, o) = out_or_new(py, out, &x.raw.dims)?;
-    check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
+    let (obj, o) = output(py, out, &x.raw.dims, &[("x", &x.raw)])?;
     let (xr, or) = (&x.raw, &o.raw);
     py.detach(|| {
         with_float!("x", xr, T => {

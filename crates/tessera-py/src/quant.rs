@@ -3,7 +3,7 @@
 //! (`tessera_engine::linear::Linear`), so `qmatmul` runs exactly the kernels a model's
 //! projections run, including the integer path with 8-bit activations.
 
-use crate::array::{borrow, check_disjoint, out_or_new, Elem};
+use crate::array::{borrow, output, Elem};
 use crate::{core_err, engine_err};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -136,14 +136,19 @@ pub fn quantize(
     let w = py.detach(|| {
         // SAFETY: `a` is alive and float32; only read here.
         let v = unsafe { raw.view::<f32>() }?;
-        let data: Vec<f32> = match v.as_contiguous() {
-            Some(s) => s.to_vec(),
-            None => (0..rows)
-                .flat_map(|r| (0..cols).map(move |c| (r, c)))
-                .map(|(r, c)| v.get(&[r, c]).unwrap_or(0.0))
-                .collect(),
+        // A strided view is gathered once; a contiguous one is read where it is.
+        let gathered: Vec<f32>;
+        let data = match v.as_contiguous() {
+            Some(s) => s,
+            None => {
+                gathered = (0..rows)
+                    .flat_map(|r| (0..cols).map(move |c| (r, c)))
+                    .map(|(r, c)| v.get(&[r, c]).unwrap_or(0.0))
+                    .collect();
+                &gathered
+            }
         };
-        let mut w = quantize_matrix(d, rows, cols, &data).map_err(engine_err)?;
+        let mut w = quantize_matrix(d, rows, cols, data).map_err(engine_err)?;
         if int8_acts {
             w.enable_int8_activations();
         }
@@ -161,7 +166,7 @@ pub fn dequantize<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (rows, cols) = q.shape();
-    let (obj, o) = out_or_new(py, out, &[rows, cols])?;
+    let (obj, o) = output(py, out, &[rows, cols], &[])?;
     if !o.raw.is_contiguous() {
         return Err(PyValueError::new_err("out: must be contiguous"));
     }
@@ -201,8 +206,7 @@ pub fn qmatmul<'py>(
             x.raw.dims
         )));
     }
-    let (obj, o) = out_or_new(py, out, &[x.raw.dims[0], rows])?;
-    check_disjoint("out", &o.raw, &[("x", &x.raw)])?;
+    let (obj, o) = output(py, out, &[x.raw.dims[0], rows], &[("x", &x.raw)])?;
     let (xr, or) = (&x.raw, &o.raw);
     py.detach(|| {
         // SAFETY: alive, typed and disjoint (checked above).

@@ -285,3 +285,10 @@ def test_zero_copy_out_and_buffers():
         tessera.softmax([[1.0, 2.0]])  # a list becomes float64: refused, not silently cast
     with pytest.raises(TypeError):
         tessera.softmax(object())
+
+
+def test_empty_arrays():
+    # numpy gives empty arrays zero strides; they are still valid (empty) arguments
+    assert tessera.softmax(np.zeros((0, 5), np.float32)).shape == (0, 5)
+    q = tessera.quantize(np.zeros((0, 64), np.float32), "q8_0")
+    assert tessera.dequantize(q, np.zeros((0, 64), np.float32)).shape == (0, 64)

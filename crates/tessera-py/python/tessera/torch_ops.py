@@ -26,21 +26,20 @@ def register() -> None:
     def _out(shape):
         return torch.empty(shape, dtype=torch.float32)
 
+    def _gemm_shape(a, b):
+        if a.dim() == 2 and b.dim() == 3:
+            return [b.shape[0], a.shape[0], b.shape[-1]]
+        return list(a.shape[:-1]) + [b.shape[-1]]
+
     @custom_op("tessera::gemm", mutates_args=())
     def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        shape = list(a.shape[:-1]) + [b.shape[-1]]
-        if a.dim() == 2 and b.dim() == 3:
-            shape = [b.shape[0], a.shape[0], b.shape[-1]]
-        out = _out(shape)
+        out = _out(_gemm_shape(a, b))
         _tessera.gemm(a.detach(), b.detach(), out)
         return out
 
     @gemm.register_fake
     def _(a, b):
-        shape = list(a.shape[:-1]) + [b.shape[-1]]
-        if a.dim() == 2 and b.dim() == 3:
-            shape = [b.shape[0], a.shape[0], b.shape[-1]]
-        return a.new_empty(shape, dtype=torch.float32)
+        return a.new_empty(_gemm_shape(a, b), dtype=torch.float32)
 
     @custom_op("tessera::attention", mutates_args=())
     def attention(
