@@ -570,3 +570,49 @@ fn mismatched_matrices_do_not_stack() {
     );
     assert_eq!(PackedWeights::stack(&[&q4(8), &q4(9)]).unwrap().rows(), 17);
 }
+
+/// The activation quantizer against ggml's `quantize_row_q8_0_ref` (data from
+/// scripts/ggml_blocks_reference.c, no Tessera code involved): the same codes, and the
+/// same scale once rounded to the f16 ggml stores (Tessera keeps d_x in f32, which only
+/// makes the product more exact), on every ISA's quantizer this host runs.
+#[test]
+fn activation_codes_match_ggml_q8_0() {
+    let data: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../tests/data/ggml_blocks_reference.json"
+    ))
+    .unwrap();
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len() / 2)
+            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    };
+    let mut checked = 0;
+    for case in data["cases"].as_array().unwrap() {
+        if case["format"] != "q8_0" || case["input"].is_null() {
+            continue;
+        }
+        let x: Vec<f32> = case["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| f32::from_bits(u32::from_str_radix(h.as_str().unwrap(), 16).unwrap()))
+            .collect();
+        let blocks = hex(case["blocks"].as_str().unwrap());
+        let block_bytes = DType::Q8_0.size_bytes();
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            let a = QuantActs::with_scales_on(isa, &x, 0, ActScales::PerBlock);
+            for (b, ggml) in blocks.chunks_exact(block_bytes).enumerate() {
+                let at = format!("{} block {b} on {isa}", case["kind"]);
+                let d = half::f16::from_f32(a.d8[b][0]).to_bits();
+                assert_eq!(d, u16::from_le_bytes([ggml[0], ggml[1]]), "{at}: scale");
+                let codes: Vec<i8> = ggml[2..].iter().map(|&c| c as i8).collect();
+                assert_eq!(a.q[b * QK..(b + 1) * QK], codes[..], "{at}: codes");
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 5,
+        "every input kind on at least one ISA ({checked})"
+    );
+}

@@ -1,14 +1,15 @@
-//! K-quants against llama.cpp's ggml, bit for bit: `tests/data/kquants_reference.json`
-//! holds inputs, the blocks ggml's reference quantizer wrote for them and what ggml's
-//! dequantizer gives (scripts/kquant_reference.c; no Tessera code involved), plus random
-//! block bytes dequantized by ggml.
+//! ggml's block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants with Q8_K) against
+//! llama.cpp's ggml, bit for bit: `tests/data/ggml_blocks_reference.json` holds inputs,
+//! the blocks ggml's reference quantizer wrote for them and what ggml's dequantizer gives
+//! (scripts/ggml_blocks_reference.c; no Tessera code involved), plus random block bytes
+//! dequantized by ggml. The K-quants' error bounds and edge cases follow.
 
 use serde_json::Value;
 use tessera_core::DType;
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, QuantMatrix};
 use tessera_kernels::with_block_format;
 
-const DATA: &str = include_str!("data/kquants_reference.json");
+const DATA: &str = include_str!("data/ggml_blocks_reference.json");
 
 struct Case {
     dtype: DType,
@@ -102,9 +103,9 @@ fn check<B: BlockFormat>(c: &Case) {
 }
 
 #[test]
-fn k_quants_match_ggml_bit_for_bit() {
+fn block_formats_match_ggml_bit_for_bit() {
     let cases = cases();
-    assert_eq!(cases.len(), 36, "6 formats × 6 kinds");
+    assert_eq!(cases.len(), 66, "11 formats × 6 kinds");
     for c in &cases {
         with_block_format!(c.dtype, B => check::<B>(c), _ => panic!("{} is not a block format", c.dtype));
     }

@@ -1,21 +1,33 @@
-// Reference data for Tessera's K-quant tests, made by llama.cpp's own ggml (no Tessera
-// code involved): for each K-quant format and input kind, the f32 input, the blocks
+// Reference data for Tessera's ggml-block tests, made by llama.cpp's own ggml (no Tessera
+// code involved): for each block format (the 32-weight Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and the
+// 256-weight K-quants with the Q8_K activation blocks) and input kind, the f32 input, the blocks
 // ggml's reference quantizer writes (`quantize_row_*_ref`, what llama-quantize writes
 // without an importance matrix) and what ggml's `dequantize_row_*` gives for them; plus
 // blocks of random bytes (finite f16 scales) dequantized, to cover every bit pattern a
 // file may hold, not only those the quantizer produces.
 //
 // Build against a llama.cpp build tree (see scripts/engine_vs_llamacpp.sh for one):
-//   B=$LLAMA/build/bin; gcc -O2 -o /tmp/kqref scripts/kquant_reference.c -L$B -lggml-base -Wl,-rpath,$B -lm
-//   /tmp/kqref > crates/tessera-kernels/tests/data/kquants_reference.json
+//   B=$LLAMA/build/bin; gcc -O2 -o /tmp/kqref scripts/ggml_blocks_reference.c -L$B -lggml-base -Wl,-rpath,$B -lm
+//   /tmp/kqref > crates/tessera-kernels/tests/data/ggml_blocks_reference.json
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#define QK_K 256
-#define SUPERBLOCKS 2
-#define N (QK_K * SUPERBLOCKS)
+// Two K-quant superblocks, sixteen 32-weight blocks.
+#define N 512
+#define MAX_BYTES (292 * 2)
+
+void quantize_row_q4_0_ref(const float *x, void *y, int64_t k);
+void quantize_row_q4_1_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_0_ref(const float *x, void *y, int64_t k);
+void quantize_row_q5_1_ref(const float *x, void *y, int64_t k);
+void quantize_row_q8_0_ref(const float *x, void *y, int64_t k);
+void dequantize_row_q4_0(const void *x, float *y, int64_t k);
+void dequantize_row_q4_1(const void *x, float *y, int64_t k);
+void dequantize_row_q5_0(const void *x, float *y, int64_t k);
+void dequantize_row_q5_1(const void *x, float *y, int64_t k);
+void dequantize_row_q8_0(const void *x, float *y, int64_t k);
 
 void quantize_row_q2_K_ref(const float *x, void *y, int64_t k);
 void quantize_row_q3_K_ref(const float *x, void *y, int64_t k);
@@ -35,6 +47,7 @@ typedef void (*dequant_fn)(const void *, float *, int64_t);
 
 struct format {
     const char *name;
+    int block_weights;
     int block_bytes;
     quant_fn quantize;
     dequant_fn dequantize;
@@ -44,12 +57,17 @@ struct format {
 };
 
 static const struct format FORMATS[] = {
-    {"q2_k", 84, quantize_row_q2_K_ref, dequantize_row_q2_K, {80, 82}, -1},
-    {"q3_k", 110, quantize_row_q3_K_ref, dequantize_row_q3_K, {108, -1}, -1},
-    {"q4_k", 144, quantize_row_q4_K_ref, dequantize_row_q4_K, {0, 2}, -1},
-    {"q5_k", 176, quantize_row_q5_K_ref, dequantize_row_q5_K, {0, 2}, -1},
-    {"q6_k", 210, quantize_row_q6_K_ref, dequantize_row_q6_K, {208, -1}, -1},
-    {"q8_k", 292, quantize_row_q8_K_ref, dequantize_row_q8_K, {-1, -1}, 0},
+    {"q2_k", 256, 84, quantize_row_q2_K_ref, dequantize_row_q2_K, {80, 82}, -1},
+    {"q3_k", 256, 110, quantize_row_q3_K_ref, dequantize_row_q3_K, {108, -1}, -1},
+    {"q4_k", 256, 144, quantize_row_q4_K_ref, dequantize_row_q4_K, {0, 2}, -1},
+    {"q5_k", 256, 176, quantize_row_q5_K_ref, dequantize_row_q5_K, {0, 2}, -1},
+    {"q6_k", 256, 210, quantize_row_q6_K_ref, dequantize_row_q6_K, {208, -1}, -1},
+    {"q8_k", 256, 292, quantize_row_q8_K_ref, dequantize_row_q8_K, {-1, -1}, 0},
+    {"q4_0", 32, 18, quantize_row_q4_0_ref, dequantize_row_q4_0, {0, -1}, -1},
+    {"q4_1", 32, 20, quantize_row_q4_1_ref, dequantize_row_q4_1, {0, 2}, -1},
+    {"q5_0", 32, 22, quantize_row_q5_0_ref, dequantize_row_q5_0, {0, -1}, -1},
+    {"q5_1", 32, 24, quantize_row_q5_1_ref, dequantize_row_q5_1, {0, 2}, -1},
+    {"q8_0", 32, 34, quantize_row_q8_0_ref, dequantize_row_q8_0, {0, -1}, -1},
 };
 
 static uint64_t state = 0x9E3779B97F4A7C15ull;
@@ -103,9 +121,11 @@ static void print_bytes(const uint8_t *b, int n) {
     printf("\"");
 }
 
+static int blocks_of(const struct format *f) { return N / f->block_weights; }
+
 static void random_blocks(const struct format *f, uint8_t *blocks) {
-    for (int i = 0; i < f->block_bytes * SUPERBLOCKS; ++i) blocks[i] = (uint8_t)next_u64();
-    for (int s = 0; s < SUPERBLOCKS; ++s) {
+    for (int i = 0; i < f->block_bytes * blocks_of(f); ++i) blocks[i] = (uint8_t)next_u64();
+    for (int s = 0; s < blocks_of(f); ++s) {
         uint8_t *b = blocks + s * f->block_bytes;
         for (int j = 0; j < 2; ++j) {
             if (f->f16_at[j] < 0) continue;
@@ -122,8 +142,8 @@ static void random_blocks(const struct format *f, uint8_t *blocks) {
 
 int main(void) {
     static float x[N], y[N];
-    static uint8_t blocks[292 * SUPERBLOCKS];
-    printf("{\"generator\": \"scripts/kquant_reference.c (ggml quantize_row_*_ref, dequantize_row_*)\",\n \"cases\": [\n");
+    static uint8_t blocks[MAX_BYTES];
+    printf("{\"generator\": \"scripts/ggml_blocks_reference.c (ggml quantize_row_*_ref, dequantize_row_*)\",\n \"cases\": [\n");
     int first = 1;
     for (size_t fi = 0; fi < sizeof FORMATS / sizeof *FORMATS; ++fi) {
         const struct format *f = &FORMATS[fi];
@@ -141,7 +161,7 @@ int main(void) {
             if (random) printf("null");
             else print_floats(x, N);
             printf(", \"blocks\": ");
-            print_bytes(blocks, f->block_bytes * SUPERBLOCKS);
+            print_bytes(blocks, f->block_bytes * blocks_of(f));
             printf(", \"dequantized\": ");
             print_floats(y, N);
             printf("}");
