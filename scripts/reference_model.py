@@ -7,7 +7,9 @@ code with it. It writes the test data in crates/tessera-engine/tests/data/:
 
     python3 scripts/reference_model.py MODEL.gguf CASES.json OUT.json
 
-CASES.json: {"cases": [{"name": ..., "tokens": [ids...], "greedy": N}, ...]}. For each
+CASES.json: {"cases": [{"name": ..., "text": ..., "tokens": [ids...], "greedy": N}, ...]};
+the committed one, crates/tessera-engine/tests/data/smollm2_cases.json, has its ids from
+llama.cpp's llama-tokenize (scripts/reference_tokens.py --cases). For each
 case the output holds the last position's logits in float64 (a strided sample, the top
 entries and the norm of the whole vector, to keep the file small) and N greedy tokens
 with each step's top-1 margin (logit gap to the runner-up), so a test can insist on

@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Reference token ids for the tokenizer test, from llama.cpp's own tokenizer.
+"""Reference token ids from llama.cpp's own tokenizer, for the tokenizer test and for the
+inputs of the float64 model reference.
 
     python3 scripts/reference_tokens.py LLAMA_TOKENIZE MODEL.gguf OUT.json
+    python3 scripts/reference_tokens.py LLAMA_TOKENIZE MODEL.gguf OUT.json --cases CASES.json
+
+The first form tokenizes the corpus below (tests/data/tokenizer_reference.json). The
+second fills in "tokens" for each {"name", "text", "greedy"} case of CASES.json and
+writes the result, the input scripts/reference_model.py takes
+(tests/data/smollm2_cases.json).
 
 LLAMA_TOKENIZE is the `llama-tokenize` binary of a llama.cpp build (a peer built for
 measurement, never part of this repository). Each text is passed verbatim through a file
@@ -51,6 +58,15 @@ def ids(binary, model, text):
 
 def main():
     binary, model, out_path = sys.argv[1:4]
+    if sys.argv[4:5] == ["--cases"]:
+        cases = json.load(open(sys.argv[5], encoding="utf-8"))["cases"]
+        for case in cases:
+            case["tokens"] = ids(binary, model, case["text"])
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump({"generator": "llama.cpp llama-tokenize via scripts/reference_tokens.py --cases",
+                       "cases": cases}, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        return
     cases = [{"text": t, "ids": ids(binary, model, t)} for t in CORPUS]
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump({"generator": "llama.cpp llama-tokenize via scripts/reference_tokens.py",

@@ -2,11 +2,15 @@
 //! tools that share no code with the engine:
 //!
 //! - `smollm2_reference.json`: `scripts/reference_model.py`, a numpy float64 forward with
-//!   its own GGUF parser and dequantizers (last-position logits, greedy continuations);
+//!   its own GGUF parser and dequantizers (last-position logits, greedy continuations), run
+//!   on `smollm2_cases.json`: the cases' texts and their token ids from llama.cpp's
+//!   `llama-tokenize` (`scripts/reference_tokens.py --cases`);
 //! - `tokenizer_reference.json`: llama.cpp's tokenizer on a varied corpus, through
 //!   `scripts/reference_tokens.py`.
 //!
-//! Both scripts' headers give the command that regenerates the data.
+//! The scripts' headers give the commands that regenerate the data. The Rust float64
+//! forward in `tests/common` (which the batching and int8 tests compare with, on inputs
+//! of their own) is pinned to the numpy data here too, so those tests rest on it.
 
 mod common;
 
@@ -184,6 +188,64 @@ fn check_against_numpy(kv: KvDtype, tol: f64, clear_margin: f64) {
             logits = model.forward(&[got_tok], &mut cache).expect("decode");
         }
         assert!(checked >= 6, "{name}: only {checked} greedy steps compared");
+    }
+}
+
+/// The Rust float64 forward (tests/common) reads weights through the engine's GGUF parser
+/// and dequantizer, numpy through its own; both then sum in float64 in different orders:
+/// measured 3–6e-15 relative on these logits. 1e-9 leaves room for other summation
+/// orders, while a misread weight or a wrong convention moves logits by whole percents.
+const F64_REFERENCES_TOL: f64 = 1e-9;
+
+#[test]
+fn rust_float64_reference_matches_numpy() {
+    let g = open_default_model();
+    let reference = data("smollm2_reference.json");
+    for case in reference["cases"].as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let tokens = ids(&case["tokens"]);
+        let last = common::reference_logits(&g, &tokens).pop().expect("logits");
+        let stride = case["sample_stride"].as_u64().expect("stride") as usize;
+        let want = floats(&case["logits_sampled"]);
+        let got: Vec<f64> = last.iter().step_by(stride).copied().collect();
+        assert_eq!(got.len(), want.len(), "{name}: sample count");
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| b * b).sum();
+        let e = (num / den).sqrt();
+        assert!(e < F64_REFERENCES_TOL, "{name}: rel error {e}");
+        let want_l2 = case["logits_l2"].as_f64().expect("l2");
+        for pair in case["top"].as_array().expect("top") {
+            let (id, v) = (pair[0].as_u64().expect("id"), pair[1].as_f64().expect("v"));
+            let d = (last[id as usize] - v).abs();
+            assert!(
+                d < F64_REFERENCES_TOL * want_l2,
+                "{name}: logit of {id} off by {d}"
+            );
+        }
+    }
+}
+
+/// The model reference's inputs are committed (`smollm2_cases.json`, ids from
+/// llama-tokenize) and are what the reference was run on.
+#[test]
+fn model_reference_inputs_are_committed_llama_cpp_tokens() {
+    let inputs = data("smollm2_cases.json");
+    let reference = data("smollm2_reference.json");
+    let (inputs, outputs) = (
+        inputs["cases"].as_array().expect("cases"),
+        reference["cases"].as_array().expect("cases"),
+    );
+    assert_eq!(inputs.len(), outputs.len(), "one output per input case");
+    for (i, o) in inputs.iter().zip(outputs) {
+        assert_eq!(i["name"], o["name"]);
+        assert_eq!(i["text"], o["text"], "{}", i["name"]);
+        assert_eq!(ids(&i["tokens"]), ids(&o["tokens"]), "{}", i["name"]);
+        assert_eq!(
+            i["greedy"].as_u64(),
+            Some(o["greedy"].as_array().expect("greedy").len() as u64),
+            "{}",
+            i["name"]
+        );
     }
 }
 

@@ -1,5 +1,9 @@
 //! Test support: a GGUF writer (for synthetic and corrupted files) and an independent
-//! float64 Llama forward written plainly from the architecture's definition.
+//! float64 Llama forward written plainly from the architecture's definition. The forward
+//! reads weights through the engine's GGUF parser and block dequantizers, so it is pinned
+//! to outside references: the dequantizers to ggml's, bit for bit
+//! (tessera-kernels/tests/ggml_blocks.rs), and the whole forward on the default model to
+//! the numpy float64 data (`reference_data.rs`, `rust_float64_reference_matches_numpy`).
 
 #![allow(dead_code)] // each test binary uses part of this module
 
