@@ -67,7 +67,8 @@ pub struct Stats {
     pub text: String,
     pub prefill_s: f64,
     pub decode_s: f64,
-    /// The reason it stopped: "stop token", "stop string", "length" or "cancelled".
+    /// The reason it stopped: "stop token", "stop string", "length" (max_tokens reached),
+    /// "context" (the model's context filled first) or "cancelled".
     pub finish: &'static str,
 }
 
@@ -252,6 +253,9 @@ pub fn generate_until(
         if stats.generated.len() < req.max_tokens && cache.len() < capacity {
             logits = model.forward(&[next], &mut cache)?;
         }
+    }
+    if stats.finish == "length" && stats.generated.len() < req.max_tokens {
+        stats.finish = "context";
     }
     let rest = text.finish();
     if !rest.is_empty() {

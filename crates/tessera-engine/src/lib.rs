@@ -70,7 +70,7 @@ pub fn open(
     }
     let g = gguf::Gguf::open(path)?;
     let model = llama::Llama::from_source(llama::Config::from_gguf(&g)?, &g, opts)?;
-    Ok((model, tokenizer::Tokenizer::from_gguf(&g)?))
+    fits(model, tokenizer::Tokenizer::from_gguf(&g)?)
 }
 
 fn open_checkpoint(
@@ -79,5 +79,22 @@ fn open_checkpoint(
 ) -> Result<(llama::Llama, tokenizer::Tokenizer)> {
     let ck = hf::HfCheckpoint::open(dir)?;
     let model = llama::Llama::from_source(ck.config.clone(), &ck, opts)?;
-    Ok((model, tokenizer::Tokenizer::from_hf_dir(dir)?))
+    fits(model, tokenizer::Tokenizer::from_hf_dir(dir)?)
+}
+
+/// A tokenizer with more tokens than the embedding has rows would hand the model ids it
+/// has no row for. Fewer is legal: checkpoints pad the embedding (Qwen2 to a multiple of
+/// 128), and those rows are never produced by the tokenizer.
+fn fits(
+    model: llama::Llama,
+    tok: tokenizer::Tokenizer,
+) -> Result<(llama::Llama, tokenizer::Tokenizer)> {
+    if tok.vocab_size() > model.cfg.vocab {
+        return Err(Error::Model(format!(
+            "the tokenizer has {} tokens but the embedding only {} rows",
+            tok.vocab_size(),
+            model.cfg.vocab
+        )));
+    }
+    Ok((model, tok))
 }

@@ -11,7 +11,7 @@
 //! The residual stream is fused with the next norm (`rms_norm_residual`: one pass adds a
 //! sublayer's output and normalises for the next one). Keys and values are cached,
 //! already rotated, in paged blocks ([`crate::kv_cache`]). The forward pass itself, over
-//! a batch of sequences, is in [`forward`].
+//! a batch of sequences, is in `forward`.
 
 mod forward;
 
@@ -117,16 +117,20 @@ impl Config {
     pub(crate) fn validated(self) -> Result<Self> {
         let (c, dim, heads, kv_heads) = (&self, self.dim, self.heads, self.kv_heads);
         let eps_ok = c.eps > 0.0 && c.eps.is_finite(); // false for NaN
-        if !dim.is_multiple_of(heads)
-            || !heads.is_multiple_of(kv_heads)
-            || !c.head_dim.is_multiple_of(2)
-            || c.rope_theta.is_nan()
-            || c.rope_theta <= 1.0
-            || !eps_ok
-        {
-            return Err(Error::Model(format!("inconsistent hyper-parameters {c:?}")));
-        }
-        Ok(self)
+        let problem = if heads == 0 || !dim.is_multiple_of(heads) {
+            format!("{heads} attention heads do not divide the width {dim}")
+        } else if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            format!("{kv_heads} KV heads do not divide the {heads} attention heads")
+        } else if !c.head_dim.is_multiple_of(2) {
+            format!("head dimension {} is odd (RoPE rotates pairs)", c.head_dim)
+        } else if c.rope_theta.is_nan() || c.rope_theta <= 1.0 {
+            format!("RoPE base {} is not above 1", c.rope_theta)
+        } else if !eps_ok {
+            format!("norm epsilon {} is not a positive number", c.eps)
+        } else {
+            return Ok(self);
+        };
+        Err(Error::Model(format!("inconsistent hyper-parameters: {problem}")))
     }
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim

@@ -9,7 +9,7 @@
 //! prompt. Sequences join and leave between steps; a finished or cancelled sequence
 //! frees its blocks at once.
 //!
-//! KV memory is a fixed pool of blocks ([`BlockManager`] over a [`KvStore`]). When a
+//! KV memory is a fixed pool of blocks (`BlockManager` over a [`KvStore`]). When a
 //! decoding sequence needs a block and none is left, the newest running sequence is
 //! preempted: its blocks are released (its full ones stay in the prefix cache) and it
 //! goes back to the queue with its prompt and generated tokens, to be recomputed later

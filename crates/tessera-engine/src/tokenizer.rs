@@ -103,10 +103,19 @@ impl Tokenizer {
         };
         inner.with_pre_tokenizer(Some(pre_tok));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
+        // Required: without the types, control tokens such as <|im_start|> would be split
+        // as text (the default model's chat prompt grows from 37 tokens to 66) and the
+        // model would answer a prompt it was never trained on.
         let types = match g.metadata.get("tokenizer.ggml.token_type") {
-            None => None,
+            None => {
+                return Err(Error::Tokenizer(
+                    "tokenizer.ggml.token_type is missing: without it control tokens \
+                     such as <|im_start|> would be read as text"
+                        .into(),
+                ))
+            }
             Some(v) => match v.as_array() {
-                Some(a) if a.len() == tokens.len() => Some(a),
+                Some(a) if a.len() == tokens.len() => a,
                 Some(a) => {
                     return Err(Error::Tokenizer(format!(
                         "tokenizer.ggml.token_type has {} entries for {} tokens",
@@ -121,15 +130,13 @@ impl Tokenizer {
                 }
             },
         };
-        if let Some(types) = types {
-            let special: Vec<AddedToken> = types
-                .iter()
-                .zip(&tokens)
-                .filter(|(t, _)| t.as_u64() == Some(3))
-                .map(|(_, s)| AddedToken::from(s.clone(), true))
-                .collect();
-            inner.add_special_tokens(&special);
-        }
+        let special: Vec<AddedToken> = types
+            .iter()
+            .zip(&tokens)
+            .filter(|(t, _)| t.as_u64() == Some(3))
+            .map(|(_, s)| AddedToken::from(s.clone(), true))
+            .collect();
+        inner.add_special_tokens(&special);
         // Absent: none. Present, it must be a token of this vocabulary.
         let id = |key: &str| -> Result<Option<u32>> {
             let Some(v) = g.metadata.get(key) else {
@@ -244,6 +251,11 @@ impl Tokenizer {
             ids.remove(0);
         }
         Ok(ids)
+    }
+
+    /// Tokens in the vocabulary, added and special tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
     }
 
     /// A token's own text as the vocabulary spells it (special tokens included).

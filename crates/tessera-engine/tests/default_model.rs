@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
+use std::path::PathBuf;
 use tessera_engine::generate::{generate, Request, Sampling};
+use tessera_engine::gguf::{Gguf, Value};
 use tessera_engine::kv_cache::KvCache;
 use tessera_engine::llama::Llama;
 use tessera_engine::tokenizer::Tokenizer;
@@ -311,7 +313,6 @@ fn int8_activations_keep_perplexity() {
 /// silently stop being special), while the unchanged metadata loads.
 #[test]
 fn inconsistent_tokenizer_metadata_is_an_error() {
-    use tessera_engine::gguf::{Gguf, Value};
     let g = open_default_model();
     let base: Vec<(String, Value)> = g
         .metadata
@@ -358,5 +359,89 @@ fn inconsistent_tokenizer_metadata_is_an_error() {
         let e = with(key, Some(v)).expect_err(key);
         assert!(e.to_string().contains(want), "{key}: {e}");
     }
+    let e = with("tokenizer.ggml.token_type", None).expect_err("token_type missing");
+    assert!(e.to_string().contains("token_type is missing"), "{e}");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The default model's file with `edit` applied to its metadata, written to a temporary
+/// path named by `tag`.
+fn default_model_with(tag: &str, edit: impl FnOnce(&mut Vec<(String, Value)>)) -> PathBuf {
+    let g = open_default_model();
+    let mut meta: Vec<(String, Value)> = g
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    edit(&mut meta);
+    let tensors: Vec<RawTensor> = g
+        .tensors
+        .iter()
+        .map(|t| RawTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            dtype: t.dtype,
+            bytes: g.bytes(t).to_vec(),
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("tessera-{}-{tag}.gguf", std::process::id()));
+    write(&path, &gguf_bytes_owned(&meta, &tensors));
+    path
+}
+
+/// A vocabulary with more tokens than the embedding has rows is refused at open.
+#[test]
+fn vocabulary_larger_than_the_embedding_is_an_error() {
+    let path = default_model_with("vocab", |meta| {
+        for (key, extra) in [
+            ("tokenizer.ggml.tokens", Value::String("<extra>".into())),
+            ("tokenizer.ggml.token_type", Value::I32(1)),
+        ] {
+            match &mut meta.iter_mut().find(|(k, _)| k == key).expect(key).1 {
+                Value::Array(a) => a.push(extra),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    });
+    let e = tessera_engine::open(&path, &Default::default()).expect_err("extra token");
+    assert!(
+        e.to_string()
+            .contains("49153 tokens but the embedding only 49152 rows"),
+        "{e}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A max_tokens beyond the context (`-n 18446744073709551615`) generates until the context
+/// is full and says so ("context", not "length"), on the default model with its context
+/// cut to 48 tokens in the file's metadata.
+#[test]
+fn generation_past_the_context_ends_with_context() {
+    const CONTEXT: u32 = 48;
+    let path = default_model_with("ctx", |meta| {
+        meta.iter_mut()
+            .find(|(k, _)| k == "llama.context_length")
+            .expect("context key")
+            .1 = Value::U32(CONTEXT);
+    });
+    let short = Gguf::open(&path).expect("opens");
+    let model = Llama::load(&short).expect("loads");
+    let tok = Tokenizer::from_gguf(&short).expect("tokenizer");
+    let prompt = tok.encode("Once upon a time").expect("encodes");
+    let req = Request {
+        prompt: prompt.clone(),
+        max_tokens: usize::MAX,
+        ignore_eos: true,
+        ..Request::default()
+    };
+    let stats = generate(&model, &tok, &req, |_| {}).expect("generates");
+    assert_eq!(stats.finish, "context");
+    assert_eq!(prompt.len() + stats.generated.len(), CONTEXT as usize);
+    let capped = Request {
+        max_tokens: 5,
+        ..req
+    };
+    let stats = generate(&model, &tok, &capped, |_| {}).expect("generates");
+    assert_eq!((stats.finish, stats.generated.len()), ("length", 5));
     let _ = std::fs::remove_file(&path);
 }

@@ -355,6 +355,11 @@ fn wrong_typed_or_inconsistent_metadata_is_an_error() {
             "epsilon",
         ),
         ("block_count", Value::U32(1), "more layers"),
+        (
+            "attention.head_count",
+            Value::U32(7),
+            "7 attention heads do not divide the width",
+        ),
     ] {
         let mut meta = llama_metadata("llama", &shape);
         let k = format!("llama.{key}");

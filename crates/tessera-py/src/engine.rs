@@ -203,7 +203,7 @@ impl Engine {
     }
 
     /// Generates from `prompt` (a str, or a list of token ids) and returns a dict with
-    /// text, ids, prompt_ids, finish ("stop token", "stop string", "length") and rates.
+    /// text, ids, prompt_ids, finish ("stop token", "stop string", "length", "context") and rates.
     /// chat: wrap a str prompt in the model's chat template. Keywords: max_tokens (128),
     /// temperature (0 = greedy), top_k (40), top_p (0.95), min_p (0), repetition_penalty
     /// (1), seed (0), stop (list of str), ignore_eos (False).

@@ -132,7 +132,7 @@ impl Llama {
         }
     }
 
-    /// One step over many sequences ([module docs](self)): writes every sequence's new
+    /// One step over many sequences (module docs): writes every sequence's new
     /// keys and values into `store` through its block table and returns the wanted
     /// logits, `[rows, vocab]`, sequences in order. Bad token ids, empty sequences and
     /// block tables that do not cover their positions are errors before anything runs.

@@ -62,7 +62,7 @@ impl Rope {
         Self::with_frequencies(style, positions, heads, d, &base_frequencies(d, theta))
     }
 
-    /// The table for given per-pair frequencies (angle = pos·freqs[i]).
+    /// The table for given per-pair frequencies (angle = pos·`freqs[i]`).
     pub fn with_frequencies(
         style: RopeStyle,
         positions: &[usize],

@@ -3,7 +3,7 @@
 //! Memory-bound kernels (norms, activations, decode attention, GEMV) are written once as
 //! plain Rust over slices, shaped so LLVM vectorizes them (fixed-width chunk loops,
 //! independent accumulators, branch-free selects, the polynomial [`exp`] below).
-//! [`multiversion!`] instantiates that body inside `#[target_feature]` functions for
+//! `multiversion!` instantiates that body inside `#[target_feature]` functions for
 //! AVX-512 and AVX2 (NEON is baseline on aarch64) and picks one by the `Isa` argument —
 //! the ISA decision is the caller's, made once, never a `cfg` inside a kernel.
 //!
@@ -254,7 +254,7 @@ multiversion! {
     }
 }
 
-/// `dst[i] = x·σ(a·x + b·x³)` with x = src[i] (equal lengths; panics otherwise). As x → −∞
+/// `dst[i] = x·σ(a·x + b·x³)` with x = `src[i]` (equal lengths; panics otherwise). As x → −∞
 /// the e^… term overflows to +∞ and the result is −0, never NaN.
 pub fn x_sigmoid_on(isa: Isa, src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "x_sigmoid_on: lengths differ");

@@ -4,9 +4,9 @@
 //! Two regimes, split at [`F32_BATCH_M`] for f32 activations:
 //! - **decode / batching steps** (M ≤ 48): memory-bound at M = 1 on the weights. Each block is read
 //!   once from memory, dequantized once into registers, and multiplied into up to
-//!   [`M_CHUNK`] activation rows; threads split N. An explicit AVX-512 kernel expands the
+//!   `M_CHUNK` activation rows; threads split N. An explicit AVX-512 kernel expands the
 //!   nibbles/bytes with `vpmovzxbd`/`vpmovsxbd` and FMA-accumulates per block.
-//! - **prefill** (M > 48): compute-bound. Panels of [`PANEL_ROWS`] weight rows are
+//! - **prefill** (M > 48): compute-bound. Panels of `PANEL_ROWS` weight rows are
 //!   dequantized to f32 and handed to the f32 GEMM, so the dequantization cost is
 //!   amortised over M rows and the GEMM's register tiling does the work.
 //!
@@ -116,7 +116,7 @@ pub fn qmatmul_int8(
 /// `y = x·Wᵀ` over weights held only in the packed layout: the integer path
 /// ([`qmatmul_int8`], activations quantized per 32-block) for decode and batch sizes
 /// M ≤ [`INT8_BATCH_M`], and for prefill where it is the faster one
-/// ([`int8_prefill_pays`]);
+/// (`int8_prefill_pays`);
 /// otherwise f32 activations through dequantize + GEMM. What an engine runs when it
 /// keeps one copy of the weights for `--int8-acts`.
 ///

@@ -172,7 +172,7 @@ pub(super) const PLANES_PAIR_BYTES: usize = GROUP_PAIR_BYTES + GROUP_PAIR_BYTES 
 impl PackedWeights {
     /// Repacks `w` (dequantization semantics unchanged: the packed values are the
     /// format's own u, d, m) in the layout the fastest kernel reads: interleaved wherever
-    /// the format allows it ([`PackedWeights::packs_interleaved`]). Measured on a Zen 4
+    /// the format allows it (`PackedWeights::packs_interleaved`). Measured on a Zen 4
     /// host (2 threads; `tessera bench qmatmul --shape MxNxK --dtype D`): Q4_1 3072×576
     /// interleaved 32 µs at M = 1 and 173 µs at M = 16 (avx512-vnni-r8), row-major VNNI
     /// 69 and 648 µs; Q8_0 49152×576 interleaved 3.8–3.9 ms at M = 16 against the
@@ -524,7 +524,7 @@ impl PackedWeights {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
-    /// The format's offset o in value = (u − o)·d + m (what [`QuantActs::with_scales`] needs).
+    /// The format's offset o in value = (u − o)·d + m (what `QuantActs::with_scales` needs).
     pub fn offset(&self) -> i32 {
         self.offset
     }
