@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod bench_serve_cmd;
+mod jobs;
 mod profile_cmd;
 mod progress;
 mod quant_cmd;

@@ -2,7 +2,7 @@
 //! compare it with one (see `tessera_perf::regress` for the statistics). Exit status 1
 //! only for a significant slowdown beyond the threshold.
 
-use crate::bench_cmd::{self, Selection};
+use crate::jobs::{self, Selection};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -53,17 +53,6 @@ fn baseline_path(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir.join(format!("{name}.json")))
 }
 
-/// The checkout's short commit, or "unknown" outside a git work tree.
-pub fn git_commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
 pub fn run(a: RegressArgs) -> Result<()> {
     if a.save_baseline.is_none() && a.baseline.is_none() && a.against.is_none() {
         bail!("pass --save-baseline NAME, --baseline NAME or --against TESSERA_BIN");
@@ -99,7 +88,7 @@ pub fn run(a: RegressArgs) -> Result<()> {
         }
         None => None,
     };
-    let ceilings = bench_cmd::calibrate();
+    let ceilings = jobs::calibrate();
     let opts = BenchOptions {
         budget: Duration::from_millis(a.budget_ms),
         ..Default::default()
@@ -114,7 +103,7 @@ pub fn run(a: RegressArgs) -> Result<()> {
     let mut entries: Vec<Entry> = Vec::new();
     for round in 0..a.rounds {
         eprintln!("round {}/{}", round + 1, a.rounds);
-        let results = bench_cmd::collect(&a.sel, Some(best), &ceilings, &opts, a.json)?;
+        let results = jobs::collect(&a.sel, Some(best), &ceilings, &opts, a.json)?;
         if results.is_empty() {
             bail!("the selection ran no benchmark");
         }
@@ -135,7 +124,7 @@ pub fn run(a: RegressArgs) -> Result<()> {
             format: BASELINE_FORMAT,
             fingerprint,
             tool_version: env!("CARGO_PKG_VERSION").into(),
-            git_commit: git_commit(),
+            git_commit: jobs::git_commit(),
             entries,
         };
         std::fs::write(&path, serde_json::to_string(&b)?)?;
@@ -262,7 +251,7 @@ fn run_against(
         bail!("--against pairs rounds: pass --rounds 2 or more");
     }
     let best = tessera_core::Isa::best().name();
-    let jobs = bench_cmd::jobs(&a.sel, Some(best))?;
+    let jobs = jobs::jobs(&a.sel, Some(best))?;
     if jobs.is_empty() {
         bail!("the selection ran no benchmark");
     }
@@ -329,7 +318,7 @@ fn report(a: &RegressArgs, base: &Baseline, rows: &[(&Entry, Option<Comparison>)
             .map(|(e, c)| serde_json::json!({"key": e.key, "bound": e.bound, "median_s": e.median_s, "comparison": c}))
             .collect();
         let doc = serde_json::json!({
-            "baseline_commit": base.git_commit, "commit": git_commit(),
+            "baseline_commit": base.git_commit, "commit": jobs::git_commit(),
             "threshold": a.threshold, "results": list,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);

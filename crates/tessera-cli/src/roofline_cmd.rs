@@ -2,7 +2,7 @@
 //! SVG roofline with kernels placed on it, from a fresh benchmark run of the named ops or
 //! from a saved `tessera bench --json` file.
 
-use crate::bench_cmd::{self, Selection};
+use crate::jobs::{self, Selection};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -86,13 +86,13 @@ pub fn run(a: RooflineArgs) -> Result<()> {
         Some(path) => points_from_json(path)?,
         None if a.sel.is_empty() => Vec::new(),
         None => {
-            let ceilings = bench_cmd::calibrate();
+            let ceilings = jobs::calibrate();
             let opts = BenchOptions {
                 budget: Duration::from_millis(a.budget_ms),
                 ..Default::default()
             };
             let best = tessera_core::Isa::best().name();
-            bench_cmd::collect(&a.sel, Some(best), &ceilings, &opts, false)?
+            jobs::collect(&a.sel, Some(best), &ceilings, &opts, false)?
                 .iter()
                 .map(|b| Point {
                     label: format!("{} {} {}", b.op, b.problem, b.dtype),

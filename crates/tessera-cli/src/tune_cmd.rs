@@ -1,7 +1,6 @@
 //! `tessera tune`: search tunable spaces on this machine and save the winners to the
 //! tuning cache the kernels read at start-up (see `tessera_perf::tune`).
 
-use crate::bench_cmd;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -57,7 +56,7 @@ pub fn install_cache() {
 
 pub fn run(a: TuneArgs) -> Result<()> {
     let ops = super::selected_ops(&a.ops)?;
-    let ceilings = bench_cmd::calibrate();
+    let ceilings = crate::jobs::calibrate();
     let isa = tessera_core::Isa::best();
     // Everything to search first, so progress can be shown against the total.
     let mut per_op = Vec::new();

@@ -13,7 +13,6 @@
 //! position and layer, 1.5 KiB for SmolLM2), so f16 halves the largest decode cost; its
 //! 11-bit significand keeps keys and values to 2⁻¹² relative, as llama.cpp's default.
 
-use crate::llama::Config;
 use crate::{Error, Result};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -182,14 +181,35 @@ impl StepTables {
     }
 }
 
+/// What a cache needs to know of a model: three numbers, not its whole configuration
+/// (a model's `Config` converts into one, so the cache does not depend on the model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Transformer layers, each with its own keys and values.
+    pub layers: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Width of one position's keys (or values) in one layer.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
 impl KvStore {
     /// Bytes one block takes over every layer (keys and values).
-    pub fn block_bytes(cfg: &Config, dtype: KvDtype) -> usize {
-        2 * cfg.n_layers * BLOCK * cfg.kv_dim() * dtype.size_bytes()
+    pub fn block_bytes(shape: impl Into<KvShape>, dtype: KvDtype) -> usize {
+        let cfg = shape.into();
+        2 * cfg.layers * BLOCK * cfg.kv_dim() * dtype.size_bytes()
     }
 
-    /// A store of `num_blocks` blocks for a model of `cfg`.
-    pub fn new(cfg: &Config, num_blocks: usize, dtype: KvDtype) -> Result<Self> {
+    /// A store of `num_blocks` blocks for a model of this shape.
+    pub fn new(shape: impl Into<KvShape>, num_blocks: usize, dtype: KvDtype) -> Result<Self> {
+        let cfg = shape.into();
         let per = (num_blocks * BLOCK).checked_mul(cfg.kv_dim());
         let total = num_blocks.checked_mul(Self::block_bytes(cfg, dtype));
         let per = per
@@ -206,8 +226,8 @@ impl KvStore {
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
             pools: match dtype {
-                KvDtype::F32 => Pools::F32(Pool::new(cfg.n_layers, per).map_err(too_big)?),
-                KvDtype::F16 => Pools::F16(Pool::new(cfg.n_layers, per).map_err(too_big)?),
+                KvDtype::F32 => Pools::F32(Pool::new(cfg.layers, per).map_err(too_big)?),
+                KvDtype::F16 => Pools::F16(Pool::new(cfg.layers, per).map_err(too_big)?),
             },
             num_blocks,
         })
@@ -299,14 +319,14 @@ pub struct KvCache {
 
 impl KvCache {
     /// An exact (f32) cache for one sequence of up to `capacity` positions.
-    pub fn new(cfg: &Config, capacity: usize) -> Result<Self> {
-        Self::with_dtype(cfg, capacity, KvDtype::F32)
+    pub fn new(shape: impl Into<KvShape>, capacity: usize) -> Result<Self> {
+        Self::with_dtype(shape, capacity, KvDtype::F32)
     }
 
     /// A cache storing keys and values as `dtype`.
-    pub fn with_dtype(cfg: &Config, capacity: usize, dtype: KvDtype) -> Result<Self> {
+    pub fn with_dtype(shape: impl Into<KvShape>, capacity: usize, dtype: KvDtype) -> Result<Self> {
         let num_blocks = capacity.div_ceil(BLOCK);
-        let store = KvStore::new(cfg, num_blocks, dtype).map_err(|_| {
+        let store = KvStore::new(shape, num_blocks, dtype).map_err(|_| {
             Error::Model(format!(
                 "KV cache of {capacity} positions is too large (over {} GiB)",
                 MAX_BYTES >> 30

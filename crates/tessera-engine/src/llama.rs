@@ -130,10 +130,22 @@ impl Config {
         } else {
             return Ok(self);
         };
-        Err(Error::Model(format!("inconsistent hyper-parameters: {problem}")))
+        Err(Error::Model(format!(
+            "inconsistent hyper-parameters: {problem}"
+        )))
     }
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+}
+
+impl From<&Config> for crate::kv_cache::KvShape {
+    fn from(c: &Config) -> Self {
+        crate::kv_cache::KvShape {
+            layers: c.n_layers,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        }
     }
 }
 
