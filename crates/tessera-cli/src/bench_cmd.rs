@@ -4,7 +4,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::time::Duration;
 use tessera_core::{DType, Isa};
-use tessera_kernels::registry;
 use tessera_perf::bench::{self, BenchOptions};
 use tessera_perf::report;
 
@@ -40,7 +39,7 @@ fn write_trace(path: &std::path::Path, results: &[bench::BenchResult]) -> Result
     use tessera_engine::profile::{chrome_trace, OpEvent};
     let mut events = Vec::new();
     for r in results {
-        let op = registry::find(&r.op).map_or("unknown", |o| o.name());
+        let op = tessera_kernels::ops::find(&r.op).map_or("unknown", |o| o.name());
         let shape = format!("{} {} {} [{}]", r.problem, r.dtype, r.variant, r.config);
         for (&start, &dur) in r.sample_starts_s.iter().zip(&r.samples_s) {
             events.push(OpEvent {
@@ -132,7 +131,7 @@ fn peer_rows(sel: &Selection, results: &[bench::BenchResult]) -> Result<Vec<Peer
     let threads = tessera_kernels::pool::global().threads();
     let mut rows = Vec::new();
     for r in results {
-        let Some(op) = registry::find(&r.op) else {
+        let Some(op) = tessera_kernels::ops::find(&r.op) else {
             continue;
         };
         let problem = match &sel.shape {

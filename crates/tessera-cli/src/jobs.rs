@@ -153,7 +153,7 @@ pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> 
         if !sel.all {
             bail!("name an op (see `tessera ops`) or pass --all");
         }
-        registry::all()
+        tessera_kernels::ops::all()
     } else {
         crate::selected_ops(&sel.ops)?
     };

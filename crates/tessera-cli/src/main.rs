@@ -97,7 +97,7 @@ fn main() -> Result<()> {
         Command::Calibrate { threads } => run_calibrate(threads),
         Command::QuantError(args) => quant_cmd::run(args),
         Command::Ops => {
-            for op in registry::all() {
+            for op in tessera_kernels::ops::all() {
                 let dtypes: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();
                 let variants: Vec<String> = op
                     .variants(op.dtypes()[0])
@@ -119,13 +119,16 @@ fn main() -> Result<()> {
 
 fn selected_ops(names: &[String]) -> Result<Vec<&'static dyn registry::OpSpec>> {
     if names.is_empty() {
-        return Ok(registry::all());
+        return Ok(tessera_kernels::ops::all());
     }
     names
         .iter()
         .map(|n| {
-            registry::find(n).ok_or_else(|| {
-                let known: Vec<&str> = registry::all().iter().map(|o| o.name()).collect();
+            tessera_kernels::ops::find(n).ok_or_else(|| {
+                let known: Vec<&str> = tessera_kernels::ops::all()
+                    .iter()
+                    .map(|o| o.name())
+                    .collect();
                 anyhow::anyhow!("unknown op '{n}' (known: {})", known.join(", "))
             })
         })

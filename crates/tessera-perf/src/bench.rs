@@ -227,7 +227,7 @@ mod tests {
     /// rotates enough instances to leave the cache.
     #[test]
     fn in_cache_runs_one_instance_of_a_memory_bound_op() {
-        let op = registry::find("qmatmul").unwrap();
+        let op = tessera_kernels::ops::find("qmatmul").unwrap();
         let problem = op.parse_problem("1x64x256").unwrap();
         let variant = Variant::cpu(Isa::Scalar);
         let config = TuneConfig::default();

@@ -21,8 +21,9 @@ pub mod varlen_attention;
 use crate::registry::OpSpec;
 use rowwise::RowOpSpec;
 
-/// The registry's contents, in report order.
-pub fn registered() -> Vec<&'static dyn OpSpec> {
+/// Every registered op, in report order. The list lives here, with the ops, so the
+/// registry (the `OpSpec` contract and its harness) does not depend on them.
+pub fn all() -> Vec<&'static dyn OpSpec> {
     vec![
         &gemm::GemmOp,
         &attention::AttentionOp,
@@ -43,4 +44,9 @@ pub fn registered() -> Vec<&'static dyn OpSpec> {
         &qmatmul::QMatmulFp8Op,
         const { &RowOpSpec::<argmax::Argmax>::new() },
     ]
+}
+
+/// The registered op with this name.
+pub fn find(name: &str) -> Option<&'static dyn OpSpec> {
+    all().into_iter().find(|o| o.name() == name)
 }

@@ -223,16 +223,6 @@ pub trait OpSpec: Send + Sync {
     fn parse_problem(&self, s: &str) -> Result<Box<dyn ProblemCase>>;
 }
 
-/// Every registered op.
-pub fn all() -> Vec<&'static dyn OpSpec> {
-    crate::ops::registered()
-}
-
-/// The op with this name.
-pub fn find(name: &str) -> Option<&'static dyn OpSpec> {
-    all().into_iter().find(|o| o.name() == name)
-}
-
 /// Parses `AxBxC` into numbers, for `parse_problem` implementations.
 pub fn parse_dims(op: &'static str, s: &str, n: usize, syntax: &str) -> Result<Vec<usize>> {
     let dims: Option<Vec<usize>> = s.split(['x', ',']).map(|t| t.trim().parse().ok()).collect();

@@ -178,8 +178,8 @@ pub fn verify_op(op: &dyn OpSpec, seed: u64) -> Vec<VariantReport> {
 }
 
 /// Panics with a readable table of every failure (for `#[test]`s).
-pub fn assert_op_verified(name: &str) {
-    let op = super::find(name).unwrap_or_else(|| panic!("op '{name}' is not registered"));
+pub fn assert_op_verified(op: &dyn OpSpec) {
+    let name = op.name();
     let reports = verify_op(op, 0x7e55e7a ^ name.len() as u64);
     assert!(!reports.is_empty(), "op '{name}' has no variants to verify");
     let mut msg = String::new();
