@@ -17,11 +17,14 @@ use crate::kv_cache::{KvCache, KvStore, StepTables};
 use crate::linear::Linear;
 use crate::profile::{self, OpCost};
 use crate::Error;
+use tessera_core::DType;
 use tessera_core::{Isa, TensorView, TensorViewMut};
-use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm};
-use tessera_kernels::ops::rope::{rope, Rope};
-use tessera_kernels::ops::swiglu::swiglu;
-use tessera_kernels::ops::varlen_attention::VarlenParams;
+use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm, RmsNormResidual};
+use tessera_kernels::ops::rope::{rope, Rope, RopeDesc, RopeStyle};
+use tessera_kernels::ops::rowwise::RowProblem;
+use tessera_kernels::ops::swiglu::{swiglu, SwiGlu};
+use tessera_kernels::ops::varlen_attention::{VarlenParams, VarlenProblem};
+use tessera_kernels::registry::ProblemCase;
 
 /// Which logits a sequence of a step wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,7 +224,10 @@ impl Llama {
                 &mut s.stacked,
                 n,
             )?;
-            let act_cost = || cost(format!("{n}x{f}"), 6 * n * f, 12 * n * f);
+            let act_cost = || {
+                let problem = RowProblem::<SwiGlu>::new(n, f, false);
+                registry_cost(format!("{n}x{f}"), &problem, DType::F32)
+            };
             profile::record("swiglu", act_cost, || -> Result<()> {
                 Ok(swiglu(
                     Isa::best(),
@@ -279,18 +285,25 @@ impl Llama {
         let c = &self.cfg;
         let hd = c.head_dim;
         let att_cost = || {
-            // Each query reads keys and values of its visible positions once.
-            let (mut visible, mut seen) = (0, 0);
-            for (&m, &context) in step.q_lens.iter().zip(&step.lens) {
-                visible += m * (context - m) + m * (m + 1) / 2;
-                seen += context;
-            }
-            let bytes = 2 * store.dtype().size_bytes() * seen * c.kv_dim() + 8 * n * c.dim;
-            cost(
-                format!("{n}q x {seen}kv"),
-                4 * c.heads * hd * visible,
-                bytes,
-            )
+            let problem = VarlenProblem {
+                runs: step
+                    .q_lens
+                    .iter()
+                    .copied()
+                    .zip(step.lens.iter().copied())
+                    .collect(),
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                d: hd,
+                block_size: crate::kv_cache::BLOCK,
+                shared_blocks: 0,
+            };
+            let kv_dtype = match store.dtype() {
+                crate::kv_cache::KvDtype::F32 => DType::F32,
+                crate::kv_cache::KvDtype::F16 => DType::F16,
+            };
+            let seen: usize = step.lens.iter().sum();
+            registry_cost(format!("{n}q x {seen}kv"), &problem, kv_dtype)
         };
         let decode = step.q_lens.iter().all(|&m| m == 1);
         let qv = view(&s.qr, &[n, c.heads, hd])?;
@@ -318,6 +331,17 @@ fn cost(shape: String, flops: usize, bytes: usize) -> OpCost {
     }
 }
 
+/// The profile's cost of a call that is a registered op: the op's own cost model, so a
+/// trace and `tessera bench` count FLOPs and bytes the same way.
+fn registry_cost(shape: String, problem: &dyn ProblemCase, dtype: DType) -> OpCost {
+    let c = problem.cost(dtype);
+    OpCost {
+        shape,
+        flops: c.flops,
+        bytes: c.bytes,
+    }
+}
+
 /// `y [n, out] = x [n, in]·Wᵀ`, recorded as `op`.
 pub(super) fn linear(
     op: &'static str,
@@ -341,7 +365,10 @@ pub(super) fn linear(
 
 fn norm(x: &[f32], w: &RmsNorm, h: &mut [f32], n: usize) -> Result<()> {
     let d = w.gamma.len();
-    let c = || cost(format!("{n}x{d}"), 4 * n * d, 8 * n * d);
+    let c = || {
+        let problem = RowProblem::<RmsNorm>::new(n, d, false);
+        registry_cost(format!("{n}x{d}"), &problem, DType::F32)
+    };
     profile::record("rms_norm", c, || {
         Ok(rms_norm(
             Isa::best(),
@@ -354,16 +381,34 @@ fn norm(x: &[f32], w: &RmsNorm, h: &mut [f32], n: usize) -> Result<()> {
 
 /// `x += r; h = norm(x)` in one pass.
 fn norm_residual(r: &[f32], x: &mut [f32], w: &RmsNorm, h: &mut [f32]) -> Result<()> {
-    let len = h.len();
-    let c = || cost(format!("{len}"), 5 * len, 16 * len);
+    let (len, d) = (h.len(), w.gamma.len());
+    let c = || {
+        let problem = RowProblem::<RmsNormResidual>::new(len / d, d, false);
+        registry_cost(format!("{len}"), &problem, DType::F32)
+    };
     profile::record("rms_norm_residual", c, || {
         Ok(rms_norm_residual(Isa::best(), r, x, w, h)?)
     })
 }
 
 fn rotate(x: &[f32], table: &Rope, out: &mut [f32], dims: [usize; 3]) -> Result<()> {
-    let len = x.len();
-    let c = || cost(format!("{dims:?}"), 3 * len, 8 * len);
+    let c = || {
+        let [n, heads, d] = dims;
+        let rows = n * heads;
+        let shape = format!("{dims:?}");
+        match table.style {
+            RopeStyle::Interleaved => registry_cost(
+                shape,
+                &RowProblem::<RopeDesc<false>>::new(rows, d, false),
+                DType::F32,
+            ),
+            RopeStyle::HalfSplit => registry_cost(
+                shape,
+                &RowProblem::<RopeDesc<true>>::new(rows, d, false),
+                DType::F32,
+            ),
+        }
+    };
     profile::record("rope", c, || {
         Ok(rope(
             Isa::best(),
