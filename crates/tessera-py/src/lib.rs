@@ -1,9 +1,9 @@
 //! `tessera._tessera`, the extension module of the `tessera` Python package
 //! (crates/tessera-py/python/tessera wraps it): Tessera's kernels on caller-owned numpy
-//! arrays and DLPack tensors without copies ([`array`], [`kernels`], [`quant`]), and the
-//! engine ([`engine`]). Errors are Python exceptions (ValueError for shapes and values,
+//! arrays and DLPack tensors without copies (`array`, `kernels`, `quant`), and the
+//! engine (`engine`). Errors are Python exceptions (ValueError for shapes and values,
 //! TypeError for types), never a crash: every pointer a kernel reads is checked in
-//! [`array`] first.
+//! `array` first.
 
 mod array;
 mod engine;
