@@ -56,10 +56,12 @@ impl<T: Element> AlignedVec<T> {
         Ok(v)
     }
 
+    /// Elements held.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether it holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

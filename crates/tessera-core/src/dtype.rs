@@ -12,33 +12,53 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(non_camel_case_types)] // ggml's names (Q4_K), which users search for
 pub enum DType {
+    /// IEEE binary64 (references).
     F64,
+    /// IEEE binary32.
     F32,
+    /// IEEE binary16.
     F16,
+    /// bfloat16 (f32's exponent, 8-bit mantissa).
     BF16,
+    /// Signed bytes (INT8 weights and activations).
     I8,
+    /// Unsigned bytes.
     U8,
+    /// FP8 with 4 exponent bits and 3 mantissa bits (OCP, no infinities).
     F8E4M3,
+    /// FP8 with 5 exponent bits and 2 mantissa bits (OCP).
     F8E5M2,
     /// ggml block formats: 32 weights per block with an f16 scale (and minimum).
+    /// Q4_0: 4-bit codes, scale only.
     Q4_0,
+    /// 4-bit codes, scale and minimum.
     Q4_1,
+    /// 5-bit codes, scale only.
     Q5_0,
+    /// 5-bit codes, scale and minimum.
     Q5_1,
+    /// 8-bit codes, scale only.
     Q8_0,
     /// ggml K-quants: 256-weight super-blocks of 16- or 32-weight sub-blocks whose
-    /// scales are themselves quantized against f16 super-scales.
+    /// scales are themselves quantized against f16 super-scales. Q2_K: 2-bit codes
+    /// with 4-bit sub-block scales and minimums.
     Q2_K,
+    /// 3-bit codes, 6-bit sub-block scales.
     Q3_K,
+    /// 4-bit codes, 6-bit sub-block scales and minimums.
     Q4_K,
+    /// 5-bit codes, 6-bit sub-block scales and minimums.
     Q5_K,
+    /// 6-bit codes, 8-bit sub-block scales.
     Q6_K,
     /// 256 8-bit values with an f32 scale and 16-value sums (llama.cpp's activations).
     Q8_K,
     /// AWQ/GPTQ-style 4-bit groups of 32, 64 or 128 weights, each with an f16 scale and
-    /// a 4-bit zero point.
+    /// a 4-bit zero point. Groups of 32.
     Int4G32,
+    /// Groups of 64.
     Int4G64,
+    /// Groups of 128.
     Int4G128,
 }
 
@@ -167,9 +187,13 @@ impl std::str::FromStr for DType {
 /// Every bit pattern is a valid value (so zero-filled or arbitrary memory is a valid
 /// buffer), which is what lets [`crate::AlignedVec`] hand out zeroed storage safely.
 pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + Default + 'static {
+    /// The runtime tag of this type.
     const DTYPE: DType;
+    /// Widens (exact for every element type).
     fn to_f32(self) -> f32;
+    /// Rounds to nearest even.
     fn from_f32(v: f32) -> Self;
+    /// Widens to f64 (exact).
     fn to_f64(self) -> f64;
     /// Round from f64 (through f32 for the 16-bit types: a double rounding that is
     /// at most half an ulp of the narrow type off, irrelevant for test data).

@@ -5,32 +5,57 @@
 pub enum Error {
     /// Shapes that do not agree (e.g. GEMM inner dimensions).
     #[error("{op}: shape mismatch: {detail}")]
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The op that checked.
+        op: &'static str,
+        /// Which shapes, and what was expected.
+        detail: String,
+    },
     /// A tensor of the wrong rank.
     #[error("{op}: expected rank {expected}, got rank {got}")]
     Rank {
+        /// The op that checked.
         op: &'static str,
+        /// The rank(s) it takes.
         expected: String,
+        /// The rank it got.
         got: usize,
     },
     /// A view whose strides reach past the end of its buffer.
     #[error("view out of bounds: layout needs {needed} elements, buffer has {len}")]
-    OutOfBounds { needed: usize, len: usize },
+    OutOfBounds {
+        /// Elements the layout reaches.
+        needed: usize,
+        /// Elements the buffer has.
+        len: usize,
+    },
     /// A mutable view in which two indices name the same element.
     #[error("mutable view overlaps itself (dims {dims:?}, strides {strides:?})")]
     Overlapping {
+        /// The view's dims.
         dims: Vec<usize>,
+        /// The view's strides.
         strides: Vec<usize>,
     },
     /// A dtype the op does not accept.
     #[error("{op}: unsupported dtype {dtype}")]
-    DType { op: &'static str, dtype: String },
+    DType {
+        /// The op that checked.
+        op: &'static str,
+        /// The dtype it was given.
+        dtype: String,
+    },
     /// A size whose element count or byte count overflows, or is absurd.
     #[error("size overflow: {0}")]
     Overflow(String),
     /// Any other argument out of its documented range.
     #[error("{op}: invalid argument: {detail}")]
-    Invalid { op: &'static str, detail: String },
+    Invalid {
+        /// The op that checked.
+        op: &'static str,
+        /// Which argument, and its range.
+        detail: String,
+    },
     /// The requested ISA or backend is not available on this machine.
     #[error("unsupported on this machine: {0}")]
     Unsupported(String),

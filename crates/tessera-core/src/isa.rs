@@ -22,8 +22,11 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// Every instruction set Tessera has kernels for, narrowest first.
     pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon];
 
+    /// The lower-case name (`scalar`, `avx2`, `avx512`, `neon`) used in labels and
+    /// `TESSERA_ISA`.
     pub const fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -99,12 +102,15 @@ impl std::str::FromStr for Isa {
 /// The CPU features kernels care about.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuFeatures {
+    /// AVX2 with FMA and F16C.
     pub avx2_fma: bool,
+    /// AVX-512 F, BW, VL and DQ.
     pub avx512: bool,
     /// `vdpbf16ps` (AVX512_BF16).
     pub avx512_bf16: bool,
     /// `vpdpbusd` (AVX512_VNNI).
     pub avx512_vnni: bool,
+    /// Arm Advanced SIMD (always on aarch64).
     pub neon: bool,
 }
 

@@ -66,21 +66,27 @@ impl Layout {
         Ok(l)
     }
 
+    /// Number of dimensions.
     pub fn rank(&self) -> usize {
         self.rank
     }
+    /// Extent of each dimension, outermost first.
     pub fn dims(&self) -> &[usize] {
         &self.dims[..self.rank]
     }
+    /// Elements between neighbours along each dimension.
     pub fn strides(&self) -> &[usize] {
         &self.strides[..self.rank]
     }
+    /// Buffer index of the first element.
     pub fn offset(&self) -> usize {
         self.offset
     }
+    /// Extent of dimension `i`.
     pub fn dim(&self, i: usize) -> usize {
         self.dims[i]
     }
+    /// Stride of dimension `i`, in elements.
     pub fn stride(&self, i: usize) -> usize {
         self.strides[i]
     }

@@ -5,6 +5,8 @@
 //! known to be in bounds, and the hot loops can index without checks. Every way a
 //! caller can get a shape, stride or length wrong is an [`Error`], never a panic.
 
+#![warn(missing_docs)]
+
 pub mod aligned;
 pub mod dtype;
 pub mod error;

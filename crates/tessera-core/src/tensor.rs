@@ -14,6 +14,7 @@ pub struct Tensor<T: Element> {
 }
 
 impl<T: Element> Tensor<T> {
+    /// A contiguous tensor of zeros (an error for sizes that overflow).
     pub fn zeros(dims: &[usize]) -> Result<Self> {
         let layout = Layout::contiguous(dims)?;
         Ok(Self {
@@ -41,21 +42,26 @@ impl<T: Element> Tensor<T> {
         })
     }
 
+    /// Extent of each dimension.
     pub fn dims(&self) -> &[usize] {
         self.layout.dims()
     }
+    /// The underlying buffer.
     pub fn data(&self) -> &[T] {
         &self.data
     }
+    /// The underlying buffer, writable.
     pub fn data_mut(&mut self) -> &mut [T] {
         &mut self.data
     }
+    /// A read-only view of the whole tensor.
     pub fn view(&self) -> TensorView<'_, T> {
         TensorView {
             data: &self.data,
             layout: self.layout,
         }
     }
+    /// A writable view of the whole tensor.
     pub fn view_mut(&mut self) -> TensorViewMut<'_, T> {
         TensorViewMut {
             data: &mut self.data,
@@ -100,12 +106,15 @@ impl<'a, T: Element> TensorView<'a, T> {
         Self::new(data, layout)
     }
 
+    /// Dims, strides and offset.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// Extent of each dimension.
     pub fn dims(&self) -> &[usize] {
         self.layout.dims()
     }
+    /// Number of dimensions.
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
@@ -167,15 +176,19 @@ impl<'a, T: Element> TensorViewMut<'a, T> {
         Ok(Self { data, layout })
     }
 
+    /// Dims, strides and offset.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// Extent of each dimension.
     pub fn dims(&self) -> &[usize] {
         self.layout.dims()
     }
+    /// Number of dimensions.
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
+    /// A read-only view of the same elements.
     pub fn as_view(&self) -> TensorView<'_, T> {
         TensorView {
             data: self.data,
