@@ -13,13 +13,17 @@ use std::sync::RwLock;
 /// One tuned configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TunedEntry {
+    /// The op's registry name.
     pub op: String,
+    /// The dtype, as it displays.
     pub dtype: String,
+    /// The variant's label.
     pub variant: String,
     /// [`bucket`] of the problem's tuning dims.
     pub bucket: String,
     /// [`space_checksum`] of the space the search ran over.
     pub space: u64,
+    /// The winning parameter values.
     pub config: Vec<(String, usize)>,
 }
 

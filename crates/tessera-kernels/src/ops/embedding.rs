@@ -89,9 +89,13 @@ pub fn embedding<T: Element>(
 /// `n_ids` random ids into a `[vocab, dim]` table (rows padded when `padded`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EmbeddingProblem {
+    /// Rows of the table.
     pub vocab: usize,
+    /// Width of a row.
     pub dim: usize,
+    /// Token ids gathered per call.
     pub n_ids: usize,
+    /// Output rows padded (row stride > width).
     pub padded: bool,
 }
 

@@ -32,8 +32,11 @@ multiversion! {
 /// LayerNorm parameters.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
+    /// Per-column scale.
     pub gamma: Vec<f32>,
+    /// Per-column shift.
     pub beta: Vec<f32>,
+    /// Added to the variance before the square root.
     pub eps: f32,
 }
 

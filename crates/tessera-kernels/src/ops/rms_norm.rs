@@ -37,7 +37,9 @@ multiversion! {
 /// RMSNorm parameters.
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
+    /// Per-column scale.
     pub gamma: Vec<f32>,
+    /// Added to the mean square before the square root.
     pub eps: f32,
 }
 

@@ -29,11 +29,15 @@ pub enum RopeStyle {
 /// A RoPE table for a batch of tokens.
 #[derive(Clone, Debug)]
 pub struct Rope {
+    /// Which elements form a rotated pair.
     pub style: RopeStyle,
+    /// Heads per row.
     pub heads: usize,
+    /// Head width (even).
     pub d: usize,
     /// Angular frequency of pair i (`θ^(−2i/d)` unscaled), `d/2` of them.
     pub freqs: Vec<f64>,
+    /// Position of each row's token.
     pub positions: Vec<usize>,
     cos: Vec<f32>,
     sin: Vec<f32>,

@@ -12,6 +12,7 @@ use tessera_core::{Error, Result};
 /// One format's line of the report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FormatError {
+    /// Format name, as `--quantize` spells it.
     pub format: &'static str,
     /// Storage bits per weight, scales included.
     pub bits_per_weight: f64,

@@ -11,7 +11,9 @@
 /// An FP8 format: exponent/mantissa split and special values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8 {
+    /// 4 exponent bits, 3 mantissa bits, no infinities (max 448).
     E4M3,
+    /// 5 exponent bits, 2 mantissa bits (max 57344).
     E5M2,
 }
 

@@ -14,7 +14,9 @@ use tessera_core::{Error, Result};
 /// How many scales an [`Fp8Matrix`] was quantized with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8Scaling {
+    /// One scale for the whole matrix.
     PerTensor,
+    /// One scale per output channel (row).
     PerChannel,
 }
 
@@ -134,9 +136,11 @@ impl Fp8Matrix {
         })
     }
 
+    /// The FP8 encoding.
     pub fn format(&self) -> Fp8 {
         self.format
     }
+    /// How the scales are shared.
     pub fn scaling(&self) -> Fp8Scaling {
         self.scaling
     }
@@ -144,9 +148,11 @@ impl Fp8Matrix {
     pub fn dtype(&self) -> tessera_core::DType {
         self.format.dtype()
     }
+    /// Output features (rows).
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Input features (columns).
     pub fn cols(&self) -> usize {
         self.cols
     }

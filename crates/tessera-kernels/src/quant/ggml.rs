@@ -25,6 +25,7 @@ pub const QK: usize = 32;
 /// [`BlockFormat::BLOCK`] values (they panic otherwise, like slice indexing);
 /// [`super::QuantMatrix`] is the checked interface.
 pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The runtime tag of this format.
     const DTYPE: DType;
     /// Weights per block: 32, or 256 for the K-quants' super-blocks.
     const BLOCK: usize;
@@ -67,6 +68,7 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
 /// A super-block's scales as [`BlockFormat::split_scales`] gives them.
 #[derive(Clone, Copy, Debug)]
 pub struct SplitScales {
+    /// The super-block scale the sub-block scales multiply.
     pub d: f16,
     /// Per 16-weight half, in element order.
     pub sc: [i8; 16],
@@ -75,7 +77,9 @@ pub struct SplitScales {
 /// A super-block's scales as [`BlockFormat::factored_scales`] gives them.
 #[derive(Clone, Copy, Debug)]
 pub struct FactoredScales {
+    /// The super-block scale.
     pub d: f16,
+    /// Minus the super-block minimum scale.
     pub neg_dmin: f16,
     /// Per 32-weight chunk: (sc, mn).
     pub chunks: [(u8, u8); 8],
@@ -115,7 +119,9 @@ fn nibbles(qs: &[u8; QK / 2], u: &mut [u8; QK]) {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ4_0 {
+    /// Scale.
     pub d: f16,
+    /// 4-bit codes, two per byte (low nibbles: weights 0..16, high: 16..32).
     pub qs: [u8; QK / 2],
 }
 
@@ -123,8 +129,11 @@ pub struct BlockQ4_0 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ4_1 {
+    /// Scale.
     pub d: f16,
+    /// Minimum.
     pub m: f16,
+    /// 4-bit codes, two per byte (low nibbles: weights 0..16, high: 16..32).
     pub qs: [u8; QK / 2],
 }
 
@@ -132,7 +141,9 @@ pub struct BlockQ4_1 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ8_0 {
+    /// Scale.
     pub d: f16,
+    /// Signed 8-bit codes.
     pub qs: [i8; QK],
 }
 
@@ -140,8 +151,11 @@ pub struct BlockQ8_0 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ5_0 {
+    /// Scale.
     pub d: f16,
+    /// Fifth bits of the 32 codes.
     pub qh: [u8; 4],
+    /// Low 4 bits of the codes, two per byte.
     pub qs: [u8; QK / 2],
 }
 
@@ -149,9 +163,13 @@ pub struct BlockQ5_0 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ5_1 {
+    /// Scale.
     pub d: f16,
+    /// Minimum.
     pub m: f16,
+    /// Fifth bits of the 32 codes.
     pub qh: [u8; 4],
+    /// Low 4 bits of the codes, two per byte.
     pub qs: [u8; QK / 2],
 }
 

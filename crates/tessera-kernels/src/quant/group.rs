@@ -45,6 +45,7 @@ macro_rules! group_format {
         #[repr(C)]
         #[derive(Clone, Copy, Debug, PartialEq)]
         pub struct $name {
+            /// The group's scale.
             pub scale: f16,
             /// The zero point, 0..16.
             pub zero: u8,

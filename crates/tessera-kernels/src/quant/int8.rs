@@ -51,9 +51,11 @@ impl Int8Matrix {
         })
     }
 
+    /// Output features (rows).
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Input features (columns).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -61,9 +63,11 @@ impl Int8Matrix {
     pub fn row(&self, r: usize) -> &[i8] {
         &self.q[r * self.cols..(r + 1) * self.cols]
     }
+    /// One scale per row.
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
+    /// Always `DType::I8`.
     pub fn dtype(&self) -> tessera_core::DType {
         tessera_core::DType::I8
     }

@@ -36,8 +36,11 @@ pub const QK_K: usize = 256;
 pub struct BlockQ2K {
     /// Sub-block j: scale in the low nibble, minimum in the high.
     pub scales: [u8; QK_K / 16],
+    /// 2-bit codes, four per byte.
     pub qs: [u8; QK_K / 4],
+    /// Super-block scale.
     pub d: f16,
+    /// Super-block minimum scale.
     pub dmin: f16,
 }
 
@@ -48,8 +51,11 @@ pub struct BlockQ2K {
 pub struct BlockQ3K {
     /// Bit c of byte l: the high bit of weight 32c + l.
     pub hmask: [u8; QK_K / 8],
+    /// Low 2 bits of the 3-bit codes, four per byte.
     pub qs: [u8; QK_K / 4],
+    /// 16 packed 6-bit sub-block scales.
     pub scales: [u8; 12],
+    /// Super-block scale.
     pub d: f16,
 }
 
@@ -57,9 +63,13 @@ pub struct BlockQ3K {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ4K {
+    /// Super-block scale.
     pub d: f16,
+    /// Super-block minimum scale.
     pub dmin: f16,
+    /// 8 packed 6-bit sub-block scales and 8 minimums.
     pub scales: [u8; 12],
+    /// 4-bit codes, two per byte.
     pub qs: [u8; QK_K / 2],
 }
 
@@ -67,10 +77,15 @@ pub struct BlockQ4K {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ5K {
+    /// Super-block scale.
     pub d: f16,
+    /// Super-block minimum scale.
     pub dmin: f16,
+    /// 8 packed 6-bit sub-block scales and 8 minimums.
     pub scales: [u8; 12],
+    /// Fifth bits of the codes.
     pub qh: [u8; QK_K / 8],
+    /// Low 4 bits of the codes, two per byte.
     pub qs: [u8; QK_K / 2],
 }
 
@@ -79,9 +94,13 @@ pub struct BlockQ5K {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ6K {
+    /// Low 4 bits of the 6-bit codes, two per byte.
     pub ql: [u8; QK_K / 2],
+    /// High 2 bits of the codes, four per byte.
     pub qh: [u8; QK_K / 4],
+    /// Signed 8-bit sub-block scales, one per 16 weights.
     pub scales: [i8; QK_K / 16],
+    /// Super-block scale.
     pub d: f16,
 }
 
@@ -90,8 +109,11 @@ pub struct BlockQ6K {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BlockQ8K {
+    /// Scale (f32, unlike the weight formats).
     pub d: f32,
+    /// Signed 8-bit values.
     pub qs: [i8; QK_K],
+    /// Sums of each 16 values (for the minimum terms of the dot products).
     pub bsums: [i16; QK_K / 16],
 }
 

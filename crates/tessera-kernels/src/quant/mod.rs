@@ -218,9 +218,11 @@ impl<B: BlockFormat> QuantMatrix<B> {
         Ok(QuantMatrix { rows, cols, blocks })
     }
 
+    /// Output features (rows).
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Input features (columns).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -228,6 +230,7 @@ impl<B: BlockFormat> QuantMatrix<B> {
     pub fn dtype(&self) -> DType {
         B::DTYPE
     }
+    /// The blocks, row-major.
     pub fn blocks(&self) -> &[B] {
         &self.blocks
     }

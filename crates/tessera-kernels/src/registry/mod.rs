@@ -44,24 +44,30 @@ impl Cost {
 /// An accepted relative error ‖out−ref‖₂/‖ref‖₂, with why that much is expected.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {
+    /// Largest accepted ‖out−ref‖₂/‖ref‖₂.
     pub rel: f64,
+    /// Why that much error is expected (printed with every verify result).
     pub reason: &'static str,
 }
 
 /// Where a variant runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
+    /// On the CPU, with this instruction set.
     Cpu(Isa),
 }
 
 /// One implementation of an op: a backend and a label for reports (`avx512`, `avx512-bf16`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
+    /// Where it runs.
     pub backend: Backend,
+    /// Its label in reports and `--variant`.
     pub label: String,
 }
 
 impl Variant {
+    /// The plain CPU variant for `isa`, labelled with its name.
     pub fn cpu(isa: Isa) -> Self {
         Variant {
             backend: Backend::Cpu(isa),
@@ -94,8 +100,11 @@ impl fmt::Display for Variant {
 /// One tunable parameter: its default and the values a search may try.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TuneParam {
+    /// Parameter name, as `--set NAME=V` spells it.
     pub name: &'static str,
+    /// The value used when nothing is tuned.
     pub default: usize,
+    /// Values the search tries.
     pub choices: Vec<usize>,
 }
 
@@ -120,6 +129,7 @@ impl TuneSpace {
 pub struct TuneConfig(pub Vec<(&'static str, usize)>);
 
 impl TuneConfig {
+    /// The value of parameter `name`, if set.
     pub fn get(&self, name: &str) -> Option<usize> {
         self.0.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
     }
@@ -176,13 +186,16 @@ pub trait Instance: Send {
 
 /// A problem: shapes and flags of one call.
 pub trait ProblemCase: fmt::Display + Send + Sync {
+    /// FLOPs and minimum bytes of one call with elements of `dtype`.
     fn cost(&self, dtype: DType) -> Cost;
+    /// The parameters `tessera tune` searches for this problem.
     fn tune_space(&self) -> TuneSpace;
     /// The dims a tuned configuration is keyed by (bucketed), for ops whose kernels look
     /// tuned values up at run time; None: not tunable at run time.
     fn tune_dims(&self) -> Option<Vec<usize>> {
         None
     }
+    /// Random inputs and output buffers for one call.
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>>;
     /// Whether the problem exists for `dtype` (a block format needs K to be a whole
     /// number of its blocks); harnesses skip the pairs that do not.
@@ -202,13 +215,17 @@ pub type BenchProblem = (&'static str, Box<dyn ProblemCase>);
 
 /// Everything the registry knows about one op.
 pub trait OpSpec: Send + Sync {
+    /// The registry name (`tessera verify --op NAME`).
     fn name(&self) -> &'static str;
+    /// One line for `tessera ops`.
     fn summary(&self) -> &'static str;
+    /// Element types the op takes.
     fn dtypes(&self) -> &'static [DType];
     /// Implementations runnable on this machine for `dtype`.
     fn variants(&self, _dtype: DType) -> Vec<Variant> {
         Isa::available().into_iter().map(Variant::cpu).collect()
     }
+    /// Accepted error against the float64 reference, per dtype.
     fn tolerance(&self, dtype: DType) -> Tolerance;
     /// The tolerance of one variant: the dtype's, unless the variant rounds its inputs
     /// further (8-bit activations) and documents its own.

@@ -7,16 +7,20 @@ use tessera_core::DType;
 /// The outcome of checking one variant on one problem.
 #[derive(Clone, Debug)]
 pub struct CaseReport {
+    /// The problem, as it displays.
     pub problem: String,
+    /// ‖out−ref‖₂/‖ref‖₂ (or over the sum's magnitude for cancelling dot products).
     pub rel_err: f64,
     /// Output elements that were NaN/Inf where the reference is finite (unwritten or wrong).
     pub non_finite: usize,
     /// Some(false) when a planted NaN/Inf did not reach the outputs it must reach.
     pub nan_propagates: Option<bool>,
+    /// The kernel's error, if it refused the call.
     pub error: Option<String>,
 }
 
 impl CaseReport {
+    /// Within `tol`, every output finite where the reference is, NaN propagated, no error.
     pub fn passed(&self, tol: f64) -> bool {
         self.error.is_none()
             && self.non_finite == 0
@@ -131,23 +135,31 @@ pub fn check(
 /// The summary of one (op, variant, dtype) over many problems.
 #[derive(Clone, Debug)]
 pub struct VariantReport {
+    /// The op's name.
     pub op: &'static str,
+    /// The variant's label.
     pub variant: String,
+    /// The element type checked.
     pub dtype: DType,
+    /// The tolerance the cases were held to.
     pub tolerance: f64,
+    /// One report per problem.
     pub cases: Vec<CaseReport>,
 }
 
 impl VariantReport {
+    /// The largest error over the cases.
     pub fn worst(&self) -> f64 {
         self.cases.iter().map(|c| c.rel_err).fold(0.0, f64::max)
     }
+    /// The cases that failed.
     pub fn failures(&self) -> Vec<&CaseReport> {
         self.cases
             .iter()
             .filter(|c| !c.passed(self.tolerance))
             .collect()
     }
+    /// Whether every case passed.
     pub fn passed(&self) -> bool {
         self.failures().is_empty()
     }

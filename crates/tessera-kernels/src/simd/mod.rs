@@ -242,7 +242,9 @@ pub fn max_on(isa: Isa, x: &[f32]) -> f32 {
 /// (2c, 2c·0.044715) with c = √(2/π), since 0.5·(1 + tanh(y)) = σ(2y).
 #[derive(Clone, Copy, Debug)]
 pub struct SigmoidArg {
+    /// Coefficient of x in the sigmoid's argument.
     pub a: f32,
+    /// Coefficient of x³ in the sigmoid's argument.
     pub b: f32,
 }
 

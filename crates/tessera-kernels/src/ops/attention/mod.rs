@@ -19,6 +19,7 @@ use tessera_core::{AlignedVec, Element, Error, Isa, Result, TensorView, TensorVi
 /// Flags of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionParams {
+    /// Each query sees only keys at or before its own position (bottom-right aligned when q_len < kv_len).
     pub causal: bool,
     /// Multiplies q·k before the softmax (usually 1/√d).
     pub scale: f32,

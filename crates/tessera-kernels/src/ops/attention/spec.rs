@@ -25,12 +25,19 @@ pub const TOL_BF16: Tolerance = Tolerance {
 /// One attention call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionProblem {
+    /// Query rows.
     pub q_len: usize,
+    /// Key/value rows.
     pub kv_len: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (dividing `heads`: grouped-query attention).
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
+    /// Causal mask.
     pub causal: bool,
+    /// Sliding window: each query sees at most this many keys.
     pub window: Option<usize>,
     /// Q stored head-major and viewed token-major (non-contiguous strides).
     pub strided: bool,

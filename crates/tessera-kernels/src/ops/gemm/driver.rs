@@ -29,9 +29,13 @@ pub(super) struct MicroKernel<P> {
 /// Cache blocking and thread count (the GEMM's tunables).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocking {
+    /// Rows of A per packed panel (L2-resident).
     pub mc: usize,
+    /// Depth per packed panel (L1-resident microkernel slices).
     pub kc: usize,
+    /// Columns of B per packed panel (L3-resident).
     pub nc: usize,
+    /// Threads the call may use.
     pub threads: usize,
 }
 

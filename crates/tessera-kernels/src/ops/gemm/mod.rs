@@ -29,7 +29,9 @@ use crate::pool;
 /// Scalars of `C = α·A·B + β·C`. With `beta == 0`, C is not read (NaN in C is ignored).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmParams {
+    /// Scale of the product A·B.
     pub alpha: f32,
+    /// Scale of the C already in the output (0: C is overwritten, NaN in it ignored).
     pub beta: f32,
 }
 

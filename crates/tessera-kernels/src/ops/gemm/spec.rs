@@ -35,9 +35,13 @@ pub const TOL_BF16: Tolerance = Tolerance {
 /// One GEMM call's shape and flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmProblem {
+    /// Independent GEMMs in the batch.
     pub batch: usize,
+    /// Rows of A and C.
     pub m: usize,
+    /// Columns of B and C.
     pub n: usize,
+    /// Inner dimension.
     pub k: usize,
     /// A stored as [k, m] and viewed transposed.
     pub trans_a: bool,
@@ -47,11 +51,14 @@ pub struct GemmProblem {
     pub trans_c: bool,
     /// Rows of A and C padded (row stride > width).
     pub padded: bool,
+    /// Scale of A·B.
     pub alpha: f32,
+    /// Scale of the existing C.
     pub beta: f32,
 }
 
 impl GemmProblem {
+    /// A plain m×n×k problem: one GEMM, contiguous, α = 1, β = 0.
     pub fn square(m: usize, n: usize, k: usize) -> Self {
         GemmProblem {
             batch: 1,

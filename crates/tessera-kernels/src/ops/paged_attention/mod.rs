@@ -25,28 +25,39 @@ use tessera_core::{Element, Error, Isa, Result, TensorView, TensorViewMut};
 /// The paged cache (K and V share one layout).
 #[derive(Clone, Copy, Debug)]
 pub struct PagedKvCache<'a, T> {
+    /// Keys: `[num_blocks, block_size, kv_heads, d]`.
     pub k: &'a [T],
+    /// Values, laid out as the keys.
     pub v: &'a [T],
+    /// Blocks in the pool.
     pub num_blocks: usize,
+    /// Positions per block.
     pub block_size: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
 }
 
 /// Sequences in one call: block table row `s` is `block_tables[s·max_blocks..][..max_blocks]`.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedSeqs<'a> {
+    /// Each sequence's block ids, `max_blocks` per row.
     pub block_tables: &'a [u32],
+    /// Width of a block-table row.
     pub max_blocks: usize,
+    /// Each sequence's cached length.
     pub context_lens: &'a [usize],
 }
 
 /// Knobs of one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PagedParams {
+    /// Multiplies the scores (usually 1/√d).
     pub scale: f32,
     /// Tokens per task (split-K granularity); 0 picks [`auto_chunk`].
     pub chunk: usize,
+    /// Threads the call may use.
     pub threads: usize,
 }
 

@@ -27,10 +27,15 @@ pub const TOL_BF16: Tolerance = Tolerance {
 /// Sequences of given context lengths over a shared paged cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PagedProblem {
+    /// Each sequence's cached length (one query row each).
     pub context_lens: Vec<usize>,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
+    /// Positions per block.
     pub block_size: usize,
 }
 

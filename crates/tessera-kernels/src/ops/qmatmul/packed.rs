@@ -477,6 +477,7 @@ impl PackedWeights {
         }
     }
 
+    /// Output features (rows of W).
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -518,9 +519,11 @@ impl PackedWeights {
             }
         }
     }
+    /// Input features (columns of W).
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// The format the weights were packed from.
     pub fn dtype(&self) -> DType {
         self.dtype
     }

@@ -103,8 +103,11 @@ fn interleaves(dtype: DType) -> (bool, bool) {
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QMatmulProblem {
+    /// Activation rows.
     pub m: usize,
+    /// Output features (rows of W).
     pub n: usize,
+    /// Input features (columns of W).
     pub k: usize,
     /// x viewed with a padded row stride (exercises the strided path).
     pub strided: bool,

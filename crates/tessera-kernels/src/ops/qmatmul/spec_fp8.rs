@@ -22,7 +22,9 @@ pub struct QMatmulFp8Op;
 /// A `qmatmul` problem for FP8 weights with the given scaling.
 #[derive(Clone, Debug)]
 pub struct Fp8Problem {
+    /// The matmul's shape.
     pub p: QMatmulProblem,
+    /// One scale per tensor or per output channel.
     pub scaling: Fp8Scaling,
 }
 

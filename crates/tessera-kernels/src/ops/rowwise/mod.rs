@@ -126,17 +126,23 @@ pub fn run_rows<T: Element, K: RowKernel>(
 
 /// What the generic registry entry needs to know about a row-wise op.
 pub trait RowOpDesc: Send + Sync + 'static {
+    /// The per-row kernel.
     type Kernel: RowKernel + Send + Sync;
+    /// The registry name.
     const NAME: &'static str;
+    /// One line for `tessera ops`.
     const SUMMARY: &'static str;
     /// Input row streams (2 for SwiGLU and the residual norm).
     const INPUTS: usize = 1;
     /// FLOPs per input element, for the cost model.
     const FLOPS_PER_ELEM: f64;
+    /// Element types the op takes (f32 and bf16 by default).
     fn dtypes() -> &'static [DType] {
         &[DType::F32, DType::BF16]
     }
+    /// Accepted error against the float64 reference.
     fn tolerance(dtype: DType) -> Tolerance;
+    /// Output row length for input rows of `n` (`n` by default).
     fn out_len(n: usize) -> usize {
         n
     }

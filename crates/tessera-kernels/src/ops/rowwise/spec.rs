@@ -16,8 +16,11 @@ use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView
 /// transposed-and-back (non-unit column stride), exercising the general paths.
 #[derive(Debug)]
 pub struct RowProblem<D> {
+    /// Rows (product of the leading dims).
     pub rows: usize,
+    /// Row length.
     pub n: usize,
+    /// Inputs and output viewed with a non-unit column stride.
     pub strided: bool,
     _op: PhantomData<fn() -> D>,
 }
@@ -29,6 +32,7 @@ impl<D> Clone for RowProblem<D> {
 }
 
 impl<D> RowProblem<D> {
+    /// A problem of `rows` rows of `n`.
     pub fn new(rows: usize, n: usize, strided: bool) -> Self {
         RowProblem {
             rows,
@@ -56,6 +60,7 @@ impl<D> fmt::Display for RowProblem<D> {
 pub struct RowOpSpec<D>(PhantomData<fn() -> D>);
 
 impl<D> RowOpSpec<D> {
+    /// The registry entry for descriptor `D`.
     pub const fn new() -> Self {
         RowOpSpec(PhantomData)
     }

@@ -29,6 +29,7 @@ use tessera_core::{Element, Error, Isa, Layout, Result, TensorView, TensorViewMu
 pub struct VarlenSeqs<'a> {
     /// Row `s` is `block_tables[s·max_blocks..][..max_blocks]`.
     pub block_tables: &'a [u32],
+    /// Width of a block-table row.
     pub max_blocks: usize,
     /// Each sequence's cached length, this call's keys included.
     pub context_lens: &'a [usize],
@@ -41,6 +42,7 @@ pub struct VarlenSeqs<'a> {
 pub struct VarlenParams {
     /// Multiplies q·k before the softmax (usually 1/√d).
     pub scale: f32,
+    /// Threads the call may use.
     pub threads: usize,
 }
 

@@ -33,9 +33,13 @@ pub const TOL_HALF: Tolerance = Tolerance {
 pub struct VarlenProblem {
     /// (q_len, context_len) per sequence, q_len ≤ context_len.
     pub runs: Vec<(usize, usize)>,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
+    /// Positions per block.
     pub block_size: usize,
     /// Leading blocks every sequence shares with the first (where both have them).
     pub shared_blocks: usize,
