@@ -39,8 +39,11 @@ fn epoch() -> Instant {
 /// How long and how often to sample.
 #[derive(Clone, Copy, Debug)]
 pub struct BenchOptions {
+    /// Samples taken at least.
     pub min_samples: usize,
+    /// Samples taken at most.
     pub max_samples: usize,
+    /// Time budget for one benchmark (the minimum sample count is still taken).
     pub budget: Duration,
     /// Stop early once the interquartile spread is below this (relative to the median).
     pub target_spread: f64,
@@ -68,20 +71,32 @@ impl Default for BenchOptions {
 /// One benchmark result.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BenchResult {
+    /// The op's registry name.
     pub op: String,
+    /// The problem, as it displays.
     pub problem: String,
+    /// The element type.
     pub dtype: String,
+    /// The variant's label.
     pub variant: String,
+    /// The tuning configuration it ran with.
     pub config: String,
+    /// Every timed call, seconds, in time order.
     pub samples_s: Vec<f64>,
     /// When each sample started, seconds since the process's first benchmark (for
     /// traces: `tessera bench --profile`).
     pub sample_starts_s: Vec<f64>,
+    /// Median of the samples, seconds.
     pub median_s: f64,
+    /// Interquartile range over the median.
     pub spread: f64,
+    /// FLOPs of one call (the op's cost model).
     pub flops: f64,
+    /// Minimum bytes of one call (the op's cost model).
     pub bytes: f64,
+    /// Achieved GFLOP/s at the median.
     pub gflops: f64,
+    /// Achieved GB/s at the median (minimum bytes over time).
     pub gbps: f64,
     /// Achieved rate over the roofline's attainable rate at this intensity.
     pub roofline_pct: f64,
@@ -91,6 +106,7 @@ pub struct BenchResult {
     /// The compute peak the roofline used: for compute-bound runs, measured just before
     /// and after this benchmark (mean of the two); else the run's calibration.
     pub peak_gflops: f64,
+    /// `"memory"` or `"compute"`: which roofline leg bounds this intensity.
     pub bound: &'static str,
     /// Instances rotated (1 when compute-bound).
     pub rotation: usize,
@@ -107,10 +123,15 @@ pub fn memory_bound(cost: &Cost, peak_gflops: f64, c: &Ceilings) -> bool {
 /// What `run` needs to know about one benchmark.
 #[derive(Debug)]
 pub struct BenchSpec<'a> {
+    /// The op's registry name.
     pub op: &'a str,
+    /// The problem to run.
     pub problem: &'a dyn ProblemCase,
+    /// The element type.
     pub dtype: DType,
+    /// The variant.
     pub variant: &'a Variant,
+    /// Tuning parameters for the call.
     pub config: &'a TuneConfig,
     /// The variant uses the bf16 pair-dot peak (else the f32 FMA peak).
     pub bf16_dot: bool,

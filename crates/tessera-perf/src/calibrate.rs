@@ -13,6 +13,7 @@ use tessera_kernels::pool;
 /// This machine's measured ceilings.
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Ceilings {
+    /// Threads the ceilings were measured on.
     pub threads: usize,
     /// f32 FMA, GFLOP/s.
     pub fma_gflops: f64,

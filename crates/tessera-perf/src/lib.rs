@@ -5,6 +5,8 @@
 //! Every rate is compared with ceilings measured in the same process ([`calibrate`]), so
 //! a report says "% of what this machine can do right now", not of a datasheet number.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod calibrate;
 pub mod peers;

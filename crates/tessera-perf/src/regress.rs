@@ -108,9 +108,13 @@ pub fn bootstrap_ratio_ci(base: &[f64], new: &[f64], resamples: usize, conf: f64
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
+    /// Faster beyond the threshold, the interval entirely below it, significant.
     Faster,
+    /// Slower beyond the threshold, the interval entirely above it, significant.
     Slower,
+    /// The interval lies within ± the threshold.
     Same,
+    /// Neither: the measurement cannot tell.
     Unsure,
 }
 
@@ -119,9 +123,13 @@ pub enum Verdict {
 pub struct Comparison {
     /// median(new) / median(base), normalised samples: > 1 is slower.
     pub ratio: f64,
+    /// Low end of the 95% interval of the ratio (within-run bootstrap and between-round spread).
     pub ci_low: f64,
+    /// High end of the 95% interval of the ratio.
     pub ci_high: f64,
+    /// Two-sided Mann–Whitney p-value of the two runs' normalised samples.
     pub p_value: f64,
+    /// The decision the interval and p-value give.
     pub verdict: Verdict,
 }
 
@@ -367,8 +375,11 @@ pub struct Baseline {
     pub format: u32,
     /// CPU, thread count and ISA: baselines compare only on the machine that made them.
     pub fingerprint: String,
+    /// The `tessera` version that wrote it.
     pub tool_version: String,
+    /// The commit it was built from ("unknown" outside git).
     pub git_commit: String,
+    /// One entry per benchmark.
     pub entries: Vec<Entry>,
 }
 
@@ -380,7 +391,9 @@ pub const BASELINE_FORMAT: u32 = 1;
 pub struct Entry {
     /// `op/problem/dtype/variant` ([`result_key`]).
     pub key: String,
+    /// `"memory"` or `"compute"`: which calibration rate normalises its samples.
     pub bound: String,
+    /// Median time of the run that saved it, seconds.
     pub median_s: f64,
     /// Per round, seconds × the calibration rate measured with them (GB/s or GFLOP/s).
     pub rounds: Vec<Vec<f64>>,

@@ -103,6 +103,7 @@ pub fn bench_table(results: &[BenchResult]) -> String {
     )
 }
 
+/// Seconds as ms, µs or ns with three significant figures.
 pub fn format_time(s: f64) -> String {
     if s >= 1e-3 {
         format!("{:.3} ms", s * 1e3)

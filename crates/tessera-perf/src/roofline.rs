@@ -14,15 +14,22 @@ use tessera_kernels::pool;
 /// Every ceiling, GFLOP/s (GOP/s for int8) and GB/s.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Roofline {
+    /// CPU, thread count and ISA: a cached roofline is used only on the machine that measured it.
     pub fingerprint: String,
+    /// Threads the ceilings were measured on.
     pub threads: usize,
+    /// f32 FMA peak, GFLOP/s.
     pub fma_gflops: f64,
+    /// bf16 pair-dot peak (`vdpbf16ps`), GFLOP/s; 0 without AVX512_BF16.
     pub bf16_gflops: f64,
     /// `vpdpbusd` with AVX512_VNNI, else AVX2's `vpmaddubsw` + `vpmaddwd` + `vpaddd`
     /// (the integer kernels' inner step); 0 on other CPUs.
     pub int8_gops: f64,
+    /// DRAM read bandwidth, GB/s.
     pub dram_gbps: f64,
+    /// L3-resident read bandwidth, GB/s.
     pub l3_gbps: f64,
+    /// L2-resident read bandwidth, GB/s.
     pub l2_gbps: f64,
 }
 
@@ -180,6 +187,7 @@ impl Roofline {
 /// A kernel placed on the plot.
 #[derive(Clone, Debug)]
 pub struct Point {
+    /// Text next to the point.
     pub label: String,
     /// FLOP (or OP) per byte.
     pub intensity: f64,

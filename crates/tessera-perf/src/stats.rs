@@ -12,6 +12,7 @@ pub fn quantile(samples: &[f64], q: f64) -> f64 {
     v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
+/// The median (linear interpolation between the middle two for even counts).
 pub fn median(samples: &[f64]) -> f64 {
     quantile(samples, 0.5)
 }

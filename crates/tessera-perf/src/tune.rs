@@ -32,22 +32,32 @@ const DIRECT_VERIFY_FLOPS: f64 = 2e9;
 /// The search's result for one problem.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The problem, as it displays.
     pub problem: String,
+    /// Median time with the default configuration, seconds.
     pub default_s: f64,
+    /// Median time of the best configuration, seconds.
     pub best_s: f64,
+    /// The best configuration.
     pub best: TuneConfig,
+    /// Candidates timed.
     pub evaluated: usize,
     /// Candidates whose output failed verification (never timed, never chosen).
     pub rejected: usize,
+    /// What the cache would store (None when the op does not read tuned values at run time).
     pub entry: Option<TunedEntry>,
 }
 
 /// What to search.
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
+    /// The op.
     pub op: &'a dyn OpSpec,
+    /// The problem to tune for.
     pub problem: &'a dyn ProblemCase,
+    /// The element type.
     pub dtype: DType,
+    /// The variant to tune.
     pub variant: &'a Variant,
 }
 
@@ -232,23 +242,34 @@ pub fn search(t: &Target<'_>, ceilings: &Ceilings, budget: Duration) -> Result<O
 /// The tuning cache file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CacheFile {
+    /// The file's format version ([`CACHE_FORMAT`]).
     pub format: u32,
+    /// CPU, thread count and ISA: entries apply only on the machine that tuned them.
     pub fingerprint: String,
     /// The kernels' version: entries from another build's kernels are not trusted.
     pub kernels_version: String,
+    /// The tuned configurations.
     pub entries: Vec<CacheEntry>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// One tuned configuration, as the cache file stores it.
 pub struct CacheEntry {
+    /// The op's registry name.
     pub op: String,
+    /// The dtype, as it displays.
     pub dtype: String,
+    /// The variant's label.
     pub variant: String,
+    /// The bucket of the problem's tuning dims.
     pub bucket: String,
+    /// Checksum of the search space (an entry from another space is ignored).
     pub space: u64,
+    /// The winning parameter values.
     pub config: BTreeMap<String, usize>,
 }
 
+/// The cache format this build writes and reads.
 pub const CACHE_FORMAT: u32 = 1;
 
 /// This build's kernel version, as recorded in caches.
@@ -257,6 +278,7 @@ pub fn kernels_version() -> String {
 }
 
 impl CacheEntry {
+    /// The cache's form of a tuned entry.
     pub fn from_tuned(e: &TunedEntry) -> Self {
         CacheEntry {
             op: e.op.clone(),
@@ -267,6 +289,7 @@ impl CacheEntry {
             config: e.config.iter().cloned().collect(),
         }
     }
+    /// The kernels' form of a cached entry.
     pub fn to_tuned(&self) -> TunedEntry {
         TunedEntry {
             op: self.op.clone(),
