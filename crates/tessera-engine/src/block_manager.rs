@@ -38,6 +38,7 @@ struct CachedBlock {
 /// Counters for reports and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockStats {
+    /// Blocks in the pool.
     pub total: usize,
     /// Blocks referenced by at least one sequence.
     pub used: usize,
@@ -45,6 +46,7 @@ pub struct BlockStats {
     pub cached: usize,
     /// Prompt positions looked up in the prefix cache, and those found.
     pub lookup_tokens: u64,
+    /// Of those, positions found in the prefix cache.
     pub hit_tokens: u64,
     /// Cached blocks evicted to make room.
     pub evictions: u64,

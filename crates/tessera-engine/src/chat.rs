@@ -13,11 +13,14 @@ use serde::Serialize;
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Message {
+    /// `system`, `user` or `assistant` (templates may accept others).
     pub role: String,
+    /// The message text.
     pub content: String,
 }
 
 impl Message {
+    /// A message from borrowed strings.
     pub fn new(role: &str, content: &str) -> Self {
         Message {
             role: role.into(),

@@ -24,6 +24,7 @@ pub struct Sampling {
     pub repetition_penalty: f32,
     /// How many recent tokens (prompt included) the penalty looks at.
     pub penalty_window: usize,
+    /// Seed of this request's own RNG (its output does not depend on other requests).
     pub seed: u64,
 }
 
@@ -61,11 +62,15 @@ impl Sampling {
 /// What a generation did, with timings.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// The generated token ids.
     pub generated: Vec<u32>,
     /// The generated text (cut before a stop string).
     pub text: String,
+    /// Prefill time, seconds.
     pub prefill_s: f64,
+    /// Decode time, seconds (every step after prefill).
     pub decode_s: f64,
     /// The reason it stopped: "stop token", "stop string", "length" (max_tokens reached),
     /// "context" (the model's context filled first) or "cancelled".
@@ -73,6 +78,7 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Prompt tokens per second of prefill.
     pub fn prefill_tok_s(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill_s.max(1e-12)
     }
@@ -159,8 +165,11 @@ pub fn sample(
 /// What to generate.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Request {
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
+    /// Tokens to generate at most (at least 1; the context also ends generation).
     pub max_tokens: usize,
+    /// How to pick each token.
     pub sampling: Sampling,
     /// Generation ends before the first occurrence of any of these strings.
     pub stop: Vec<String>,
@@ -323,6 +332,7 @@ pub struct TextStream {
 }
 
 impl TextStream {
+    /// A stream that stops before the first of `stop`.
     pub fn new(stop: &[String]) -> Self {
         TextStream {
             stop: stop.to_vec(),
@@ -385,6 +395,7 @@ impl TextStream {
         &self.text
     }
 
+    /// Whether a stop string was reached.
     pub fn stopped(&self) -> bool {
         self.stopped
     }

@@ -14,18 +14,31 @@ use tessera_core::DType;
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// GGUF type 0.
     U8(u8),
+    /// GGUF type 1.
     I8(i8),
+    /// GGUF type 2.
     U16(u16),
+    /// GGUF type 3.
     I16(i16),
+    /// GGUF type 4.
     U32(u32),
+    /// GGUF type 5.
     I32(i32),
+    /// GGUF type 10.
     U64(u64),
+    /// GGUF type 11.
     I64(i64),
+    /// GGUF type 6.
     F32(f32),
+    /// GGUF type 12.
     F64(f64),
+    /// GGUF type 7.
     Bool(bool),
+    /// GGUF type 8 (UTF-8).
     String(String),
+    /// GGUF type 9: values of one type.
     Array(Vec<Value>),
 }
 
@@ -44,6 +57,7 @@ impl Value {
             _ => None,
         }
     }
+    /// A float or integer as f64; None for other types.
     pub fn as_f64(&self) -> Option<f64> {
         match *self {
             Value::F32(v) => Some(v as f64),
@@ -51,18 +65,21 @@ impl Value {
             _ => self.as_u64().map(|v| v as f64),
         }
     }
+    /// The string, if this is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::String(s) => Some(s),
             _ => None,
         }
     }
+    /// The elements, if this is an array.
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(a) => Some(a),
             _ => None,
         }
     }
+    /// The boolean, if this is one.
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             Value::Bool(b) => Some(b),
@@ -74,12 +91,15 @@ impl Value {
 /// One tensor's header entry.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The tensor's name (`blk.0.attn_q.weight`).
     pub name: String,
     /// ggml order: `dims[0]` is the contiguous (row) length.
     pub dims: Vec<usize>,
+    /// Storage type.
     pub dtype: DType,
     /// Byte offset from the start of the data section.
     pub offset: usize,
+    /// Bytes in the file.
     pub size: usize,
 }
 
@@ -94,8 +114,11 @@ impl TensorInfo {
 #[derive(Debug)]
 pub struct Gguf {
     map: memmap2::Mmap,
+    /// GGUF version (2 or 3).
     pub version: u32,
+    /// Every metadata key and its value.
     pub metadata: BTreeMap<String, Value>,
+    /// Tensor headers, in file order.
     pub tensors: Vec<TensorInfo>,
     data_start: usize,
 }

@@ -31,7 +31,9 @@ struct Shard {
 /// An opened HF checkpoint directory.
 #[derive(Debug)]
 pub struct HfCheckpoint {
+    /// The checkpoint directory.
     pub dir: PathBuf,
+    /// The model configuration read from `config.json`.
     pub config: Config,
     shards: Vec<Shard>,
     /// HF tensor name → shard index.
@@ -54,6 +56,7 @@ pub fn is_checkpoint(path: &Path) -> bool {
 }
 
 impl HfCheckpoint {
+    /// Opens `dir`: reads and checks `config.json` and every shard's header (tensors are memory-mapped, not read).
     pub fn open(dir: &Path) -> Result<Self> {
         let json = read_json(&dir.join("config.json"))?;
         let config = config_from_json(&json)?;

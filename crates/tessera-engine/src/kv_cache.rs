@@ -233,10 +233,12 @@ impl KvStore {
         })
     }
 
+    /// Blocks in the store.
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
+    /// How keys and values are stored.
     pub fn dtype(&self) -> KvDtype {
         match self.pools {
             Pools::F32(..) => KvDtype::F32,
@@ -344,12 +346,15 @@ impl KvCache {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether no position is filled.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Positions it can hold.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+    /// How keys and values are stored.
     pub fn dtype(&self) -> KvDtype {
         self.store.dtype()
     }

@@ -1,5 +1,19 @@
 //! Tessera engine: loads Llama-family models (GGUF files, HF safetensors checkpoints),
-//! tokenizes, generates.
+//! tokenizes, generates, and batches many requests.
+//!
+//! - Loading: [`open`] takes a GGUF file ([`gguf`]) or an HF checkpoint ([`hf`]); both
+//!   are [`weights::WeightSource`]s, so the model builder ([`llama`]) does not care
+//!   which. Every layer is a [`linear::Linear`] over its stored format.
+//! - Text: [`tokenizer`] (GGUF vocabularies and `tokenizer.json` through the
+//!   `tokenizers` crate) and [`chat`] (the model's own Jinja template via `minijinja`).
+//! - One sequence: [`generate`] (sampling, stop strings) and [`score`] (perplexity).
+//! - Many sequences: [`scheduler`] (continuous batching, chunked prefill, preemption)
+//!   over a paged [`kv_cache`] whose blocks [`block_manager`] counts and caches by
+//!   prefix; [`structured`] constrains output to a grammar.
+//! - [`profile`] records each kernel call's time against its cost model; [`pull`]
+//!   fetches the default model into the cache.
+
+#![warn(missing_docs)]
 
 use std::path::Path;
 
@@ -24,17 +38,23 @@ pub mod weights;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("gguf: {0}")]
+    /// A malformed or inconsistent GGUF file.
     Gguf(String),
     #[error("model: {0}")]
+    /// A model whose configuration or weights do not fit together, or a bad request to it.
     Model(String),
     #[error("tokenizer: {0}")]
+    /// A tokenizer that cannot be built or used.
     Tokenizer(String),
     #[error("io: {0}")]
+    /// A file or directory that cannot be read as a model.
     Io(String),
     #[error(transparent)]
+    /// A kernel refused its arguments.
     Core(#[from] tessera_core::Error),
 }
 
+/// The engine's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Opens a model and its tokenizer: a GGUF file, or an HF checkpoint directory (a path

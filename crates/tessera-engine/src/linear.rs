@@ -14,11 +14,15 @@ use tessera_kernels::with_block_format;
 /// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`. (`Any`, so
 /// that [`stack`] can recognise layers of one format.)
 pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
+    /// Width of the input rows.
     fn in_features(&self) -> usize;
+    /// Width of the output rows.
     fn out_features(&self) -> usize;
+    /// `y = x·Wᵀ` for `x [n, in]`, `y [n, out]`.
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()>;
     /// Row `r` of W as f32 (embedding lookups through a tied output matrix).
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()>;
+    /// The weights' storage format.
     fn dtype(&self) -> DType;
     /// Bytes of the weights as stored (a matmul must read them all).
     fn weight_bytes(&self) -> usize;
@@ -63,6 +67,7 @@ enum Stored<B> {
 }
 
 impl<B> QuantLinear<B> {
+    /// A layer over block-format weights.
     pub fn new(w: QuantMatrix<B>) -> Self {
         QuantLinear {
             w: Stored::Blocks(w),
@@ -162,12 +167,17 @@ fn all_as<'a, S, T>(items: &[&'a S], pick: impl Fn(&'a S) -> Option<&'a T>) -> O
 /// Row-scaled weight matrices with their own f32-activation matmul: per-channel INT8
 /// and FP8. One [`MatrixLinear`] serves them all.
 pub trait RowMatrix: Send + Sync + std::fmt::Debug {
+    /// Output features.
     fn rows(&self) -> usize;
+    /// Input features.
     fn cols(&self) -> usize;
+    /// Bytes of weights and scales.
     fn size_bytes(&self) -> usize;
+    /// The storage format.
     fn dtype(&self) -> DType;
     /// Row r's f32 values (r < rows, `out.len() == cols`: checked by the caller).
     fn dequantize_row(&self, r: usize, out: &mut [f32]);
+    /// `y = x·Wᵀ` with f32 activations on up to `threads` threads.
     fn matmul(
         &self,
         threads: usize,
@@ -219,6 +229,7 @@ pub struct MatrixLinear<M> {
 }
 
 impl<M> MatrixLinear<M> {
+    /// A layer over `w`.
     pub fn new(w: M) -> Self {
         MatrixLinear { w }
     }
@@ -308,7 +319,9 @@ impl DenseLinear {
 /// A layer plus a bias vector (`y = x·Wᵀ + b`), as in Qwen2's q/k/v projections.
 #[derive(Debug)]
 pub struct Biased {
+    /// The layer without its bias.
     pub inner: Box<dyn Linear>,
+    /// Added to every output row.
     pub bias: Vec<f32>,
 }
 

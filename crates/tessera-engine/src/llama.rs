@@ -30,21 +30,34 @@ use tessera_kernels::ops::rope::RopeStyle;
 /// Hyper-parameters, from GGUF metadata or an HF config.json.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Transformer layers.
     pub n_layers: usize,
+    /// Width of the residual stream.
     pub dim: usize,
+    /// Width of the MLP's hidden layer.
     pub ffn_dim: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
     pub kv_heads: usize,
+    /// Width of one head.
     pub head_dim: usize,
+    /// RoPE base frequency θ.
     pub rope_theta: f64,
+    /// RMSNorm epsilon.
     pub eps: f32,
+    /// Rows of the token embedding (the tokenizer may have fewer tokens).
     pub vocab: usize,
+    /// Positions the model was trained for (capped by a sliding window where the model has one).
     pub context: usize,
+    /// Which elements RoPE rotates together.
     pub rope_style: RopeStyle,
+    /// How RoPE frequencies are scaled for long contexts.
     pub rope_scaling: RopeScaling,
 }
 
 impl Config {
+    /// Reads and checks the configuration of a GGUF model (every key strict).
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch = g
             .get("general.architecture")?
@@ -134,6 +147,7 @@ impl Config {
             "inconsistent hyper-parameters: {problem}"
         )))
     }
+    /// Width of one position's keys (or values).
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
@@ -226,6 +240,7 @@ impl<const N: usize> SharedInput<N> {
 /// A loaded model.
 #[derive(Debug)]
 pub struct Llama {
+    /// The model's configuration.
     pub cfg: Config,
     embed: Box<dyn Linear>,
     layers: Vec<Layer>,

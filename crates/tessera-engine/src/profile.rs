@@ -28,13 +28,17 @@ fn epoch() -> Instant {
 /// One kernel call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpEvent {
+    /// The op's name.
     pub op: &'static str,
     /// "prefill" or "decode".
     pub phase: &'static str,
+    /// Shape of the call, for display.
     pub shape: String,
     /// Microseconds since the profiler's epoch.
     pub start_us: f64,
+    /// Duration, microseconds.
     pub dur_us: f64,
+    /// FLOPs of the call.
     pub flops: f64,
     /// Minimum bytes the op must move (weights, inputs, outputs once each).
     pub bytes: f64,
@@ -43,8 +47,11 @@ pub struct OpEvent {
 /// What an op costs, computed only while profiling.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpCost {
+    /// Shape of the call, for display.
     pub shape: String,
+    /// FLOPs of the call.
     pub flops: f64,
+    /// Minimum bytes the call must move.
     pub bytes: f64,
 }
 
@@ -54,6 +61,7 @@ pub fn enable(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+/// Whether a profile is being recorded (costs are computed only then).
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
@@ -98,18 +106,26 @@ fn phase_name(decode: bool) -> &'static str {
 /// Totals for one op name in one phase.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSummary {
+    /// The op's name.
     pub op: &'static str,
+    /// "prefill" or "decode".
     pub phase: &'static str,
+    /// Calls recorded.
     pub calls: usize,
+    /// Time over all calls, microseconds.
     pub total_us: f64,
+    /// FLOPs over all calls.
     pub flops: f64,
+    /// Minimum bytes over all calls.
     pub bytes: f64,
 }
 
 impl OpSummary {
+    /// Achieved GB/s over the recorded time.
     pub fn gbps(&self) -> f64 {
         self.bytes / self.total_us / 1e3
     }
+    /// Achieved GFLOP/s over the recorded time.
     pub fn gflops(&self) -> f64 {
         self.flops / self.total_us / 1e3
     }

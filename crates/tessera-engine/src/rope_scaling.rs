@@ -17,14 +17,22 @@ use tessera_kernels::ops::rope::base_frequencies;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum RopeScaling {
     #[default]
+    /// Frequencies as trained.
     None,
+    /// Every frequency divided by `factor` (position interpolation).
     Linear {
+        /// The divisor.
         factor: f64,
     },
+    /// Llama 3.1's scheme: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
     Llama3 {
+        /// Divisor of the low frequencies.
         factor: f64,
+        /// Wavelengths beyond `original_context / low_freq_factor` count as low.
         low_freq_factor: f64,
+        /// Wavelengths below `original_context / high_freq_factor` count as high.
         high_freq_factor: f64,
+        /// The context the model was pretrained with.
         original_context: f64,
     },
     /// Frequency i divided by `factors[i]` (GGUF `rope_freqs.weight`).

@@ -43,7 +43,9 @@ pub struct SchedulerConfig {
     pub max_batch_tokens: usize,
     /// KV blocks of [`BLOCK`] positions in the pool.
     pub kv_blocks: usize,
+    /// How the KV pool stores keys and values.
     pub kv_dtype: KvDtype,
+    /// Reuse cached blocks of identical prompt prefixes.
     pub prefix_caching: bool,
 }
 
@@ -111,9 +113,11 @@ pub fn physical_memory() -> Option<u64> {
 /// One generation request.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GenRequest {
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
     /// At least 1; the model's context also ends a generation.
     pub max_tokens: usize,
+    /// How to pick each token (with the request's own seed).
     pub sampling: Sampling,
     /// Generation ends before the first occurrence of any of these.
     pub stop: Vec<String>,
@@ -133,6 +137,7 @@ pub type SeqId = u64;
 /// temperature and penalties), with the most likely alternatives.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
+    /// Log-probability of the chosen token.
     pub logprob: f32,
     /// (token, log-probability), most likely first.
     pub top: Vec<(u32, f32)>,
@@ -147,13 +152,16 @@ pub enum FinishReason {
     StopString,
     /// `max_tokens`, or the model's context.
     Length,
+    /// Cancelled by the caller.
     Cancelled,
 }
 
 /// Tokens of a finished request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
     /// Prompt tokens whose keys and values came from the prefix cache.
     pub cached_tokens: usize,
@@ -164,36 +172,54 @@ pub struct Usage {
 pub enum Event {
     /// A generated token and the text it made showable (possibly empty).
     Token {
+        /// The request.
         id: SeqId,
+        /// The token id.
         token: u32,
+        /// Text this token made showable (possibly empty).
         text: String,
+        /// Its log-probability, when the request asked for them.
         logprob: Option<TokenLogprob>,
     },
     /// The request is done; its blocks are already free.
     Finished {
+        /// The request.
         id: SeqId,
+        /// Why it ended.
         reason: FinishReason,
         /// Showable text held back until the end (it might have begun a stop string):
         /// a stream appends it to the pieces of its `Token` events.
         tail: String,
         /// The whole generated text (cut before a stop string).
         text: String,
+        /// Token counts.
         usage: Usage,
     },
     /// The request failed (the model produced NaN); its blocks are free.
-    Failed { id: SeqId, error: String },
+    Failed {
+        /// The request.
+        id: SeqId,
+        /// What went wrong.
+        error: String,
+    },
 }
 
 /// Counters for reports and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedulerStats {
+    /// Requests waiting to start (or preempted, waiting to resume).
     pub waiting: usize,
+    /// Requests running.
     pub running: usize,
+    /// The KV pool's counters.
     pub blocks: BlockStats,
+    /// Steps run.
     pub steps: u64,
     /// Tokens run through the model: prompt (chunks) and decode.
     pub prompt_tokens_computed: u64,
+    /// Decode tokens run.
     pub decode_tokens: u64,
+    /// Sequences preempted (their blocks freed, recomputed later).
     pub preemptions: u64,
 }
 
@@ -244,6 +270,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// A scheduler for `model` with a pool of `cfg.kv_blocks` KV blocks (an error for limits that cannot work).
     pub fn new(model: Arc<Llama>, tok: Arc<Tokenizer>, cfg: SchedulerConfig) -> Result<Self> {
         cfg.validate()?;
         let store = KvStore::new(&model.cfg, cfg.kv_blocks, cfg.kv_dtype)?;
@@ -261,14 +288,17 @@ impl Scheduler {
         })
     }
 
+    /// The configuration it runs with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
     }
 
+    /// The model it runs.
     pub fn model(&self) -> &Arc<Llama> {
         &self.model
     }
 
+    /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tok
     }
@@ -401,6 +431,7 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Current counters.
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
             waiting: self.waiting.len(),

@@ -8,6 +8,7 @@ use crate::{Error, Result};
 /// One position: the token that actually follows and what the model expected there.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PositionScore {
+    /// The token that actually follows.
     pub next: u32,
     /// ln p(next | prefix).
     pub logprob: f64,
@@ -16,7 +17,9 @@ pub struct PositionScore {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// A text's score: every position, and the perplexity.
 pub struct Scored {
+    /// One entry per scored position.
     pub positions: Vec<PositionScore>,
     /// exp(−mean ln p) over the scored positions.
     pub perplexity: f64,

@@ -25,8 +25,11 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer as HfTokenizer};
 #[derive(Debug)]
 pub struct Tokenizer {
     inner: HfTokenizer,
+    /// Beginning-of-sequence token, if the model has one.
     pub bos: Option<u32>,
+    /// End-of-sequence token, if the model has one.
     pub eos: Option<u32>,
+    /// Whether `encode` puts BOS in front.
     pub add_bos: bool,
     /// The chat template, when the model ships one.
     pub chat_template: Option<String>,
@@ -39,6 +42,7 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 }
 
 impl Tokenizer {
+    /// The tokenizer a GGUF file describes (`tokenizer.ggml.*`), checked against its vocabulary.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.get("tokenizer.ggml.model")?.as_str().unwrap_or_default();
         if model != "gpt2" {

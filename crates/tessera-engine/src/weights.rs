@@ -19,6 +19,7 @@ use tessera_kernels::with_block_format;
 
 /// A model file's tensors by canonical (GGUF) name.
 pub trait WeightSource {
+    /// Whether the source has a tensor of this canonical name.
     fn has(&self, name: &str) -> bool;
     /// A 2-D tensor `[out, in]` as a linear layer in its stored format.
     fn matrix(&self, name: &str) -> Result<Box<dyn Linear>>;

@@ -46,6 +46,7 @@ pub struct SeqInput<'a> {
     pub pos0: usize,
     /// Block table covering every position up to `pos0 + tokens.len()`.
     pub table: &'a [u32],
+    /// Which positions' logits to return.
     pub logits: LogitRows,
 }
 
