@@ -18,14 +18,20 @@ pub const MAX_N: usize = 16;
 /// An OpenAI-style error: status, message, type, and the offending parameter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
+    /// HTTP status of the response.
     pub status: StatusCode,
+    /// What went wrong, for the user.
     pub message: String,
+    /// OpenAI's error `type` (`invalid_request_error`, …).
     pub kind: &'static str,
+    /// The request field at fault.
     pub param: Option<String>,
+    /// OpenAI's error `code`, when one applies.
     pub code: Option<&'static str>,
 }
 
 impl ApiError {
+    /// A 400 `invalid_request_error` about field `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -35,6 +41,7 @@ impl ApiError {
             code: None,
         }
     }
+    /// An error of any status and type.
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -44,6 +51,7 @@ impl ApiError {
             code: None,
         }
     }
+    /// The JSON body OpenAI clients expect: `{"error": {message, type, param, code}}`.
     pub fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
@@ -54,19 +62,27 @@ impl ApiError {
     }
 }
 
+/// A handler's result.
 pub type ApiResult<T> = Result<T, ApiError>;
 
 /// The sampling and output fields both endpoints share.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Common {
+    /// `max_tokens` (or `max_completion_tokens`); None: as much as the context and the KV pool allow.
     pub max_tokens: Option<usize>,
+    /// Temperature, top-k/p, min-p, penalties and seed.
     pub sampling: Sampling,
+    /// Stop strings.
     pub stop: Vec<String>,
+    /// Choices to generate.
     pub n: usize,
     /// Alternatives per token when log-probabilities are asked for.
     pub logprobs: Option<usize>,
+    /// Answer as server-sent events.
     pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with token counts.
     pub include_usage: bool,
+    /// Keep going through end-of-turn tokens (benchmarks).
     pub ignore_eos: bool,
     /// `response_format`: JSON output constrained by llguidance.
     pub grammar: Option<Grammar>,
@@ -306,10 +322,13 @@ pub fn messages(m: &Map<String, Value>) -> ApiResult<Vec<Message>> {
 /// A completions `prompt`: text, a list of texts, token ids, or a list of token-id lists.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
+    /// A string, tokenized by the server.
     Text(String),
+    /// Token ids, used as given.
     Tokens(Vec<u32>),
 }
 
+/// The request's prompts: a string, a list of strings, token ids or a list of id lists.
 pub fn prompts(m: &Map<String, Value>) -> ApiResult<Vec<Prompt>> {
     let bad = || {
         ApiError::invalid("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists")

@@ -34,6 +34,7 @@ enum Command {
 pub struct Shared {
     /// Sequences accepted and not yet finished.
     pub in_flight: AtomicUsize,
+    /// Set once a shutdown began: new requests get 503.
     pub shutting_down: AtomicBool,
 }
 
@@ -41,7 +42,9 @@ pub struct Shared {
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
+    /// Counters the handlers read.
     pub shared: Arc<Shared>,
+    /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// The model's context length.
     pub context: usize,

@@ -8,6 +8,8 @@
 //! to a grace period, then whatever is left is cancelled and every stream still gets its
 //! closing event.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod engine;
 pub mod metrics;
@@ -28,15 +30,19 @@ use tokio::sync::oneshot;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
+    /// Binding the address or running the runtime failed.
     Io(#[from] std::io::Error),
     #[error("{0}")]
+    /// The model could not be loaded or the scheduler built.
     Engine(#[from] tessera_engine::Error),
 }
 
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
+    /// Address to listen on.
     pub host: String,
+    /// Port to listen on (0: any free port).
     pub port: u16,
     /// Required as `Authorization: Bearer KEY` on `/v1/*` when set.
     pub api_key: Option<String>,
@@ -67,6 +73,7 @@ impl Default for ServerOptions {
 /// A server running on its own threads.
 #[derive(Debug)]
 pub struct RunningServer {
+    /// The address it listens on (the real port when 0 was asked for).
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<Result<(), Error>>>,

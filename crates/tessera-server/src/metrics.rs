@@ -37,7 +37,9 @@ pub struct Metrics {
     generated_tokens: Counter,
     preemptions: Counter,
     tokens_per_s: Gauge<f64, AtomicU64>,
+    /// Time to first token, seconds.
     pub ttft: Histogram,
+    /// Time between tokens of a stream, seconds.
     pub itl: Histogram,
     /// (time, generated tokens) at the start of the current tokens/s window.
     window: Mutex<(Instant, u64)>,
@@ -53,6 +55,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every metric.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tessera");
         let m = Metrics {

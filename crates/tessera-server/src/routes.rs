@@ -26,13 +26,19 @@ use tessera_engine::tokenizer::Tokenizer;
 /// Everything a handler needs.
 #[derive(Clone, Debug)]
 pub struct AppState {
+    /// The engine thread.
     pub engine: EngineHandle,
+    /// The model's tokenizer.
     pub tok: Arc<Tokenizer>,
+    /// The model's chat template, if it has one.
     pub template: Option<Arc<ChatTemplate>>,
+    /// Model id in responses and `/v1/models`.
     pub model_name: String,
+    /// Required bearer token, if set.
     pub api_key: Option<String>,
     /// Most sequences accepted and unfinished before new requests get 429.
     pub max_queue: usize,
+    /// Unix time the server started (`created` in `/v1/models`).
     pub created: u64,
 }
 
