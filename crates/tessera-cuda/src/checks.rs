@@ -102,10 +102,13 @@ pub fn attention(s: &AttentionShape, q: usize, k: usize, v: usize, o: usize) -> 
 /// How a paged-attention call splits its work, once its inputs are checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedPlan {
+    /// Sequences in the call.
     pub seqs: usize,
+    /// Width of a block-table row.
     pub max_blocks: usize,
     /// Tokens per split.
     pub chunk: usize,
+    /// Splits per sequence (partial results combined afterwards).
     pub splits: usize,
 }
 

@@ -70,6 +70,7 @@ impl Device {
     pub fn name(&self) -> String {
         self.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
     }
+    /// The stream every launch on this device is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

@@ -14,6 +14,8 @@
 //! Status: every kernel is compile-checked (CUBIN for sm_80 and sm_90, in CI); none has
 //! yet run on a GPU in this project, and nothing in the engine dispatches to them.
 
+#![warn(missing_docs)]
+
 pub mod checks;
 mod device;
 pub mod nvrtc;
@@ -58,21 +60,40 @@ pub fn kernel_source(name: &str) -> Option<String> {
 /// Architectures every kernel must compile for: Ampere and Hopper.
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
+/// Everything the CUDA backend can fail at, each with what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
+    /// No driver, no device, or no NVRTC library on this machine.
     #[error("CUDA not available: {0}")]
     NotAvailable(String),
+    /// A kernel source did not compile.
     #[error("NVRTC failed to compile {kernel} for {arch}: {message}\n{log}")]
     Compile {
+        /// The kernel's source file.
         kernel: String,
+        /// The target architecture (`sm_90`).
         arch: String,
+        /// NVRTC's error.
         message: String,
+        /// The compiler's log.
         log: String,
     },
+    /// A driver call failed.
     #[error("CUDA driver call failed ({what}): {message}")]
-    Driver { what: String, message: String },
+    Driver {
+        /// The call.
+        what: String,
+        /// The driver's error.
+        message: String,
+    },
+    /// Arguments whose shapes do not fit together.
     #[error("{op}: {message}")]
-    Shape { op: &'static str, message: String },
+    Shape {
+        /// The op that checked.
+        op: &'static str,
+        /// What does not fit.
+        message: String,
+    },
 }
 
 impl CudaError {

@@ -130,7 +130,9 @@ fn key(parts: &[&[u8]]) -> u64 {
 /// Whether the CUBIN came from the cache or was compiled now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
+    /// Read from the on-disk CUBIN cache.
     Cache,
+    /// Compiled by NVRTC in this call (and cached).
     Compiled,
 }
 

@@ -42,9 +42,13 @@ fn blocks(n: usize, per: usize) -> u32 {
 /// `C[M, N] = alpha · A[M, K] · B[N, K]ᵀ`, all row-major and packed.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmShape {
+    /// Rows of A and C.
     pub m: usize,
+    /// Rows of B, columns of C.
     pub n: usize,
+    /// Inner dimension.
     pub k: usize,
+    /// Scale of the product.
     pub alpha: f32,
 }
 
@@ -73,13 +77,21 @@ pub fn gemm<T: Half16>(
 /// Attention problem: Q, O `[batch, sq, heads, d]`; K, V `[batch, sk, kv_heads, d]`.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {
+    /// Independent sequences.
     pub batch: usize,
+    /// Query positions per sequence.
     pub sq: usize,
+    /// Key/value positions per sequence.
     pub sk: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (dividing `heads`).
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
+    /// Causal mask.
     pub causal: bool,
+    /// Multiplies the scores (usually 1/√d).
     pub scale: f32,
 }
 
@@ -112,11 +124,17 @@ pub fn flash_attention<T: Half16>(
 /// Paged decode attention problem (cache layout as the CPU op's).
 #[derive(Clone, Copy, Debug)]
 pub struct PagedShape {
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// Head width.
     pub d: usize,
+    /// Positions per block.
     pub block_size: usize,
+    /// Blocks in the pool.
     pub num_blocks: usize,
+    /// Multiplies the scores (usually 1/√d).
     pub scale: f32,
     /// Tokens per split; 0 chooses enough splits to fill the GPU.
     pub chunk: usize,
@@ -194,8 +212,11 @@ pub fn paged_attention(
 /// The ggml block formats `qmatvec` reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockFormat {
+    /// ggml Q4_0: 4-bit codes, f16 scale.
     Q4_0,
+    /// ggml Q4_1: 4-bit codes, f16 scale and minimum.
     Q4_1,
+    /// ggml Q8_0: 8-bit codes, f16 scale.
     Q8_0,
 }
 
