@@ -374,16 +374,7 @@ fn default_model_with(tag: &str, edit: impl FnOnce(&mut Vec<(String, Value)>)) -
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     edit(&mut meta);
-    let tensors: Vec<RawTensor> = g
-        .tensors
-        .iter()
-        .map(|t| RawTensor {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            dtype: t.dtype,
-            bytes: g.bytes(t).to_vec(),
-        })
-        .collect();
+    let tensors = raw_tensors(&g);
     let path = std::env::temp_dir().join(format!("tessera-{}-{tag}.gguf", std::process::id()));
     write(&path, &gguf_bytes_owned(&meta, &tensors));
     path

@@ -332,16 +332,7 @@ fn wrong_typed_or_inconsistent_metadata_is_an_error() {
         p
     })
     .expect("valid");
-    let tensors: Vec<RawTensor> = g
-        .tensors
-        .iter()
-        .map(|t| RawTensor {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            dtype: t.dtype,
-            bytes: g.bytes(t).to_vec(),
-        })
-        .collect();
+    let tensors = raw_tensors(&g);
     let path = temp("meta-bad.gguf");
     for (key, value, want) in [
         (

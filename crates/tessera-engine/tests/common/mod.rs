@@ -159,6 +159,19 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, w: &[f32]) -> Vec<u8> {
     with_block_format!(dtype, B => q::<B>(rows, cols, w), _ => panic!("encode does not need {dtype}"))
 }
 
+/// Every tensor of `g` with its bytes, to write into a new file.
+pub fn raw_tensors(g: &Gguf) -> Vec<RawTensor> {
+    g.tensors
+        .iter()
+        .map(|t| RawTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            dtype: t.dtype,
+            bytes: g.bytes(t).to_vec(),
+        })
+        .collect()
+}
+
 /// A tensor's defined values as f64, row-major (independent of the engine's Linear).
 pub fn values(g: &Gguf, t: &TensorInfo) -> Vec<f64> {
     fn deq<B: BlockFormat>(t: &TensorInfo, bytes: &[u8]) -> Vec<f64> {
