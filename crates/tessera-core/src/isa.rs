@@ -191,3 +191,20 @@ impl CpuFeatures {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every aarch64 CPU has Advanced SIMD, so there (natively or under qemu-aarch64 in
+    /// CI) the registry's variants, and so `tessera verify`, include NEON; on x86 it is
+    /// never reported.
+    #[test]
+    fn neon_is_available_exactly_on_aarch64() {
+        assert_eq!(
+            Isa::available().contains(&Isa::Neon),
+            cfg!(target_arch = "aarch64")
+        );
+        assert!(Isa::available().contains(&Isa::Scalar));
+    }
+}
