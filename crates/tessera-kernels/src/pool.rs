@@ -1,10 +1,18 @@
 //! A small spinning thread pool for per-op parallelism.
 //!
 //! Decode runs ~300 small ops per token, so handing work to threads must cost about a
-//! microsecond, not the tens of microseconds of a futex wake-up. Workers therefore spin
-//! on an epoch counter for a while after each job (about 100 µs) before parking, as
-//! ggml's threads do; the calling thread always takes tasks itself. Tasks are claimed
-//! from an atomic counter, so uneven tasks balance themselves.
+//! microsecond, not the tens of microseconds of a futex wake-up. Workers therefore keep
+//! watching an epoch counter for about 100 µs after each job before parking, as ggml's
+//! threads do; the calling thread always takes tasks itself.
+//!
+//! Work is claimed, never assigned: one atomic word holds the job's task count and the
+//! next task index, and whoever increments it first runs that task. A worker the OS has
+//! descheduled (another process took its core) therefore delays nobody: the others,
+//! the caller included, take its share, and the caller returns once every task is done
+//! without waiting for late workers to show up. A late worker's claim fails (or, if a
+//! new job has begun, takes a task of that job, which is just as valid). Waiting, both
+//! for work and for the last tasks, spins briefly and then yields the core
+//! (`sched_yield`) before parking, so a contended machine gets its cores back.
 //!
 //! One job runs at a time (callers from several threads queue on a mutex); a job started
 //! from inside a task runs inline on that thread instead of deadlocking.
@@ -14,9 +22,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Spins before a worker parks: ~100 µs of `spin_loop` hints on a ~4 GHz core.
-const SPIN_ROUNDS: u32 = 1 << 15;
+/// Busy-wait hints before a waiting thread starts yielding its core (a few µs).
+const SPIN_ROUNDS: u32 = 1 << 10;
+
+/// How long an idle worker keeps watching for the next job (spinning, then yielding)
+/// before it parks on the condition variable.
+const WATCH: Duration = Duration::from_micros(100);
+
+/// Most tasks in one claim word (its low half counts claims, a few beyond the count).
+const MAX_TASKS_PER_JOB: usize = 1 << 30;
 
 thread_local! {
     static IN_POOL_TASK: Cell<bool> = const { Cell::new(false) };
@@ -24,19 +40,19 @@ thread_local! {
 
 type TaskFn<'a> = &'a (dyn Fn(usize) + Sync);
 
-struct Job {
-    /// Erased `TaskFn` of the current job; valid until every worker has acknowledged.
-    task: *const (dyn Fn(usize) + Sync + 'static),
-    n_tasks: usize,
-    /// Workers with index below this take tasks; the others only acknowledge.
-    participants: usize,
-}
-
 struct Shared {
     epoch: AtomicU64,
-    job: UnsafeCell<Job>,
-    next_task: AtomicUsize,
-    acks: AtomicUsize,
+    /// Erased `TaskFn` of the current job. Written by the caller (holding `run_lock`)
+    /// before it publishes `claim`; read only by a thread whose claim succeeded, and the
+    /// caller does not return (or rewrite it) before every claimed task is done.
+    task: UnsafeCell<*const (dyn Fn(usize) + Sync + 'static)>,
+    /// `n_tasks << 32 | next_index`: a claim is one `fetch_add(1)`; it succeeded when
+    /// the index it returns is below the count it returns.
+    claim: AtomicU64,
+    /// Tasks finished in the current job.
+    done: AtomicUsize,
+    /// Workers with index below this take tasks (a job's `max_threads`).
+    participants: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
@@ -44,9 +60,10 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is written only by the caller holding `run_lock` while no worker reads it
-// (all workers acknowledged the previous epoch); workers read it only after observing the
-// new epoch with Acquire ordering, which happens-after the write.
+// SAFETY: `task` is written only by the caller holding `run_lock` while no claim of the
+// current job can succeed (all its tasks are done); it is read only after a successful
+// claim (an AcqRel read-modify-write of the `claim` word the caller published with
+// Release after writing it), and the caller waits for every claimed task to finish.
 unsafe impl Sync for Shared {}
 // SAFETY: as above; the raw pointer inside is only dereferenced under that protocol.
 unsafe impl Send for Shared {}
@@ -70,13 +87,10 @@ impl ThreadPool {
         let noop: &'static (dyn Fn(usize) + Sync) = &|_: usize| {};
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
-            job: UnsafeCell::new(Job {
-                task: noop,
-                n_tasks: 0,
-                participants: 0,
-            }),
-            next_task: AtomicUsize::new(0),
-            acks: AtomicUsize::new(0),
+            task: UnsafeCell::new(noop),
+            claim: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
+            participants: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -137,6 +151,19 @@ impl ThreadPool {
     /// Runs `task(i)` for every `i < n_tasks` on at most `max_threads` threads and returns
     /// when all are done. A panic in a task is re-raised here.
     pub fn run(&self, n_tasks: usize, max_threads: usize, task: impl Fn(usize) + Sync) {
+        if n_tasks > MAX_TASKS_PER_JOB {
+            // More tasks than one claim word counts: consecutive jobs of at most that many.
+            for first in (0..n_tasks).step_by(MAX_TASKS_PER_JOB) {
+                let n = MAX_TASKS_PER_JOB.min(n_tasks - first);
+                self.run_job(n, max_threads, &|i| task(first + i));
+            }
+            return;
+        }
+        self.run_job(n_tasks, max_threads, &task)
+    }
+
+    /// [`ThreadPool::run`] for at most [`MAX_TASKS_PER_JOB`] tasks.
+    fn run_job(&self, n_tasks: usize, max_threads: usize, task: TaskFn<'_>) {
         let helpers = max_threads
             .min(self.threads())
             .min(n_tasks)
@@ -147,35 +174,34 @@ impl ThreadPool {
         }
         let _guard = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        let task_ref: TaskFn<'_> = &task;
-        // SAFETY: we erase the lifetime of `task_ref`; it is only dereferenced by workers
-        // before they acknowledge this epoch, and we do not return before every worker
-        // has acknowledged (the wait loop below), so the borrow outlives every use.
+        let task_ref: TaskFn<'_> = task;
+        // SAFETY: we erase the lifetime of `task_ref`; it is dereferenced only by threads
+        // whose claim on this job succeeded, and we do not return before every claimed
+        // task is done (the wait on `done` below), so the borrow outlives every use.
         let erased: *const (dyn Fn(usize) + Sync + 'static) =
             unsafe { std::mem::transmute::<TaskFn<'_>, TaskFn<'static>>(task_ref) };
-        // SAFETY: no worker reads `job` now: each acknowledged the previous epoch and waits
-        // for the next one; we hold `run_lock`, so no other caller writes it.
-        unsafe {
-            *s.job.get() = Job {
-                task: erased,
-                n_tasks,
-                participants: helpers,
-            };
-        }
-        s.next_task.store(0, Relaxed);
-        s.acks.store(0, Relaxed);
+        // SAFETY: every task of the previous job is done, so no claim can succeed until
+        // the Release store of `claim` below, and no thread reads `task` without one; we
+        // hold `run_lock`, so no other caller writes it.
+        unsafe { *s.task.get() = erased };
+        s.participants.store(helpers, Relaxed);
+        s.done.store(0, Relaxed);
+        s.claim.store((n_tasks as u64) << 32, Release);
         s.epoch.fetch_add(1, SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _l = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
         IN_POOL_TASK.with(|f| f.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| take_tasks(s, task_ref, n_tasks)));
+        let mine = take_tasks(s);
         IN_POOL_TASK.with(|f| f.set(false));
-        while s.acks.load(Acquire) < self.workers.len() {
-            std::hint::spin_loop();
+        // The last tasks may still run on workers; a descheduled one gets our core.
+        let mut waited = 0u32;
+        while s.done.load(Acquire) < n_tasks {
+            pause(&mut waited);
         }
         if let Err(p) = mine {
+            s.panicked.store(false, Relaxed);
             std::panic::resume_unwind(p);
         }
         if s.panicked.swap(false, Relaxed) {
@@ -184,13 +210,38 @@ impl ThreadPool {
     }
 }
 
-fn take_tasks(s: &Shared, task: TaskFn<'_>, n_tasks: usize) {
+/// One step of waiting: a spin hint for the first [`SPIN_ROUNDS`], then a yield of the
+/// core to whatever else is runnable (returns at once on an idle machine).
+fn pause(waited: &mut u32) {
+    if *waited < SPIN_ROUNDS {
+        *waited += 1;
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Claims and runs tasks of the current job until none is left. Each finished task
+/// counts in `done`, panicked or not (a panic is recorded, and the first one caught on
+/// this thread is returned).
+fn take_tasks(s: &Shared) -> std::thread::Result<()> {
+    let mut result = Ok(());
     loop {
-        let i = s.next_task.fetch_add(1, Relaxed);
+        let word = s.claim.fetch_add(1, AcqRel);
+        let (n_tasks, i) = ((word >> 32) as usize, (word & 0xFFFF_FFFF) as usize);
         if i >= n_tasks {
-            break;
+            return result;
         }
-        task(i);
+        // SAFETY: the claim succeeded, so the caller wrote `task` before publishing this
+        // job's claim word (Release, observed by our AcqRel) and waits for this task.
+        let task = unsafe { &**s.task.get() };
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| task(i))) {
+            s.panicked.store(true, Relaxed);
+            if result.is_ok() {
+                result = Err(p);
+            }
+        }
+        s.done.fetch_add(1, Release);
     }
 }
 
@@ -198,14 +249,14 @@ fn worker_loop(s: &Shared, index: usize) {
     IN_POOL_TASK.with(|f| f.set(true));
     let mut seen = 0u64;
     loop {
-        let mut spins = 0u32;
+        let started = Instant::now();
+        let mut waited = 0u32;
         while s.epoch.load(Acquire) == seen {
             if s.shutdown.load(Relaxed) {
                 return;
             }
-            if spins < SPIN_ROUNDS {
-                spins += 1;
-                std::hint::spin_loop();
+            if waited < SPIN_ROUNDS || started.elapsed() < WATCH {
+                pause(&mut waited);
                 continue;
             }
             let guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -222,18 +273,10 @@ fn worker_loop(s: &Shared, index: usize) {
         if s.shutdown.load(Relaxed) {
             return;
         }
-        // SAFETY: the caller wrote `job` before bumping the epoch we just observed
-        // (Acquire), and will not rewrite it before we acknowledge below.
-        let (task, n_tasks, participants) = unsafe {
-            let j = &*s.job.get();
-            (&*j.task, j.n_tasks, j.participants)
-        };
-        if index < participants
-            && catch_unwind(AssertUnwindSafe(|| take_tasks(s, task, n_tasks))).is_err()
-        {
-            s.panicked.store(true, Relaxed);
+        if index < s.participants.load(Relaxed) {
+            // A panic was recorded in `panicked`; the caller re-raises it.
+            let _ = take_tasks(s);
         }
-        s.acks.fetch_add(1, Release);
     }
 }
 
@@ -369,6 +412,22 @@ mod tests {
             total.fetch_add(1, Relaxed);
         });
         assert_eq!(total.load(Relaxed), 17);
+    }
+
+    /// Many short jobs back to back, with thread limits that change between them, so
+    /// late workers meet the next job's claims: every task still runs exactly once, and
+    /// only in its own job.
+    #[test]
+    fn back_to_back_jobs_never_mix() {
+        let pool = ThreadPool::new(4);
+        for job in 0..20_000usize {
+            let n = job % 13;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, 1 + job % 5, |i| {
+                hits[i].fetch_add(1, Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "job {job}");
+        }
     }
 
     #[test]
