@@ -88,9 +88,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         Vec::new()
     };
+    // What this host could not run, so a report from it says which columns are missing.
+    let not_run = tessera_core::CpuFeatures::get().missing_paths();
     if args.json {
         let threads = tessera_kernels::pool::global().threads();
         let doc = serde_json::json!({
+            "not_run_on_this_host": not_run,
             "fingerprint": tessera_perf::regress::fingerprint(threads),
             "tool_version": env!("CARGO_PKG_VERSION"),
             "git_commit": jobs::git_commit(),
@@ -109,6 +112,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print!("{}", report::bench_table(&results));
         if !peers.is_empty() {
             print!("{}", peer_table(&peers));
+        }
+        if !not_run.is_empty() {
+            println!(
+                "not benchmarked on this host (it cannot run them): {}",
+                not_run.join(", ")
+            );
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! `bench-model --json` gives scripts what the text report gives people: every run's
 //! rates, their medians, and the host they were measured on (default model, pulled on
-//! first use).
+//! first use). `bench --json` names the kernel paths the host could not run.
 
 use std::process::Command;
 
@@ -46,4 +46,44 @@ fn bench_model_json_has_rates_and_the_host() {
             "{k}: the median"
         );
     }
+}
+
+#[test]
+fn bench_json_names_the_paths_this_host_cannot_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "bench",
+            "silu",
+            "--dtype",
+            "f32",
+            "--variant",
+            "scalar",
+            "--budget-ms",
+            "20",
+            "--json",
+        ])
+        .env("TESSERA_THREADS", "1")
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let not_run: Vec<&str> = j["not_run_on_this_host"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| v.as_str().expect("a string"))
+        .collect();
+    // An x86 host cannot run NEON and an Arm host cannot run AVX2: the list is never
+    // empty, and it names the other architecture's path.
+    let other = if cfg!(target_arch = "x86_64") {
+        "neon"
+    } else {
+        "avx2"
+    };
+    assert!(not_run.iter().any(|p| p.starts_with(other)), "{not_run:?}");
+    assert!(!j["results"].as_array().expect("results").is_empty());
 }
