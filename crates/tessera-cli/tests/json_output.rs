@@ -4,10 +4,25 @@
 
 use std::process::Command;
 
+/// The one JSON object `tessera ARGS` prints on `threads` threads (the run must succeed).
+fn json_of(args: &[&str], threads: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("TESSERA_THREADS", threads)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
 #[test]
 fn bench_model_json_has_rates_and_the_host() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+    let j = json_of(
+        &[
             "bench-model",
             "--prompt-tokens",
             "8",
@@ -16,16 +31,9 @@ fn bench_model_json_has_rates_and_the_host() {
             "--runs",
             "3",
             "--json",
-        ])
-        .env("TESSERA_THREADS", "2")
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        "2",
     );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(j["prompt_tokens"], 8);
     assert_eq!(j["gen_tokens"], 4);
     assert_eq!(j["threads"], 2);
@@ -50,8 +58,8 @@ fn bench_model_json_has_rates_and_the_host() {
 
 #[test]
 fn bench_json_names_the_paths_this_host_cannot_run() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
+    let j = json_of(
+        &[
             "bench",
             "silu",
             "--dtype",
@@ -61,16 +69,9 @@ fn bench_json_names_the_paths_this_host_cannot_run() {
             "--budget-ms",
             "20",
             "--json",
-        ])
-        .env("TESSERA_THREADS", "1")
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        "1",
     );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let not_run: Vec<&str> = j["not_run_on_this_host"]
         .as_array()
         .expect("a list")

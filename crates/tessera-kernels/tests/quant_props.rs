@@ -5,6 +5,8 @@
 //! over 256-weight super-blocks whose 16-weight sub-blocks differ in magnitude by up to
 //! 2⁸ (what stresses their quantized sub-block scales).
 
+mod common;
+
 use proptest::prelude::*;
 use tessera_kernels::quant::{
     BlockFormat, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
@@ -133,29 +135,10 @@ fn matrix() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
     })
 }
 
-/// Super-blocks whose 16-weight sub-blocks are each uniform at their own scale (up to
-/// 2⁸ apart within the super-block), one outlier, all equal, or zero.
+/// Super-blocks whose 16-weight sub-blocks differ in scale by up to 2⁸
+/// ([`common::runs_matrix`]).
 fn k_matrix() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
-    const SUB: usize = 16;
-    (1usize..3, 1usize..3, -8i32..8).prop_flat_map(|(rows, nb, e0)| {
-        let cols = nb * QK_K;
-        let sub = (0u8..5, 0i32..9, prop::collection::vec(-1.0f32..1.0, SUB)).prop_map(
-            move |(kind, e, v)| {
-                let s = 2f32.powi(e0 - e);
-                match kind {
-                    0 | 1 => v.iter().map(|x| x * s).collect::<Vec<f32>>(),
-                    2 => v
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| if i == 3 { x.signum() * 40.0 * s } else { x * s })
-                        .collect(),
-                    3 => vec![v[0] * s; SUB],
-                    _ => vec![0.0; SUB],
-                }
-            },
-        );
-        prop::collection::vec(sub, rows * cols / SUB).prop_map(move |bs| (rows, cols, bs.concat()))
-    })
+    common::runs_matrix(3, QK_K)
 }
 
 proptest! {

@@ -4,6 +4,8 @@
 //! runs), dequantize ∘ quantize stays within each format's derived bound, and the
 //! formats that round onto a fixed grid give back their own values when requantized.
 
+mod common;
+
 use proptest::prelude::*;
 use tessera_kernels::quant::fp8::Fp8;
 use tessera_kernels::quant::{
@@ -11,29 +13,10 @@ use tessera_kernels::quant::{
     QuantMatrix,
 };
 
-/// `rows × cols` values in runs of 16, each uniform at its own scale (up to 2⁸ apart),
-/// with one outlier, constant, or zero.
+/// Matrices in runs of 16 up to 2⁸ apart ([`common::runs_matrix`]), columns a multiple
+/// of the largest group.
 fn matrix() -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
-    const RUN: usize = 16;
-    (1usize..4, 1usize..3, -8i32..8).prop_flat_map(|(rows, nb, e0)| {
-        let cols = nb * 128;
-        let run = (0u8..5, 0i32..9, prop::collection::vec(-1.0f32..1.0, RUN)).prop_map(
-            move |(kind, e, v)| {
-                let s = 2f32.powi(e0 - e);
-                match kind {
-                    0 | 1 => v.iter().map(|x| x * s).collect::<Vec<f32>>(),
-                    2 => v
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| if i == 3 { x.signum() * 40.0 * s } else { x * s })
-                        .collect(),
-                    3 => vec![v[0] * s; RUN],
-                    _ => vec![0.0; RUN],
-                }
-            },
-        );
-        prop::collection::vec(run, rows * cols / RUN).prop_map(move |rs| (rows, cols, rs.concat()))
-    })
+    common::runs_matrix(4, 128)
 }
 
 /// Largest magnitude in `x`.
