@@ -23,13 +23,13 @@ use crate::quant::QK;
 use half::f16;
 use std::arch::x86_64::*;
 
-/// `out[g·M_CHUNK + i] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w.layout.interleaved()` with `meta` its [`SplitI8`] metadata; r0 a multiple
 /// of 8 below `w.rows`; 1 ≤ acts.len() ≤ M_CHUNK, each built for `w.cols` columns and
-/// `w`'s offset; out.len() ≥ 7·M_CHUNK + acts.len().
+/// `w`'s offset; out.len() ≥ 8·acts.len().
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots(
     w: &PackedWeights,
@@ -91,7 +91,7 @@ unsafe fn dots_m<const CRUMBS: bool, const M: usize>(
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
     // Super-blocks of 256 weights: whole chunk pairs, so no odd last chunk.
     debug_assert!(nb.is_multiple_of(8) && CRUMBS == (w.layout == CodeLayout::Planes8));
-    debug_assert!(acts.len() == M && out.len() > (ROWS8 - 1) * M_CHUNK + M - 1);
+    debug_assert!(acts.len() == M && out.len() >= ROWS8 * M);
     let pair_bytes = w.group_pair_bytes();
     debug_assert!(w.quants.len() >= (group + 1) * (nb / 2) * pair_bytes);
     debug_assert!(meta.sc.len() >= (group + 1) * nb * 2 * ROWS8);

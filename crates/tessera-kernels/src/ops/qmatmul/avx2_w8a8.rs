@@ -83,8 +83,8 @@ unsafe fn tiles<const R: usize, const M: usize>(
     });
 }
 
-/// `out[g·M + i] = scale_w[row + g] · d_x(i) · Σ_k s_k·q_x,i[k]` for as many outputs as
-/// `out` holds (≤ R·M). Weight rows past the last are read as the last.
+/// `out[i·R + g] = scale_w[row + g] · d_x(i) · Σ_k s_k·q_x,i[k]` for as many outputs
+/// as `out` holds (≤ R·M). Weight rows past the last are read as the last.
 ///
 /// # Safety
 /// As [`run`], and `row < w.rows`.
@@ -134,9 +134,9 @@ unsafe fn dots<const R: usize, const M: usize>(
     }
     let sums = reduce(acc.as_flattened());
     for (j, o) in out.iter_mut().enumerate() {
-        let (g, i) = (j / M, j % M);
+        let (i, g) = (j / R, j % R);
         let dx = acts[i].d8.first().map_or(0.0, |d| d[0]);
-        *o = sums[j] * w.row_scale(rows[g]) * dx;
+        *o = sums[g * M + i] * w.row_scale(rows[g]) * dx;
     }
 }
 

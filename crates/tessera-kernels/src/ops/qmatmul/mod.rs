@@ -272,7 +272,17 @@ fn run_int8(
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
     // Q4_0 on AVX2: 256 KiB (L2) 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
-    let act_block = ((24 << 10) / (4 * k)).clamp(M_CHUNK, 256) / M_CHUNK * M_CHUNK;
+    // The VNNI interleaved kernel takes 8 rows per pass (`rows8::VNNI_M`): its blocks
+    // hold at least that many.
+    #[cfg(target_arch = "x86_64")]
+    let pass = if kernel == IntKernel::VnniRows8 {
+        rows8::VNNI_M
+    } else {
+        M_CHUNK
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let pass = M_CHUNK;
+    let act_block = ((24 << 10) / (4 * k)).clamp(pass, 256) / pass * pass;
     #[cfg(target_arch = "x86_64")]
     if kernel == IntKernel::Avx2RowScaled {
         // SAFETY: `for_scales` chose it for one scale per weight row and per activation
@@ -305,18 +315,31 @@ fn run_int8(
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `reading` chose it for interleaved weights, and the
-            // driver below hands it whole groups (r a multiple of 8, out reaching the
-            // 8th row's mc outputs at 7·M_CHUNK + mc).
+            // driver below hands it whole groups (r a multiple of 8, out 8·mc long).
             IntKernel::Avx2Rows8 => unsafe { rows8::dots(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for Avx2Rows8; `for_isa` chose Vnni, so the CPU has VNNI.
-            IntKernel::VnniRows8 => unsafe { rows8::dots_vnni(w, r, &a[..mc], out) },
+            IntKernel::VnniRows8 => unreachable!("run below, 8 activation rows per pass"),
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
+        IntKernel::VnniRows8 => {
+            const MC: usize = rows8::VNNI_M;
+            for_weight_rows::<MC, { packed::ROWS8 }>(
+                threads,
+                (n, m, act_block),
+                y,
+                |r, m0, mc, out| {
+                    let a: [&QuantActs; MC] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
+                    // SAFETY: as for Avx2Rows8 above, up to MC rows; `for_isa` chose
+                    // Vnni, so the CPU has VNNI.
+                    unsafe { rows8::dots_vnni(w, r, &a[..mc], out) }
+                },
+            )
+        }
+        #[cfg(target_arch = "x86_64")]
+        IntKernel::Avx2Rows8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
@@ -446,9 +469,11 @@ fn contiguous_rows<'a>(x: &TensorView<'a, f32>) -> (std::borrow::Cow<'a, [f32]>,
 }
 
 /// Runs `dots(r, m0, mc, out)` for every group of G weight rows starting at r and chunk
-/// of ≤ ROWS activation rows starting at m0, storing `out[g·ROWS + i]` (i < mc; `out`
-/// ends at the last of them) into y[m0 + i, r + g] (rows past N are dropped: a last
-/// group may be padding). Each thread takes one
+/// of ≤ ROWS activation rows starting at m0, storing `out[i·G + g]` (i < mc; `out` is
+/// mc·G long) into y[m0 + i, r + g] (rows past N are dropped: a last group may be
+/// padding). Activation-row-major, so each activation row's G outputs go to y as one
+/// contiguous run: the earlier weight-row-major tile was transposed here one float at a
+/// time, 15% of a 16×3072×576 Q4_1 VNNI call (perf). Each thread takes one
 /// contiguous run of weight rows: long sequential streams keep the hardware prefetchers
 /// ahead (interleaved 16-row tasks left them restarting). Activation rows go in blocks
 /// of `act_block`, each block swept over all of the thread's weight rows: sized to stay
@@ -473,25 +498,25 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
         for a0 in (0..m).step_by(act_block) {
             let a1 = (a0 + act_block).min(m);
             for r in (t * per_task..((t + 1) * per_task).min(n)).step_by(G) {
+                let live = G.min(n - r);
                 let mut m0 = a0;
                 while m0 < a1 {
                     let mc = ROWS.min(a1 - m0);
-                    let mut out = [[0f32; ROWS]; G];
-                    // Ends at the last group row's mc outputs: [..mc] for G = 1.
-                    dots(
-                        r,
-                        m0,
-                        mc,
-                        &mut out.as_flattened_mut()[..(G - 1) * ROWS + mc],
-                    );
-                    for (g, outs) in out.iter().enumerate().take(n - r) {
-                        for (i, v) in outs[..mc].iter().enumerate() {
-                            // SAFETY: (m0+i, r+g) is inside the validated,
-                            // non-overlapping y view (r + g < n); each weight row
-                            // belongs to exactly one task.
-                            unsafe {
-                                *yptr.get().add(origin + (m0 + i) * ld + (r + g) * step) = *v
-                            };
+                    let mut out = [[0f32; G]; ROWS];
+                    dots(r, m0, mc, &mut out.as_flattened_mut()[..mc * G]);
+                    for (i, outs) in out[..mc].iter().enumerate() {
+                        let at = origin + (m0 + i) * ld + r * step;
+                        if step == 1 && live == G {
+                            // SAFETY: y[m0 + i, r..r + G] is inside the validated,
+                            // non-overlapping y view (r + G ≤ n) and contiguous (step
+                            // 1); each weight row belongs to exactly one task. (A
+                            // constant-length copy: a `live`-long one called memmove.)
+                            unsafe { yptr.get().add(at).cast::<[f32; G]>().write_unaligned(*outs) };
+                        } else {
+                            for (g, v) in outs[..live].iter().enumerate() {
+                                // SAFETY: as above, element by element at y's stride.
+                                unsafe { *yptr.get().add(at + g * step) = *v };
+                            }
                         }
                     }
                     m0 += mc;

@@ -286,7 +286,7 @@ fn interleaved_kernel_matches_portable() {
                 continue;
             };
             formats += usize::from(rows == 1);
-            for m in [1, 2, 3, 4, 6] {
+            for m in [1, 2, 3, 4, 6, 8, 13] {
                 let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
                 let want = apply(&x, (m, k, rows), |x, y| {
                     qmatmul_int8(Isa::Scalar, 1, row_major, x, y)

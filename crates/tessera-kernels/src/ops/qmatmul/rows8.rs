@@ -33,7 +33,7 @@ use crate::quant::QK;
 use half::f16;
 use std::arch::x86_64::*;
 
-/// `out[g·M_CHUNK + i] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with
 /// `vpmaddubsw`.
 ///
@@ -41,25 +41,31 @@ use std::arch::x86_64::*;
 /// AVX2, FMA and F16C; `w.layout.interleaved()` but not [`CodeLayout::Bytes8`] (full
 /// bytes would saturate `vpmaddubsw`); r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
 /// ≤ M_CHUNK, each built for `w.cols` columns and `w`'s offset; out.len() ≥
-/// 7·M_CHUNK + acts.len().
+/// 8·acts.len().
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
     debug_assert!(w.layout != CodeLayout::Bytes8);
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Maddubs>(w, r0, acts, out) }
+    unsafe { dots_with::<Maddubs, M_CHUNK>(w, r0, acts, out) }
 }
+
+/// Activation rows [`dots_vnni`] takes per pass over a group's codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and
+/// accumulators where AVX2's 16 hold 4 ([`M_CHUNK`]); each pass expands the codes once
+/// and finishes each chunk's 8 rows with one load of their scales, so a 16-row batch
+/// expands every code twice instead of four times.
+pub(super) const VNNI_M: usize = 8;
 
 /// [`dots`] with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL): the same loop,
 /// one instruction per 4 activation bytes instead of `vpmaddubsw` + `vpaddw`, and no
 /// `vpmaddwd` per chunk. Q3_K/Q6_K's split scales still go to `avx2_planes8`.
 ///
 /// # Safety
-/// As [`dots`], [`CodeLayout::Bytes8`] included, and the CPU has AVX-512F/VL and
-/// AVX512_VNNI.
+/// As [`dots`] with [`VNNI_M`] for M_CHUNK, [`CodeLayout::Bytes8`] included, and the
+/// CPU has AVX-512F/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Vnni>(w, r0, acts, out) }
+    unsafe { dots_with::<Vnni, VNNI_M>(w, r0, acts, out) }
 }
 
 /// The body of [`dots`] and [`dots_vnni`], inlined into each so it is compiled with the
@@ -67,9 +73,14 @@ pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: &[&QuantActs]
 /// (`D`) per instruction set.
 ///
 /// # Safety
-/// As [`dots`], plus `D`'s own CPU features.
+/// As [`dots`] with MC (≥ M_CHUNK) for M_CHUNK, plus `D`'s own CPU features.
 #[inline(always)]
-unsafe fn dots_with<D: Dot4>(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+unsafe fn dots_with<D: Dot4, const MC: usize>(
+    w: &PackedWeights,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
@@ -81,12 +92,12 @@ unsafe fn dots_with<D: Dot4>(w: &PackedWeights, r0: usize, acts: &[&QuantActs], 
             Meta::F32 { scales, mins } => {
                 debug_assert!(scales.len() >= at + nb * ROWS8);
                 let m = Plain::of(scales, mins, at);
-                by_rows::<D, _>(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<D, _, MC>(w, m, !mins.is_empty(), r0, acts, out)
             }
             Meta::F16 { scales, mins } => {
                 debug_assert!(scales.len() >= at + nb * ROWS8);
                 let m = Plain::of(scales, mins, at);
-                by_rows::<D, _>(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<D, _, MC>(w, m, !mins.is_empty(), r0, acts, out)
             }
             Meta::Factored(f) => {
                 debug_assert!(f.sc.len() >= at + nb * ROWS8);
@@ -97,9 +108,15 @@ unsafe fn dots_with<D: Dot4>(w: &PackedWeights, r0: usize, acts: &[&QuantActs], 
                     sc: f.sc.as_ptr().add(at),
                     mn: f.mn.as_ptr().add(at),
                 };
-                by_rows::<D, _>(w, m, true, r0, acts, out)
+                by_rows::<D, _, MC>(w, m, true, r0, acts, out)
             }
-            Meta::SplitI8(s) => super::avx2_planes8::dots(w, s, r0, acts, out),
+            Meta::SplitI8(s) => {
+                // The split-scale kernel takes up to M_CHUNK rows at a time.
+                for (part, rows) in acts.chunks(M_CHUNK).enumerate() {
+                    let out = &mut out[part * M_CHUNK * ROWS8..];
+                    super::avx2_planes8::dots(w, s, r0, rows, out)
+                }
+            }
         }
     }
 }
@@ -286,9 +303,10 @@ pub(super) fn prefetch_pair(codes: *const u8, pair: usize, pair_bytes: usize) {
 }
 
 /// One monomorphized loop per code width (nibbles or bytes), minimum / no minimum and
-/// activation-row count.
+/// activation-row count: 1 to 4 exactly, more (up to MC) as MC with the last row
+/// repeated and its extra outputs dropped.
 #[inline(always)]
-unsafe fn by_rows<D: Dot4, C: ChunkMeta>(
+unsafe fn by_rows<D: Dot4, C: ChunkMeta, const MC: usize>(
     w: &PackedWeights,
     meta: C,
     min: bool,
@@ -304,14 +322,13 @@ unsafe fn by_rows<D: Dot4, C: ChunkMeta>(
                     ($bytes, $min, 1) => dots_m::<D, $bytes, $min, C, 1>(w, meta, r0, acts, out),
                     ($bytes, $min, 2) => dots_m::<D, $bytes, $min, C, 2>(w, meta, r0, acts, out),
                     ($bytes, $min, 3) => dots_m::<D, $bytes, $min, C, 3>(w, meta, r0, acts, out),
-                    ($bytes, $min, _) => {
-                        dots_m::<D, $bytes, $min, C, M_CHUNK>(w, meta, r0, acts, out)
-                    }
+                    ($bytes, $min, 4) => dots_m::<D, $bytes, $min, C, 4>(w, meta, r0, acts, out),
+                    ($bytes, $min, _) => dots_m::<D, $bytes, $min, C, MC>(w, meta, r0, acts, out),
                 )*
             }
         };
     }
-    // SAFETY: forwarded contract; each arm gets exactly its count of rows.
+    // SAFETY: forwarded contract; each arm gets at most its count of rows.
     unsafe { arms!(false, false; false, true; true, false; true, true;) }
 }
 
@@ -343,6 +360,8 @@ impl Default for ActRow {
     }
 }
 
+/// The loop over a group's chunks for M activation rows (`acts`, up to M of them, the
+/// last repeated to fill M).
 #[inline(always)]
 unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
     w: &PackedWeights,
@@ -353,7 +372,9 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
-    debug_assert!(acts.len() == M && out.len() > (ROWS8 - 1) * M_CHUNK + M - 1);
+    let live = acts.len();
+    debug_assert!((1..=M).contains(&live));
+    debug_assert!(out.len() >= ROWS8 * live);
     debug_assert!(w.quants.len() >= (group + 1) * w.group_bytes());
     debug_assert!(acts.iter().all(|a| a.block_sums.len() >= nb));
     let g = Group {
@@ -366,11 +387,12 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
     // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
     let mut rows = [ActRow::default(); M];
     for i in 0..M {
+        let a = acts[i.min(live - 1)];
         rows[i] = ActRow {
-            q: acts[i].q.as_ptr(),
-            dx: acts[i].d8.as_ptr().cast(),
-            init: acts[i].block_init.as_ptr(),
-            sums: acts[i].block_sums.as_ptr(),
+            q: a.q.as_ptr(),
+            dx: a.d8.as_ptr().cast(),
+            init: a.block_init.as_ptr(),
+            sums: a.block_sums.as_ptr(),
         };
     }
     // SAFETY: AVX per the contract.
@@ -394,23 +416,19 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
         }
     }
     // SAFETY: AVX per the contract.
-    unsafe { store_group(&acc, out) };
+    unsafe { store_group(&acc[..live], out) };
 }
 
-/// Writes the group's dots, lane r of `acc[i]` (row r0 + r against activation row i),
-/// to `out[r·M_CHUNK + i]`, the layout the driver reads.
+/// Writes the group's dots, lane g of `acc[i]` (row r0 + g against activation row i),
+/// to `out[8i + g]`, the layout the driver reads.
 ///
 /// # Safety
 /// AVX.
 #[inline(always)]
-pub(super) unsafe fn store_group<const M: usize>(acc: &[__m256; M], out: &mut [f32]) {
-    let mut lanes = [0f32; ROWS8];
-    for (i, a) in acc.iter().enumerate() {
-        // SAFETY: AVX per the contract; 8 floats fit `lanes`.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
-        for (r, &v) in lanes.iter().enumerate() {
-            out[r * M_CHUNK + i] = v;
-        }
+pub(super) unsafe fn store_group(acc: &[__m256], out: &mut [f32]) {
+    for (a, o) in acc.iter().zip(out.chunks_exact_mut(ROWS8)) {
+        // SAFETY: AVX per the contract; `o` holds 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
     }
 }
 
@@ -461,7 +479,8 @@ unsafe fn chunk<
             for i in 0..M {
                 let four = rows[i].q.add(QK * c + 4 * t).cast::<i32>().read_unaligned();
                 let x = _mm256_set1_epi32(four);
-                sums[i][t % 2] = D::add(sums[i][t % 2], u, x);
+                let k = if M >= 8 { 0 } else { t % 2 };
+                sums[i][k] = D::add(sums[i][k], u, x);
             }
         }
         let d = g.meta.scales(c);

@@ -109,7 +109,8 @@ pub struct QMatmulProblem {
     pub n: usize,
     /// Input features (columns of W).
     pub k: usize,
-    /// x viewed with a padded row stride (exercises the strided path).
+    /// x viewed with a padded row stride and y column-major (exercises the strided
+    /// paths).
     pub strided: bool,
 }
 
@@ -348,18 +349,34 @@ impl Operands {
         &mut self,
         f: impl FnOnce(&TensorView<'_, f32>, &mut TensorViewMut<'_, f32>) -> Result<()>,
     ) -> Result<()> {
-        let (m, n) = (self.p.m, self.p.n);
-        let l = tessera_core::Layout::strided(&[m, self.p.k], &[self.ldx, 1], 0)?;
+        let l = tessera_core::Layout::strided(&[self.p.m, self.p.k], &[self.ldx, 1], 0)?;
         let x = TensorView::new(&self.x, l)?;
-        let mut y = TensorViewMut::contiguous(&mut self.y, &[m, n])?;
+        let yl = self.y_layout()?;
+        let mut y = TensorViewMut::new(&mut self.y, yl)?;
         f(&x, &mut y)
+    }
+
+    /// y [M, N]: row-major, or column-major (a transposed view, every output strided)
+    /// when the problem is strided.
+    fn y_layout(&self) -> Result<tessera_core::Layout> {
+        let (m, n) = (self.p.m, self.p.n);
+        if self.p.strided {
+            tessera_core::Layout::strided(&[m, n], &[1, m], 0)
+        } else {
+            tessera_core::Layout::contiguous(&[m, n])
+        }
     }
 
     pub fn poison(&mut self) {
         poison(&mut self.y);
     }
+    /// y in row-major order, whatever its layout.
     pub fn output(&self) -> Vec<f64> {
-        self.y.iter().map(|&v| v as f64).collect()
+        let (m, n) = (self.p.m, self.p.n);
+        let l = self.y_layout().expect("validated in call");
+        (0..m * n)
+            .map(|j| self.y[l.index_of(&[j / n, j % n])] as f64)
+            .collect()
     }
     /// A NaN activation reaches every output of its row (NaN·0 is NaN too).
     pub fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
