@@ -249,6 +249,8 @@ pub fn paged_attention<T: Element>(
         SharedMut(partial_ml.as_mut_ptr()),
     );
     let ql = *q.layout();
+    let ol = *o.layout();
+    let out = SharedMut(o.data_mut().as_mut_ptr());
     pool::global().run(tasks.len(), p.threads, |ti| {
         let (s, ci) = tasks[ti];
         let len = seqs.context_lens[s];
@@ -276,12 +278,26 @@ pub fn paged_attention<T: Element>(
             )
         };
         cpu::chunk(isa, &job, &mut scores, o, ml);
+        if (t0, t1) == (0, len) {
+            // The sequence's only chunk: its normalized rows are final.
+            for h in 0..heads {
+                let (base, l) = (ol.index_of(&[s, h, 0]), ml[h].1);
+                for (x, v) in o[h * d..][..d].iter().enumerate() {
+                    // SAFETY: O[s, h, x] lies in the validated view, and sequence s's
+                    // rows belong to this task alone.
+                    unsafe { *out.get().add(base + x * ol.stride(2)) = v / l };
+                }
+            }
+        }
     });
     merge(&tasks, &partial_o, &partial_ml, (d, heads), o);
     Ok(())
 }
 
 /// Combines chunk partials: with M = max mᵢ, O = Σ e^{mᵢ−M}·oᵢ / Σ e^{mᵢ−M}·lᵢ.
+/// Sequences of one chunk were written by their task. (This loop ran on the caller
+/// alone, one `index_of` per element, for every sequence: 18% of a 16-sequence ×
+/// 64-token f16 call, perf.)
 fn merge(
     tasks: &[(usize, usize)],
     po: &[f32],
@@ -291,23 +307,29 @@ fn merge(
 ) {
     let ol = *o.layout();
     let out = o.data_mut();
+    let mut acc = vec![0f32; d];
     let mut i = 0;
     while i < tasks.len() {
         let s = tasks[i].0;
         let end = i + tasks[i..].iter().take_while(|t| t.0 == s).count();
+        if end - i == 1 {
+            i = end;
+            continue;
+        }
         for h in 0..heads {
             let parts =
                 || (i..end).map(|ti| (pml[ti * heads + h], &po[(ti * heads + h) * d..][..d]));
             let m = parts().fold(f32::NEG_INFINITY, |a, (p, _)| a.max(p.0));
-            let mut acc = vec![0f32; d];
+            acc.fill(0.0);
             let mut l = 0f32;
             for ((pm, pl), po) in parts() {
                 let w = exp(pm - m);
                 l += w * pl;
                 acc.iter_mut().zip(po).for_each(|(a, &x)| *a += w * x);
             }
+            let base = ol.index_of(&[s, h, 0]);
             for (x, a) in acc.iter().enumerate() {
-                out[ol.index_of(&[s, h, x])] = a / l;
+                out[base + x * ol.stride(2)] = a / l;
             }
         }
         i = end;
