@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_core::DType;
-use tessera_kernels::registry::{self, ProblemCase};
+use tessera_kernels::registry::{self, ComputeUnit, ProblemCase};
 use tessera_perf::bench::{self, BenchOptions, BenchSpec};
 use tessera_perf::{calibrate, report};
 
@@ -64,8 +64,8 @@ pub fn calibrate() -> calibrate::Ceilings {
     eprintln!("calibrating ({threads} threads)...");
     let ceilings = calibrate::measure(threads);
     eprintln!(
-        "ceilings: f32 FMA {:.1} GFLOP/s, bf16 dot {:.1} GFLOP/s, DRAM {:.1} GB/s",
-        ceilings.fma_gflops, ceilings.bf16_gflops, ceilings.dram_gbps
+        "ceilings: f32 FMA {:.1} GFLOP/s, bf16 dot {:.1} GFLOP/s, int8 dot {:.1} GOP/s, DRAM {:.1} GB/s",
+        ceilings.fma_gflops, ceilings.bf16_gflops, ceilings.int8_gops, ceilings.dram_gbps
     );
     ceilings
 }
@@ -111,7 +111,9 @@ pub fn run_job(
         dtype: job.dtype,
         variant: &job.variant,
         config: &job.config,
-        bf16_dot: job.variant.label.contains("dpbf16"),
+        unit: tessera_kernels::ops::find(job.op).map_or(ComputeUnit::Fma, |op| {
+            op.compute_unit(job.dtype, &job.variant)
+        }),
     };
     Ok(bench::run(&spec, ceilings, opts)?)
 }

@@ -188,6 +188,7 @@ fn run_calibrate(threads: Option<usize>) -> Result<()> {
     println!("threads        {}", c.threads);
     println!("f32 FMA peak   {:.1} GFLOP/s", c.fma_gflops);
     println!("bf16 dot peak  {:.1} GFLOP/s", c.bf16_gflops);
+    println!("int8 dot peak  {:.1} GOP/s", c.int8_gops);
     println!("DRAM read      {:.1} GB/s", c.dram_gbps);
     let (ours, rayon) = calibrate::dispatch_overhead_us(threads);
     println!("pool dispatch  {ours:.2} µs per parallel op (rayon broadcast: {rayon:.2} µs)");

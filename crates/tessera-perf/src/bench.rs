@@ -10,7 +10,9 @@ use crate::calibrate::Ceilings;
 use crate::stats;
 use std::time::{Duration, Instant};
 use tessera_core::{DType, Result};
-use tessera_kernels::registry::{self, Cost, Instance, ProblemCase, TuneConfig, Variant};
+use tessera_kernels::registry::{
+    self, ComputeUnit, Cost, Instance, ProblemCase, TuneConfig, Variant,
+};
 
 /// Last-level cache size assumed when sizing rotation sets (32 MiB on the reference
 /// machine; overridable for larger parts).
@@ -133,15 +135,16 @@ pub struct BenchSpec<'a> {
     pub variant: &'a Variant,
     /// Tuning parameters for the call.
     pub config: &'a TuneConfig,
-    /// The variant uses the bf16 pair-dot peak (else the f32 FMA peak).
-    pub bf16_dot: bool,
+    /// The unit whose peak bounds the variant when compute-bound
+    /// ([`tessera_kernels::registry::OpSpec::compute_unit`]).
+    pub unit: ComputeUnit,
 }
 
 /// Benchmarks one (problem, dtype, variant, config).
 pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Result<BenchResult> {
     epoch();
     let cost = spec.problem.cost(spec.dtype);
-    let peak = ceilings.peak_gflops(spec.bf16_dot);
+    let peak = ceilings.peak_gflops(spec.unit);
     let mem_bound = memory_bound(&cost, peak, ceilings);
     let mut rng = registry::rng(0xbe4c);
     let mut instances: Vec<Box<dyn Instance>> =
@@ -164,7 +167,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     } else {
         ceilings.dram_gbps
     };
-    let peak_probe = || crate::calibrate::compute_now(ceilings.threads, spec.bf16_dot);
+    let peak_probe = || crate::calibrate::compute_now(ceilings.threads, spec.unit);
     let peak_before = if mem_bound { peak } else { peak_probe() };
     let mut samples = Vec::new();
     let mut starts = Vec::new();
@@ -258,13 +261,14 @@ mod tests {
             dtype: DType::Q4_0,
             variant: &variant,
             config: &config,
-            bf16_dot: false,
+            unit: ComputeUnit::Fma,
         };
         // A compute peak far above what this much DRAM can feed: memory-bound.
         let ceilings = Ceilings {
             threads: 1,
             fma_gflops: 1e6,
             bf16_gflops: 1e6,
+            int8_gops: 1e6,
             dram_gbps: 1.0,
         };
         let opts = BenchOptions {

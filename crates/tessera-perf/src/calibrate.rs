@@ -1,5 +1,5 @@
-//! Calibration kernels: this machine's peak FMA, bf16-dot and DRAM read rates, and the
-//! thread pool's dispatch overhead, measured now.
+//! Calibration kernels: this machine's peak FMA, bf16-dot, int8-dot and DRAM read
+//! rates, and the thread pool's dispatch overhead, measured now.
 //!
 //! Peak compute: independent register-resident FMA chains (12 of them, enough to cover
 //! latency × pipes), nothing loaded. DRAM: a vectorized sum over a buffer 8× the L3,
@@ -9,6 +9,7 @@
 use std::time::Instant;
 use tessera_core::{CpuFeatures, Isa};
 use tessera_kernels::pool;
+use tessera_kernels::registry::ComputeUnit;
 
 /// This machine's measured ceilings.
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
@@ -19,17 +20,23 @@ pub struct Ceilings {
     pub fma_gflops: f64,
     /// bf16 pair-dot (`vdpbf16ps`), GFLOP/s; equals `fma_gflops` where absent.
     pub bf16_gflops: f64,
+    /// 8-bit integer dots, GOP/s (a multiply-add is 2 ops): `vpdpbusd` with
+    /// AVX512_VNNI, else AVX2's `vpmaddubsw` step; equals `fma_gflops` elsewhere.
+    #[serde(default)]
+    pub int8_gops: f64,
     /// DRAM read bandwidth, GB/s.
     pub dram_gbps: f64,
 }
 
 impl Ceilings {
-    /// The compute peak an op of `dtype` on `variant` can reach.
-    pub fn peak_gflops(&self, bf16_dot: bool) -> f64 {
-        if bf16_dot {
-            self.bf16_gflops
-        } else {
-            self.fma_gflops
+    /// The compute peak of a unit (GFLOP/s, or GOP/s for integer dots).
+    pub fn peak_gflops(&self, unit: ComputeUnit) -> f64 {
+        match unit {
+            ComputeUnit::Fma => self.fma_gflops,
+            ComputeUnit::Bf16Dot => self.bf16_gflops,
+            // A ceilings file from before the int8 probe: no integer peak known.
+            ComputeUnit::Int8Dot if self.int8_gops > 0.0 => self.int8_gops,
+            ComputeUnit::Int8Dot => self.fma_gflops,
         }
     }
 }
@@ -112,34 +119,102 @@ fn unsafe_cast(v: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512bh {
     unsafe { std::mem::transmute(v) }
 }
 
-/// One calibration kernel run: (its checksum, FLOPs it did per iteration).
-fn compute_kernel(iters: usize, bf16: bool) -> (f32, f64) {
+/// `vpdpbusd` chains: 64 u8×i8 products summed into 16 lanes per instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn int8_dot_avx512(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let a = std::hint::black_box(_mm512_set1_epi8(1));
+    let b = std::hint::black_box(_mm512_set1_epi8(-1));
+    let mut acc = [_mm512_setzero_si512(); 12];
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbusd_epi32(*x, a, b);
+        }
+    }
+    acc.iter().map(|&x| _mm512_reduce_add_epi32(x)).sum()
+}
+
+/// Chains in the AVX2 probe: each has its own weight register (12 registers in all with
+/// the accumulators), so no two steps are the same computation.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AVX2_CHAINS: usize = 6;
+
+/// AVX2's 8-bit dot step, as the integer kernels run it: `vpmaddubsw` (32 u8×i8
+/// products into 16 i16 pair sums), `vpmaddwd` against ones (8 i32), `vpaddd`. The
+/// signed operand changes every iteration (one add shared by all chains), or the
+/// compiler would hoist the loop-invariant products out of the loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn int8_dot_avx2(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm256_setzero_si256(); AVX2_CHAINS];
+    for (j, v) in a.iter_mut().enumerate() {
+        *v = std::hint::black_box(_mm256_set1_epi8(j as i8 + 1));
+    }
+    let step = std::hint::black_box(_mm256_set1_epi8(3));
+    let mut b = std::hint::black_box(_mm256_set1_epi8(-1));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); AVX2_CHAINS];
+    for _ in 0..iters {
+        b = _mm256_add_epi8(b, step);
+        for (x, &w) in acc.iter_mut().zip(&a) {
+            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, b), ones);
+            *x = _mm256_add_epi32(*x, pairs);
+        }
+    }
+    let mut sum = _mm256_setzero_si256();
+    for x in acc {
+        sum = _mm256_add_epi32(sum, x);
+    }
+    _mm256_extract_epi32::<0>(sum)
+}
+
+/// One calibration kernel run: (its checksum, FLOPs or OPs it did per iteration).
+fn compute_kernel(iters: usize, unit: ComputeUnit) -> (f32, f64) {
     let per_chain = |lanes: usize, ops: usize| (CHAINS * lanes * ops) as f64;
     #[cfg(target_arch = "x86_64")]
+    match (Isa::best(), unit) {
+        (Isa::Avx512, ComputeUnit::Bf16Dot) => {
+            // SAFETY: callers ask for bf16 only when AVX512_BF16 was detected.
+            return (unsafe { bf16_dot_avx512(iters) }, per_chain(16, 4));
+        }
+        (Isa::Avx512, ComputeUnit::Int8Dot) if CpuFeatures::get().avx512_vnni => {
+            // 64 products (128 ops) per instruction, 12 chains.
+            // SAFETY: AVX512_VNNI detected just above (AVX-512F with the ISA).
+            let sum = unsafe { int8_dot_avx512(iters) };
+            return (sum as f32, (12 * 64 * 2) as f64);
+        }
+        (Isa::Avx512 | Isa::Avx2, ComputeUnit::Int8Dot) => {
+            // SAFETY: both ISAs include AVX2 (Isa::Avx512 requires it).
+            let sum = unsafe { int8_dot_avx2(4 * iters) };
+            return (sum as f32, (4 * AVX2_CHAINS * 32 * 2) as f64);
+        }
+        _ => {}
+    }
+    #[cfg(target_arch = "x86_64")]
     match Isa::best() {
-        // SAFETY: callers ask for bf16 only when AVX512_BF16 was detected.
-        Isa::Avx512 if bf16 => return (unsafe { bf16_dot_avx512(iters) }, per_chain(16, 4)),
         // SAFETY: Isa::best() is Avx512 only when the CPU has it.
         Isa::Avx512 => return (unsafe { fma_avx512(iters) }, per_chain(16, 2)),
         // SAFETY: Isa::best() is Avx2 only when the CPU has AVX2 and FMA.
         Isa::Avx2 => return (unsafe { fma_avx2(iters) }, per_chain(8, 2)),
         _ => {}
     }
-    let _ = bf16; // no pair-dot path off x86: the FMA peak stands in
+    let _ = unit; // no dot-product paths off x86: the FMA peak stands in
     (fma_portable(iters), per_chain(8, 2))
 }
 
-fn run_compute(threads: usize, bf16: bool) -> f64 {
+fn run_compute(threads: usize, unit: ComputeUnit) -> f64 {
     let iters = 2_000_000;
     // Warm-up: wake the pool's workers and let clocks ramp before anything is timed.
     pool::global().run(threads, threads, |_| {
-        std::hint::black_box(compute_kernel(4 * iters, bf16));
+        std::hint::black_box(compute_kernel(4 * iters, unit));
     });
     best_rate(7, || {
         let t = Instant::now();
         let per_iter = std::sync::atomic::AtomicU64::new(0);
         pool::global().run(threads, threads, |_| {
-            let (sum, flops) = compute_kernel(iters, bf16);
+            let (sum, flops) = compute_kernel(iters, unit);
             std::hint::black_box(sum);
             per_iter.store(flops as u64, std::sync::atomic::Ordering::Relaxed);
         });
@@ -148,11 +223,23 @@ fn run_compute(threads: usize, bf16: bool) -> f64 {
     })
 }
 
-/// The FMA (or bf16-dot) peak now, ~40 ms: benchmarks bracket compute-bound timings with
-/// it, as memory-bound ones are bracketed by [`dram_read_now`], because a shared host's
+/// A unit's peak now, ~40 ms: benchmarks bracket compute-bound timings with it, as
+/// memory-bound ones are bracketed by [`dram_read_now`], because a shared host's
 /// available compute also drifts (the peak read 289–497 GFLOP/s across one day).
-pub fn compute_now(threads: usize, bf16: bool) -> f64 {
-    run_compute(threads.clamp(1, pool::global().threads()), bf16)
+pub fn compute_now(threads: usize, unit: ComputeUnit) -> f64 {
+    run_compute(threads.clamp(1, pool::global().threads()), available(unit))
+}
+
+/// The unit itself if this CPU has it, else the f32 FMA that stands in for it.
+fn available(unit: ComputeUnit) -> ComputeUnit {
+    let x86_int8 = cfg!(target_arch = "x86_64") && Isa::Avx2.is_available();
+    match unit {
+        ComputeUnit::Bf16Dot if CpuFeatures::get().avx512_bf16 && Isa::best() == Isa::Avx512 => {
+            unit
+        }
+        ComputeUnit::Int8Dot if x86_int8 => unit,
+        _ => ComputeUnit::Fma,
+    }
 }
 
 fn median_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
@@ -215,16 +302,16 @@ tessera_kernels::multiversion! {
 /// Measures every ceiling on `threads` threads (≈1–2 s).
 pub fn measure(threads: usize) -> Ceilings {
     let threads = threads.clamp(1, pool::global().threads());
-    let fma = run_compute(threads, false);
-    let bf16 = if CpuFeatures::get().avx512_bf16 && Isa::best() == Isa::Avx512 {
-        run_compute(threads, true)
-    } else {
-        fma
+    let fma = run_compute(threads, ComputeUnit::Fma);
+    let peak = |unit| match available(unit) {
+        ComputeUnit::Fma => fma,
+        u => run_compute(threads, u),
     };
     Ceilings {
         threads,
         fma_gflops: fma,
-        bf16_gflops: bf16,
+        bf16_gflops: peak(ComputeUnit::Bf16Dot),
+        int8_gops: peak(ComputeUnit::Int8Dot),
         dram_gbps: dram_read(threads),
     }
 }
@@ -263,4 +350,28 @@ pub fn dispatch_overhead_us(threads: usize) -> (f64, f64) {
         });
     });
     (ours, theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unit_has_a_positive_peak() {
+        for unit in [ComputeUnit::Fma, ComputeUnit::Bf16Dot, ComputeUnit::Int8Dot] {
+            let peak = compute_now(1, unit);
+            assert!(peak.is_finite() && peak > 0.0, "{unit:?}: {peak}");
+        }
+    }
+
+    #[test]
+    fn ceilings_without_an_int8_peak_fall_back_to_fma() {
+        // A ceilings file written before the int8 probe existed.
+        let c: Ceilings = serde_json::from_str(
+            r#"{"threads":2,"fma_gflops":200.0,"bf16_gflops":400.0,"dram_gbps":30.0}"#,
+        )
+        .expect("old ceilings parse");
+        assert_eq!(c.peak_gflops(ComputeUnit::Int8Dot), 200.0);
+        assert_eq!(c.peak_gflops(ComputeUnit::Bf16Dot), 400.0);
+    }
 }

@@ -33,96 +33,6 @@ pub struct Roofline {
     pub l2_gbps: f64,
 }
 
-/// `vpdpbusd` chains: 64 u8×i8 products summed into 16 lanes per instruction.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn int8_dot_avx512(iters: usize) -> i32 {
-    use std::arch::x86_64::*;
-    let a = std::hint::black_box(_mm512_set1_epi8(1));
-    let b = std::hint::black_box(_mm512_set1_epi8(-1));
-    let mut acc = [_mm512_setzero_si512(); 12];
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = _mm512_dpbusd_epi32(*x, a, b);
-        }
-    }
-    acc.iter().map(|&x| _mm512_reduce_add_epi32(x)).sum()
-}
-
-/// Chains in the AVX2 probe: each has its own weight register (12 registers in all with
-/// the accumulators), so no two steps are the same computation.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const AVX2_CHAINS: usize = 6;
-
-/// AVX2's 8-bit dot step, as the integer kernels run it: `vpmaddubsw` (32 u8×i8
-/// products into 16 i16 pair sums), `vpmaddwd` against ones (8 i32), `vpaddd`. The
-/// signed operand changes every iteration (one add shared by all chains), or the
-/// compiler would hoist the loop-invariant products out of the loop.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn int8_dot_avx2(iters: usize) -> i32 {
-    use std::arch::x86_64::*;
-    let mut a = [_mm256_setzero_si256(); AVX2_CHAINS];
-    for (j, v) in a.iter_mut().enumerate() {
-        *v = std::hint::black_box(_mm256_set1_epi8(j as i8 + 1));
-    }
-    let step = std::hint::black_box(_mm256_set1_epi8(3));
-    let mut b = std::hint::black_box(_mm256_set1_epi8(-1));
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_si256(); AVX2_CHAINS];
-    for _ in 0..iters {
-        b = _mm256_add_epi8(b, step);
-        for (x, &w) in acc.iter_mut().zip(&a) {
-            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, b), ones);
-            *x = _mm256_add_epi32(*x, pairs);
-        }
-    }
-    let mut sum = _mm256_setzero_si256();
-    for x in acc {
-        sum = _mm256_add_epi32(sum, x);
-    }
-    _mm256_extract_epi32::<0>(sum)
-}
-
-/// The int8 dot-product peak in GOP/s (one multiply-add = 2 ops): `vpdpbusd` where the
-/// CPU has AVX512_VNNI, else the AVX2 step; 0 elsewhere.
-pub fn int8_peak(threads: usize) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let vnni = tessera_core::Isa::best() == tessera_core::Isa::Avx512
-            && tessera_core::CpuFeatures::get().avx512_vnni;
-        let avx2 = tessera_core::Isa::Avx2.is_available();
-        if vnni || avx2 {
-            // Products per iteration: 12 chains of 64 bytes (zmm), or 6 of 32 (ymm).
-            let (iters, products) = if vnni {
-                (2_000_000, 12 * 64)
-            } else {
-                (8_000_000, AVX2_CHAINS * 32)
-            };
-            let mut best = 0f64;
-            for _ in 0..5 {
-                let t = Instant::now();
-                pool::global().run(threads, threads, |_| {
-                    // SAFETY: the ISA was detected above.
-                    let r = unsafe {
-                        if vnni {
-                            int8_dot_avx512(iters)
-                        } else {
-                            int8_dot_avx2(iters)
-                        }
-                    };
-                    std::hint::black_box(r);
-                });
-                let ops = (threads * iters * products * 2) as f64;
-                best = best.max(ops / t.elapsed().as_secs_f64() / 1e9);
-            }
-            return best;
-        }
-    }
-    let _ = threads;
-    0.0
-}
-
 /// Read bandwidth over `bytes_per_thread` re-read many times (cache-resident sizes).
 pub fn cache_read(threads: usize, bytes_per_thread: usize) -> f64 {
     let n = bytes_per_thread / 4;
@@ -154,7 +64,7 @@ impl Roofline {
             threads,
             fma_gflops: c.fma_gflops,
             bf16_gflops: c.bf16_gflops,
-            int8_gops: int8_peak(threads),
+            int8_gops: c.int8_gops,
             dram_gbps: c.dram_gbps,
             l3_gbps: cache_read(threads, (8 << 20) / threads),
             l2_gbps: cache_read(threads, 256 << 10),

@@ -155,7 +155,7 @@ pub fn search(t: &Target<'_>, ceilings: &Ceilings, budget: Duration) -> Result<O
             dtype: t.dtype,
             variant: t.variant,
             config: cfg,
-            bf16_dot: t.variant.label.contains("dpbf16"),
+            unit: t.op.compute_unit(t.dtype, t.variant),
         };
         Ok(bench::run(&spec, ceilings, &opts)?.median_s)
     };

@@ -50,6 +50,18 @@ pub struct Tolerance {
     pub reason: &'static str,
 }
 
+/// The arithmetic a compute-bound variant is bounded by: which measured peak its
+/// GFLOP/s (or GOP/s) are a percentage of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ComputeUnit {
+    /// f32 fused multiply-adds.
+    Fma,
+    /// bf16 pair dots (`vdpbf16ps`).
+    Bf16Dot,
+    /// 8-bit integer dots (`vpdpbusd`, or AVX2's `vpmaddubsw` step).
+    Int8Dot,
+}
+
 /// Where a variant runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
@@ -231,6 +243,15 @@ pub trait OpSpec: Send + Sync {
     /// further (8-bit activations) and documents its own.
     fn variant_tolerance(&self, dtype: DType, _variant: &Variant) -> Tolerance {
         self.tolerance(dtype)
+    }
+    /// The unit whose peak bounds a variant when it is compute-bound: bf16 dots for the
+    /// `dpbf16` variants, f32 FMA otherwise, unless the op says (integer kernels).
+    fn compute_unit(&self, _dtype: DType, variant: &Variant) -> ComputeUnit {
+        if variant.label.contains("dpbf16") {
+            ComputeUnit::Bf16Dot
+        } else {
+            ComputeUnit::Fma
+        }
     }
     /// Random problems for verification, ragged shapes included.
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>>;

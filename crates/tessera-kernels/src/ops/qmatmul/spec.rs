@@ -5,8 +5,8 @@ use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
 use crate::registry::{
-    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
-    TuneParam, TuneSpace, Variant,
+    parse_dims, BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
+    TuneConfig, TuneParam, TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
@@ -154,6 +154,13 @@ impl OpSpec for QMatmulOp {
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
+    }
+    fn compute_unit(&self, _: DType, v: &Variant) -> ComputeUnit {
+        if is_int8(v) {
+            ComputeUnit::Int8Dot
+        } else {
+            ComputeUnit::Fma
+        }
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
         if is_int8(v) {

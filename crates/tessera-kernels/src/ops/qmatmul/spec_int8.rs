@@ -8,8 +8,8 @@ use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, TOL};
 use crate::pool;
 use crate::quant::Int8Matrix;
 use crate::registry::{
-    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneSpace,
-    Variant,
+    BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
@@ -53,6 +53,13 @@ impl OpSpec for QMatmulI8Op {
     }
     fn variant_tolerance(&self, _: DType, v: &Variant) -> Tolerance {
         W8A8.tolerance(v)
+    }
+    fn compute_unit(&self, _: DType, v: &Variant) -> ComputeUnit {
+        if W8A8.contains(v) {
+            ComputeUnit::Int8Dot
+        } else {
+            ComputeUnit::Fma
+        }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
         test_shapes(rng)
