@@ -167,7 +167,7 @@ unsafe fn dots_m<
     // pairs: the prefetches run one tile ahead of the loads.
     let next = w.quants.as_ptr().wrapping_add((row + R) * rb);
     let pair_bytes = if FOUR { QK } else { 2 * QK };
-    // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
+    // Plain loops: `array::from_fn` would not be inlined here (see `super::simd_rows`).
     let mut rows = [ActRow::default(); M];
     for i in 0..M {
         rows[i] = ActRow::of(acts[i]);

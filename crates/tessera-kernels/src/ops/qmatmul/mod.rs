@@ -529,17 +529,10 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
 /// `out[i] = Σ_b block_b · x_i[b·32..]` for one weight row and up to M_CHUNK rows of x.
 fn row_dots<B: BlockFormat>(isa: Isa, w: &[B], x: &[&[f32]], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && isa.is_available() {
-        // SAFETY: AVX-512F detected; slices as documented on the kernel.
-        if unsafe { avx512::row_dots(w, x, out) } {
-            return;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && isa.is_available() {
-        // SAFETY: Isa::Avx2 is available only with AVX2, FMA and F16C; slices as
-        // documented on the kernel.
-        if unsafe { avx2::row_dots(w, x, out) } {
+    if matches!(isa, Isa::Avx512 | Isa::Avx2) && isa.is_available() {
+        // SAFETY: the ISA was detected (Isa::Avx2 implies FMA and F16C, Isa::Avx512
+        // AVX-512F/BW/VL/DQ with them); slices as documented on the kernel.
+        if unsafe { simd_rows::row_dots(isa, w, x, out) } {
             return;
         }
     }
@@ -613,20 +606,18 @@ fn prefill(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
 mod avx2_acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
-#[cfg(target_arch = "x86_64")]
-mod avx2_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_planes8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_w8a8;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+mod expand;
 #[cfg(target_arch = "x86_64")]
-mod avx512_k;
+mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod rows8;
+#[cfg(target_arch = "x86_64")]
+mod simd_rows;

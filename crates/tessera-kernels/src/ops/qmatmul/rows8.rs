@@ -384,7 +384,7 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
         // SAFETY: AVX per the contract.
         nib: unsafe { _mm256_set1_epi8(0x0F) },
     };
-    // Plain loops: `array::from_fn` would not be inlined here (see `super::avx2`).
+    // Plain loops: `array::from_fn` would not be inlined here (see `super::simd_rows`).
     let mut rows = [ActRow::default(); M];
     for i in 0..M {
         let a = acts[i.min(live - 1)];
