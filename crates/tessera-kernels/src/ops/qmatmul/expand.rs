@@ -1,6 +1,7 @@
 //! Every block format's weights as f32 vectors, written once over the vector width
 //! ([`Lanes`]): the expansion the small-M f32-activation kernel (`super::simd_rows`)
-//! FMAs against activations, instantiated for AVX2 (8 lanes) and AVX-512 (16).
+//! FMAs against activations, instantiated for NEON (4 lanes), AVX2 (8) and AVX-512
+//! (16).
 //!
 //! A block is `STEPS` chunks of 32 weights; [`Expand::part`] gives weights
 //! `at..at + N` of chunk c. Codes come out of their bit planes with a byte→dword
@@ -12,7 +13,8 @@
 //! sixteen half-sub-block (d, m) pairs, in scalar code).
 //!
 //! This replaced four files, an AVX2 and an AVX-512 expansion for the 32-weight formats
-//! and for the K-quants; the 4-bit group formats, once AVX-512 only, run on AVX2 too.
+//! and for the K-quants; the 4-bit group formats, once AVX-512 only, run on AVX2 too,
+//! and NEON, once the portable loop, runs it all.
 
 use super::lanes::Lanes;
 use crate::quant::{BlockFormat, KQuant, QK};
@@ -303,7 +305,6 @@ k_quants!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::qmatmul::lanes::{Ymm, Zmm};
     use crate::quant::QuantMatrix;
     use rand::{Rng, SeedableRng};
     use tessera_core::Isa;
@@ -325,16 +326,47 @@ mod tests {
         out
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn expand_avx2<B: Expand>(b: &B) -> Vec<f32> {
         // SAFETY: the features are enabled on this function.
-        unsafe { expand_all::<Ymm, B>(b) }
+        unsafe { expand_all::<crate::ops::qmatmul::lanes::Ymm, B>(b) }
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
     fn expand_avx512<B: Expand>(b: &B) -> Vec<f32> {
         // SAFETY: the features are enabled on this function.
-        unsafe { expand_all::<Zmm, B>(b) }
+        unsafe { expand_all::<crate::ops::qmatmul::lanes::Zmm, B>(b) }
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[target_feature(enable = "neon")]
+    fn expand_neon<B: Expand>(b: &B) -> Vec<f32> {
+        // SAFETY: the features are enabled on this function.
+        unsafe { expand_all::<crate::ops::qmatmul::lanes::Neon, B>(b) }
+    }
+
+    /// Each width this CPU has, expanding `blk`.
+    fn widths<B: Expand>(blk: &B) -> Vec<(Isa, Vec<f32>)> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::Avx2.is_available() {
+                // SAFETY: AVX2, FMA and F16C detected.
+                v.push((Isa::Avx2, unsafe { expand_avx2(blk) }));
+            }
+            if Isa::Avx512.is_available() {
+                // SAFETY: AVX-512F/BW/VL/DQ detected.
+                v.push((Isa::Avx512, unsafe { expand_avx512(blk) }));
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if Isa::Neon.is_available() {
+            // SAFETY: NEON detected.
+            v.push((Isa::Neon, unsafe { expand_neon(blk) }));
+        }
+        v
     }
 
     /// Each width's expansion of random blocks equals `dequantize` bit for bit (the ggml
@@ -350,23 +382,14 @@ mod tests {
                 let blk = &w.row(r)[0];
                 let mut want = vec![0f32; B::BLOCK];
                 blk.dequantize(&mut want);
-                let mut widths: Vec<(&str, Vec<f32>)> = Vec::new();
-                if Isa::Avx2.is_available() {
-                    // SAFETY: AVX2, FMA and F16C detected.
-                    widths.push(("avx2", unsafe { expand_avx2(blk) }));
-                }
-                if Isa::Avx512.is_available() {
-                    // SAFETY: AVX-512F/BW/VL/DQ detected.
-                    widths.push(("avx512", unsafe { expand_avx512(blk) }));
-                }
-                for (name, got) in &widths {
+                for (isa, got) in widths(blk) {
                     for (j, (g, e)) in got.iter().zip(&want).enumerate() {
                         let ok = if exact {
                             g.to_bits() == e.to_bits()
                         } else {
                             (g - e).abs() <= 2.0 * f32::EPSILON * e.abs().max(1e-3)
                         };
-                        assert!(ok, "{} {name} weight {j}: {g} vs {e}", B::DTYPE);
+                        assert!(ok, "{} {isa} weight {j}: {g} vs {e}", B::DTYPE);
                     }
                 }
             }
@@ -375,13 +398,13 @@ mod tests {
 
     #[test]
     fn every_width_expands_blocks_as_dequantize_does() {
-        if !Isa::Avx2.is_available() {
-            eprintln!("skipped: no AVX2 on this CPU");
+        let probe = widths(&BlockQ4_0::quantize(&[0.5; QK]));
+        let names: Vec<&str> = probe.iter().map(|(isa, _)| isa.name()).collect();
+        if names.is_empty() {
+            eprintln!("skipped: this CPU has none of AVX2, AVX-512, NEON");
             return;
         }
-        if !Isa::Avx512.is_available() {
-            eprintln!("the 16-lane instance skipped: no AVX-512 on this CPU");
-        }
+        eprintln!("widths checked: {names:?}");
         check::<BlockQ4_0>(true);
         check::<BlockQ4_1>(true);
         check::<BlockQ5_0>(true);

@@ -528,8 +528,8 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
 
 /// `out[i] = Σ_b block_b · x_i[b·32..]` for one weight row and up to M_CHUNK rows of x.
 fn row_dots<B: BlockFormat>(isa: Isa, w: &[B], x: &[&[f32]], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx512 | Isa::Avx2) && isa.is_available() {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if matches!(isa, Isa::Avx512 | Isa::Avx2 | Isa::Neon) && isa.is_available() {
         // SAFETY: the ISA was detected (Isa::Avx2 implies FMA and F16C, Isa::Avx512
         // AVX-512F/BW/VL/DQ with them); slices as documented on the kernel.
         if unsafe { simd_rows::row_dots(isa, w, x, out) } {
@@ -613,11 +613,15 @@ mod avx2_int8;
 mod avx2_planes8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_w8a8;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod expand;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod lanes;
+#[cfg(target_arch = "aarch64")]
+mod lanes_neon;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
 #[cfg(target_arch = "x86_64")]
 mod rows8;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod simd_rows;

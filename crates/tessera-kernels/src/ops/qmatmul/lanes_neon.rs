@@ -1,0 +1,119 @@
+//! [`Lanes`] on aarch64: NEON's 128-bit registers, 4 lanes.
+
+use super::lanes::Lanes;
+use half::f16;
+use std::arch::aarch64::*;
+
+/// NEON: 4 lanes in q registers.
+pub(super) struct Neon;
+
+impl Lanes for Neon {
+    const N: usize = 4;
+    type I = int32x4_t;
+    type F = float32x4_t;
+    #[inline(always)]
+    unsafe fn widen_u8(p: *const u8) -> int32x4_t {
+        // SAFETY: 4 bytes at p, per the contract; NEON is baseline on aarch64.
+        unsafe {
+            let four = vreinterpret_u8_u32(vdup_n_u32(p.cast::<u32>().read_unaligned()));
+            vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(four))))
+        }
+    }
+    #[inline(always)]
+    unsafe fn widen_i8(p: *const u8) -> int32x4_t {
+        // SAFETY: as widen_u8.
+        unsafe {
+            let four = vreinterpret_s8_u32(vdup_n_u32(p.cast::<u32>().read_unaligned()));
+            vmovl_s16(vget_low_s16(vmovl_s8(four)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn splat_i(v: i32) -> int32x4_t {
+        // SAFETY: NEON.
+        unsafe { vdupq_n_s32(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat_f(v: f32) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vdupq_n_f32(v) }
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(v: f16) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vdupq_n_f32(v.to_f32()) }
+    }
+    #[inline(always)]
+    unsafe fn field(v: int32x4_t, shift: u32, mask: i32) -> int32x4_t {
+        // A logical right shift is a left shift by a negative count (`ushl`).
+        // SAFETY: NEON.
+        unsafe {
+            let s = vshlq_u32(vreinterpretq_u32_s32(v), vdupq_n_s32(-(shift as i32)));
+            vandq_s32(vreinterpretq_s32_u32(s), vdupq_n_s32(mask))
+        }
+    }
+    #[inline(always)]
+    unsafe fn or_shifted(v: int32x4_t, top: int32x4_t, shift: u32) -> int32x4_t {
+        // SAFETY: NEON.
+        unsafe { vorrq_s32(v, vshlq_s32(top, vdupq_n_s32(shift as i32))) }
+    }
+    #[inline(always)]
+    unsafe fn or_where(v: int32x4_t, bits: u32, val: i32) -> int32x4_t {
+        // SAFETY: NEON; the array holds 4 lanes.
+        unsafe {
+            let lane_bits = vld1q_u32([1u32, 2, 4, 8].as_ptr());
+            let set = vtstq_u32(vdupq_n_u32(bits & 0xF), lane_bits);
+            let add = vandq_s32(vreinterpretq_s32_u32(set), vdupq_n_s32(val));
+            vorrq_s32(v, add)
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        // SAFETY: NEON.
+        unsafe { vaddq_s32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub_i(a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        // SAFETY: NEON.
+        unsafe { vsubq_s32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn to_f32(v: int32x4_t) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vcvtq_f32_s32(v) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vmulq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON (`fmla`, one rounding).
+        unsafe { vfmaq_f32(c, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vdupq_n_f32(0.0) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> float32x4_t {
+        // SAFETY: 4 floats at p, per the contract.
+        unsafe { vld1q_f32(p) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vaddq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sum(v: float32x4_t) -> f32 {
+        // SAFETY: NEON.
+        unsafe { vaddvq_f32(v) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: float32x4_t) {
+        // SAFETY: 4 floats at p, per the contract.
+        unsafe { vst1q_f32(p, v) }
+    }
+}
