@@ -1,5 +1,8 @@
-//! The AVX2 integer kernel: the VNNI kernel's arithmetic (see [`super::packed`]) with
-//! `vpmaddubsw` + `vpmaddwd` in place of `vpdpbusd`, one 32-weight chunk per ymm.
+//! The row-major integer kernel (see [`super::packed`] for the algebra and layout), one
+//! 32-weight chunk per ymm: one loop, instantiated for AVX2's `vpmaddubsw` +
+//! `vpmaddwd` and for AVX512_VNNI's `vpdpbusd` on ymm (through [`Dot`]). A separate
+//! zmm VNNI kernel (two chunks per `vpdpbusd`, f32 metadata only) was its mirror and
+//! went when this loop took both instruction sets.
 //!
 //! `vpmaddubsw` multiplies unsigned by signed bytes and adds adjacent pairs into i16
 //! **with saturation**, so the codes must keep every pair sum below 2¹⁵:
@@ -12,7 +15,9 @@
 //!   whole sum (−offset·Σq included), so no start value is added.
 //!
 //! `vpmaddwd` against ones then sums pairs of i16 into the same 4-element i32 lanes
-//! `vpdpbusd` gives, so scales, minima and activation metadata are the VNNI layout's.
+//! `vpdpbusd` gives, so scales, minima and activation metadata are one layout.
+//! `vpdpbusd` sums in i32 without saturating, so the VNNI instance takes full 8-bit
+//! codes as they are, with the start value −128·Σq.
 
 use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs};
 use super::M_CHUNK;
@@ -40,19 +45,85 @@ pub(super) unsafe fn dots<const R: usize>(
     acts: &[&QuantActs],
     out: &mut [f32],
 ) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Maddubs, R>(w, row, acts, out) }
+}
+
+/// [`dots`] with `vpdpbusd` on ymm registers.
+///
+/// # Safety
+/// As [`dots`] (any codes), and the CPU has AVX-512F/VL and AVX512_VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn dots_vnni<const R: usize>(
+    w: &PackedWeights,
+    row: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Vnni, R>(w, row, acts, out) }
+}
+
+/// The 4-byte dot step of a chunk against activation bytes, per instruction set.
+trait Dot {
+    /// Takes full 8-bit codes unsigned (else they go through the signed trick).
+    const FULL_BYTES: bool;
+    /// Per i32 lane: `init + Σ u·q` over its 4 bytes.
+    ///
+    /// # Safety
+    /// The implementation's CPU features; codes below 129 unless `FULL_BYTES`.
+    unsafe fn dot(u: __m256i, xq: __m256i, init: __m256i, ones: __m256i) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` pairs into i16, `vpmaddwd` against ones into i32.
+struct Maddubs;
+
+impl Dot for Maddubs {
+    const FULL_BYTES: bool = false;
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, xq: __m256i, init: __m256i, ones: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract; codes < 129 keep the pairs from saturating.
+        unsafe { _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones), init) }
+    }
+}
+
+/// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32.
+struct Vnni;
+
+impl Dot for Vnni {
+    const FULL_BYTES: bool = true;
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, xq: __m256i, init: __m256i, _: __m256i) -> __m256i {
+        // SAFETY: AVX512_VNNI + AVX512VL per the contract.
+        unsafe { _mm256_dpbusd_epi32(init, u, xq) }
+    }
+}
+
+/// The body of [`dots`] and [`dots_vnni`], inlined into each so it compiles with its
+/// caller's features.
+///
+/// # Safety
+/// As [`dots`], plus `D`'s features.
+#[inline(always)]
+unsafe fn dots_with<D: Dot, const R: usize>(
+    w: &PackedWeights,
+    row: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
     // One monomorphized loop per layout and metadata width, so no format test runs per
     // chunk.
     macro_rules! by_layout {
         ($(($f:literal, $s:literal, $m:literal, $h:literal)),*) => {
-            match (w.layout == CodeLayout::Nibbles, w.signed_bytes(), w.meta.has_min(), w.split16) {
+            match (w.layout == CodeLayout::Nibbles, w.signed_bytes() && !D::FULL_BYTES, w.meta.has_min(), w.split16) {
                 $(($f, $s, $m, $h) => match &w.meta {
                     // SAFETY: forwarded contract.
                     Meta::F32 { scales, mins } => unsafe {
-                        dots_for::<$f, $s, $m, $h, f32, R>(w, (scales, mins), row, acts, out)
+                        dots_for::<D, $f, $s, $m, $h, f32, R>(w, (scales, mins), row, acts, out)
                     },
                     // SAFETY: forwarded contract.
                     Meta::F16 { scales, mins } => unsafe {
-                        dots_for::<$f, $s, $m, $h, f16, R>(w, (scales, mins), row, acts, out)
+                        dots_for::<D, $f, $s, $m, $h, f16, R>(w, (scales, mins), row, acts, out)
                     },
                     Meta::Factored(_) | Meta::SplitI8(_) => unreachable!("factored \
                         metadata is only built interleaved, which `reading` sends to \
@@ -87,8 +158,9 @@ type MetaArrays<'a, E> = (&'a [E], &'a [E]);
 /// [`dots`] for one layout: 4-bit pairs or bytes, signed-byte multiply, a minimum,
 /// per-half scales, f32 or f16 metadata; then one loop per activation-row count (R
 /// weight rows take one activation row).
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 unsafe fn dots_for<
+    D: Dot,
     const FOUR: bool,
     const SIGNED: bool,
     const MIN: bool,
@@ -105,14 +177,14 @@ unsafe fn dots_for<
     // SAFETY: forwarded contract; each arm gets exactly its count of rows.
     unsafe {
         if R > 1 {
-            return dots_m::<FOUR, SIGNED, MIN, SPLIT, E, R, 1>(w, meta, row, acts, out);
+            return dots_m::<D, FOUR, SIGNED, MIN, SPLIT, E, R, 1>(w, meta, row, acts, out);
         }
         match acts.len() {
             0 => {}
-            1 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 1>(w, meta, row, acts, out),
-            2 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 2>(w, meta, row, acts, out),
-            3 => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, 3>(w, meta, row, acts, out),
-            _ => dots_m::<FOUR, SIGNED, MIN, SPLIT, E, 1, M_CHUNK>(w, meta, row, acts, out),
+            1 => dots_m::<D, FOUR, SIGNED, MIN, SPLIT, E, 1, 1>(w, meta, row, acts, out),
+            2 => dots_m::<D, FOUR, SIGNED, MIN, SPLIT, E, 1, 2>(w, meta, row, acts, out),
+            3 => dots_m::<D, FOUR, SIGNED, MIN, SPLIT, E, 1, 3>(w, meta, row, acts, out),
+            _ => dots_m::<D, FOUR, SIGNED, MIN, SPLIT, E, 1, M_CHUNK>(w, meta, row, acts, out),
         }
     }
 }
@@ -122,8 +194,9 @@ unsafe fn dots_for<
 /// l₁·dx₁`), which halves the loop-carried FMA chain that bounds a single activation
 /// row. The rows' pointers are taken out of their `QuantActs` once (a constant M unrolls
 /// the row loop, so they are not re-read through two indirections per chunk).
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 unsafe fn dots_m<
+    D: Dot,
     const FOUR: bool,
     const SIGNED: bool,
     const MIN: bool,
@@ -172,12 +245,16 @@ unsafe fn dots_m<
     for i in 0..M {
         rows[i] = ActRow::of(acts[i]);
     }
-    let ctx = Ctx {
-        nib: _mm256_set1_epi8(0x0F),
-        ones: _mm256_set1_epi16(1),
-        flip: _mm256_set1_epi8(-128),
+    // SAFETY: AVX per the contract.
+    let ctx = unsafe {
+        Ctx {
+            nib: _mm256_set1_epi8(0x0F),
+            ones: _mm256_set1_epi16(1),
+            flip: _mm256_set1_epi8(-128),
+        }
     };
-    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    // SAFETY: as above.
+    let mut acc = [[unsafe { _mm256_setzero_ps() }; M]; R];
     let mut b = 0;
     while b + 1 < nb {
         // SAFETY: chunks b and b + 1 exist (b + 1 < nb); prefetching never faults.
@@ -207,8 +284,8 @@ unsafe fn dots_m<
                 let w1 = ChunkW::<SPLIT>::new::<E>(&ctx, u1, scales[g], mins[g], b + 1);
                 for i in 0..M {
                     let a = &rows[i];
-                    let l0 = w0.lane::<SIGNED, MIN>(&ctx, a, b);
-                    let l1 = w1.lane::<SIGNED, MIN>(&ctx, a, b + 1);
+                    let l0 = w0.lane::<D, SIGNED, MIN>(&ctx, a, b);
+                    let l1 = w1.lane::<D, SIGNED, MIN>(&ctx, a, b + 1);
                     let pair = _mm256_fmadd_ps(l1, a.dx(b + 1), _mm256_mul_ps(l0, a.dx(b)));
                     acc[g][i] = _mm256_add_ps(acc[g][i], pair);
                 }
@@ -228,13 +305,14 @@ unsafe fn dots_m<
                 };
                 let wc = ChunkW::<SPLIT>::new::<E>(&ctx, u, scales[g], mins[g], b);
                 for i in 0..M {
-                    let l = wc.lane::<SIGNED, MIN>(&ctx, &rows[i], b);
+                    let l = wc.lane::<D, SIGNED, MIN>(&ctx, &rows[i], b);
                     acc[g][i] = _mm256_fmadd_ps(l, rows[i].dx(b), acc[g][i]);
                 }
             }
         }
     }
-    let sums = hsums(acc.as_flattened());
+    // SAFETY: AVX per the contract.
+    let sums = unsafe { hsums(acc.as_flattened()) };
     out.copy_from_slice(&sums[..R * M]);
 }
 
@@ -337,9 +415,10 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
     /// `d·Σu·q (+ m·Σq)` per lane, before × d_x.
     ///
     /// # Safety
-    /// AVX2 and FMA; `a` holds block b.
+    /// AVX2, FMA and `D`'s features; `a` holds block b; SIGNED unless the codes are
+    /// below 129 or `D` takes full bytes.
     #[inline(always)]
-    unsafe fn lane<const SIGNED: bool, const MIN: bool>(
+    unsafe fn lane<D: Dot, const SIGNED: bool, const MIN: bool>(
         &self,
         ctx: &Ctx,
         a: &ActRow,
@@ -354,9 +433,8 @@ impl<const SPLIT: bool> ChunkW<SPLIT> {
                 let pairs = _mm256_maddubs_epi16(self.abs, _mm256_sign_epi8(xq, s));
                 _mm256_madd_epi16(pairs, ctx.ones)
             } else {
-                let pairs = _mm256_maddubs_epi16(self.u, xq);
                 let init = _mm256_loadu_si256(a.init.add(8 * b) as *const __m256i);
-                _mm256_add_epi32(_mm256_madd_epi16(pairs, ctx.ones), init)
+                D::dot(self.u, xq, init, ctx.ones)
             };
             let isum = _mm256_cvtepi32_ps(sum);
             if MIN {

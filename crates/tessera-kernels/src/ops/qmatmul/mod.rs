@@ -21,8 +21,6 @@ mod spec;
 mod spec_fp8;
 mod spec_int8;
 mod stack;
-#[cfg(target_arch = "x86_64")]
-mod vnni;
 
 pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
@@ -291,11 +289,18 @@ fn run_int8(
         return unsafe { avx2_w8a8::run(threads, w, acts, act_block, y) };
     }
     #[cfg(target_arch = "x86_64")]
-    if kernel == IntKernel::Avx2 && m == 1 {
+    if matches!(kernel, IntKernel::Avx2 | IntKernel::Vnni) && m == 1 {
         const R: usize = avx2_int8::DECODE_ROWS;
+        let vnni = kernel == IntKernel::Vnni;
         return for_weight_rows::<1, R>(threads, (n, m, act_block), y, |r, _, _, out| {
             // SAFETY: as for the body below; r < rows, and `out` holds R outputs.
-            unsafe { avx2_int8::dots::<R>(w, r, &[&acts[0]], out) }
+            unsafe {
+                if vnni {
+                    avx2_int8::dots_vnni::<R>(w, r, &[&acts[0]], out)
+                } else {
+                    avx2_int8::dots::<R>(w, r, &[&acts[0]], out)
+                }
+            }
         });
     }
     let body = |r: usize, m0: usize, mc: usize, out: &mut [f32]| {
@@ -306,7 +311,7 @@ fn run_int8(
         match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            IntKernel::Vnni => unsafe { vnni::dots(w, r, &a[..mc], out) },
+            IntKernel::Vnni => unsafe { avx2_int8::dots_vnni::<1>(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above (the row-scaled weights, run above, are also block-format
             // weights whose chunks repeat the row's scale).
@@ -349,7 +354,8 @@ fn run_int8(
 /// The integer dot-product kernel an ISA runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IntKernel {
-    /// `vpdpbusd`, 64 bytes per instruction (AVX-512 with AVX512_VNNI).
+    /// `vpdpbusd` on ymm, 32 bytes per instruction (AVX-512 with AVX512_VNNI), the
+    /// row-major loop of `avx2_int8`.
     #[cfg(target_arch = "x86_64")]
     Vnni,
     /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
@@ -383,9 +389,7 @@ impl IntKernel {
     }
 
     /// The kernel that reads `w`'s layout: interleaved rows take the interleaved loop
-    /// of the same instruction set; the row-major VNNI kernel reads f32 metadata only,
-    /// so f16 metadata (packed on a CPU without VNNI) goes to the AVX2 kernel, which
-    /// every VNNI CPU has.
+    /// of the same instruction set.
     fn reading(self, w: &PackedWeights) -> Self {
         #[cfg(target_arch = "x86_64")]
         match self {
@@ -397,9 +401,6 @@ impl IntKernel {
                 return IntKernel::Portable
             }
             IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,
-            IntKernel::Vnni if matches!(w.meta, packed::Meta::F16 { .. }) => {
-                return IntKernel::Avx2
-            }
             _ => {}
         }
         let _ = w;
