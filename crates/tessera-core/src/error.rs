@@ -59,6 +59,10 @@ pub enum Error {
     /// The requested ISA or backend is not available on this machine.
     #[error("unsupported on this machine: {0}")]
     Unsupported(String),
+    /// An accelerator refused or failed an operation (no adapter, out of memory, a
+    /// buffer from another backend).
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// Result alias for the core and kernel crates.

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod aligned;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod isa;

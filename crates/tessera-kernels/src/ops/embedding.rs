@@ -236,7 +236,7 @@ impl<T: Element> Instance for EmbInstance<T> {
     fn run(&mut self, v: &Variant, _: &TuneConfig) -> Result<()> {
         let dims = [self.p.n_ids, self.p.dim];
         embedding(
-            v.isa(),
+            v.isa()?,
             &TensorView::new(&self.table, self.lt)?,
             &self.ids,
             &mut TensorViewMut::contiguous(&mut self.out, &dims)?,

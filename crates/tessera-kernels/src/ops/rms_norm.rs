@@ -8,6 +8,7 @@ use crate::ops::common::random_in;
 use crate::pool::{self, SharedMut};
 use crate::registry::{Rng, Tolerance};
 use crate::simd::lane_sum;
+use tessera_core::device::RowOp;
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// An f32 sum of n squares.
@@ -138,6 +139,9 @@ impl RowOpDesc for RmsNorm {
             .zip(&k.gamma)
             .map(|(v, &g)| v * r * g as f64)
             .collect()
+    }
+    fn device_op(k: &RmsNorm) -> Option<(RowOp, Option<&[f32]>)> {
+        Some((RowOp::RmsNorm { eps: k.eps }, Some(&k.gamma)))
     }
     fn nan_reach(n: usize, _: usize) -> Option<Vec<usize>> {
         Some((0..n).collect())

@@ -7,6 +7,7 @@ use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
 use crate::simd::{exp_shifted_sum_on, max_on};
+use tessera_core::device::RowOp;
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// exp polynomial (≤ 3e-7) plus an f32 sum of n terms.
@@ -71,6 +72,9 @@ impl RowOpDesc for Softmax {
         let e: Vec<f64> = x[0].iter().map(|v| (v - m).exp()).collect();
         let s: f64 = e.iter().sum();
         e.iter().map(|v| v / s).collect()
+    }
+    fn device_op(_: &Softmax) -> Option<(RowOp, Option<&[f32]>)> {
+        Some((RowOp::Softmax, None))
     }
     fn nan_reach(n: usize, _: usize) -> Option<Vec<usize>> {
         Some((0..n).collect())

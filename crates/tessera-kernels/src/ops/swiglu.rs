@@ -6,6 +6,7 @@ use super::silu::{silu_f64, SILU};
 use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
 use crate::simd::x_sigmoid_on;
+use tessera_core::device::RowOp;
 use tessera_core::{DType, Element, Isa, Result, TensorView, TensorViewMut};
 
 /// As SiLU, plus one exact-ish multiply.
@@ -73,6 +74,9 @@ impl RowOpDesc for SwiGlu {
             .zip(&x[1])
             .map(|(&g, &u)| silu_f64(g) * u)
             .collect()
+    }
+    fn device_op(_: &SwiGlu) -> Option<(RowOp, Option<&[f32]>)> {
+        Some((RowOp::SwiGlu, None))
     }
     fn nan_reach(_: usize, col: usize) -> Option<Vec<usize>> {
         Some(vec![col])

@@ -243,6 +243,13 @@ impl<B: BlockFormat> QuantMatrix<B> {
     pub fn size_bytes(&self) -> usize {
         std::mem::size_of_val(self.blocks.as_slice())
     }
+    /// The blocks as their GGUF bytes (what a device backend uploads).
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: every BlockFormat is a `repr(C)` record of u8/f16 fields without
+        // padding (the layout blocks_from_bytes reads GGUF data through); any byte
+        // pattern of it is a valid u8, and the length is the blocks' exact size.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr() as *const u8, self.size_bytes()) }
+    }
 
     /// Row r's values into `out` (panics, like slice indexing, unless r < rows and
     /// `out.len() == cols`).

@@ -10,10 +10,13 @@
 //! gate are all drivers over these same descriptions, as in ggml's test-backend-ops but
 //! checked against float64.
 
+pub mod on_device;
 pub mod verify;
 
 use rand::SeedableRng;
 use std::fmt;
+use std::sync::Arc;
+use tessera_core::device::{self, Device, DeviceKind};
 use tessera_core::{DType, Isa, Result};
 
 /// The random generator every problem generator and instance uses (seeded: reproducible).
@@ -67,6 +70,36 @@ pub enum ComputeUnit {
 pub enum Backend {
     /// On the CPU, with this instruction set.
     Cpu(Isa),
+    /// On the installed `wgpu` device (Vulkan, Metal, DX12; WGSL kernels).
+    Wgpu,
+    /// On the installed CUDA device (kernels compiled by NVRTC).
+    Cuda,
+}
+
+impl Backend {
+    /// The accelerator a device backend runs on; None for the CPU.
+    pub fn device_kind(self) -> Option<DeviceKind> {
+        match self {
+            Backend::Cpu(_) => None,
+            Backend::Wgpu => Some(DeviceKind::Wgpu),
+            Backend::Cuda => Some(DeviceKind::Cuda),
+        }
+    }
+    /// The backend of a device kind.
+    pub fn of_device(kind: DeviceKind) -> Self {
+        match kind {
+            DeviceKind::Wgpu => Backend::Wgpu,
+            DeviceKind::Cuda => Backend::Cuda,
+        }
+    }
+    /// `cpu`, `wgpu` or `cuda`: how `--backend` names it.
+    pub fn family(self) -> &'static str {
+        match self {
+            Backend::Cpu(_) => "cpu",
+            Backend::Wgpu => "wgpu",
+            Backend::Cuda => "cuda",
+        }
+    }
 }
 
 /// One implementation of an op: a backend and a label for reports (`avx512`, `avx512-bf16`).
@@ -95,12 +128,40 @@ impl Variant {
         }
     }
 
-    /// The CPU ISA of a CPU variant.
-    pub fn isa(&self) -> Isa {
-        match self.backend {
-            Backend::Cpu(isa) => isa,
+    /// The variant running on an installed device, labelled with its kind (`wgpu`).
+    pub fn device(kind: DeviceKind) -> Self {
+        Variant {
+            backend: Backend::of_device(kind),
+            label: kind.name().to_string(),
         }
     }
+
+    /// The CPU ISA of a CPU variant; an error for a device variant (an instance that
+    /// reaches here for one has no kernel for that backend).
+    pub fn isa(&self) -> Result<Isa> {
+        match self.backend {
+            Backend::Cpu(isa) => Ok(isa),
+            other => Err(tessera_core::Error::Unsupported(format!(
+                "variant {} runs on {}, not on the CPU",
+                self.label,
+                other.family()
+            ))),
+        }
+    }
+
+    /// The installed device a device variant runs on.
+    pub fn device_handle(&self) -> Option<Arc<dyn Device>> {
+        self.backend.device_kind().and_then(device::get)
+    }
+}
+
+/// The device variants of `op` on `dtype`: one per installed device with a kernel for it.
+pub fn device_variants(op: &str, dtype: DType) -> Vec<Variant> {
+    device::installed()
+        .into_iter()
+        .filter(|d| d.supports(op, dtype))
+        .map(|d| Variant::device(d.kind()))
+        .collect()
 }
 
 impl fmt::Display for Variant {
@@ -234,8 +295,10 @@ pub trait OpSpec: Send + Sync {
     /// Element types the op takes.
     fn dtypes(&self) -> &'static [DType];
     /// Implementations runnable on this machine for `dtype`.
-    fn variants(&self, _dtype: DType) -> Vec<Variant> {
-        Isa::available().into_iter().map(Variant::cpu).collect()
+    fn variants(&self, dtype: DType) -> Vec<Variant> {
+        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+        v.extend(device_variants(self.name(), dtype));
+        v
     }
     /// Accepted error against the float64 reference, per dtype.
     fn tolerance(&self, dtype: DType) -> Tolerance;

@@ -167,11 +167,20 @@ impl VariantReport {
 
 /// Checks every dtype × variant of `op` on its random test problems.
 pub fn verify_op(op: &dyn OpSpec, seed: u64) -> Vec<VariantReport> {
+    verify_op_where(op, seed, &|_| true)
+}
+
+/// [`verify_op`] over the variants `keep` accepts (one backend, say).
+pub fn verify_op_where(
+    op: &dyn OpSpec,
+    seed: u64,
+    keep: &dyn Fn(&Variant) -> bool,
+) -> Vec<VariantReport> {
     let mut rng = super::rng(seed);
     let problems = op.test_problems(&mut rng);
     let mut reports = Vec::new();
     for &dtype in op.dtypes() {
-        for variant in op.variants(dtype) {
+        for variant in op.variants(dtype).into_iter().filter(|v| keep(v)) {
             let cases = problems
                 .iter()
                 .filter(|p| p.supports(dtype))

@@ -332,7 +332,7 @@ impl<T: Element> Instance for AttnInstance<T> {
             .get("threads")
             .unwrap_or(crate::pool::global().threads());
         attention_with(
-            v.isa(),
+            v.isa()?,
             threads,
             &TensorView::new(&self.q, self.lq)?,
             &TensorView::contiguous(&self.k, &kd)?,

@@ -2,13 +2,15 @@
 
 use super::{gemm_with, GemmInput, GemmParams};
 use crate::ops::common::{bytes, poison, random};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
-    parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
-    TuneSpace, Variant,
+    device_variants, parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
+    TuneConfig, TuneSpace, Variant,
 };
 use half::{bf16, f16};
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{DeviceCall, DeviceMatrix};
 use tessera_core::{
     AlignedVec, CpuFeatures, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut,
 };
@@ -123,6 +125,7 @@ impl OpSpec for GemmOp {
                 }
                 v
             })
+            .chain(device_variants("gemm", dtype))
             .collect()
     }
     fn tolerance(&self, dtype: DType) -> Tolerance {
@@ -242,6 +245,7 @@ struct GemmInstance<T: Element> {
     la: Layout,
     lb: Layout,
     lc: Layout,
+    dev: Option<OnDevice>,
 }
 
 /// A [batch, rows, cols] layout, stored transposed and/or with padded rows when asked.
@@ -272,7 +276,39 @@ impl<T: GemmInput> GemmInstance<T> {
             lb,
             lc,
             p,
+            dev: None,
         })
+    }
+}
+
+impl<T: GemmInput> GemmInstance<T> {
+    /// The same buffers and strided views on the device: A and B are widened to f32
+    /// once (devices take f32), C starts as the host C (poisoned, or β's input).
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let (a, b, c) = (&self.a, &self.b, &self.c);
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let wide = |x: &AlignedVec<T>| x.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+            Ok((
+                vec![dev.upload(&wide(a))?, dev.upload(&wide(b))?, dev.upload(c)?],
+                2,
+            ))
+        })?;
+        let view = |i: usize, l: &Layout| DeviceMatrix {
+            buf: &state.bufs[i],
+            offset: l.offset(),
+            strides: [l.stride(0), l.stride(1), l.stride(2)],
+        };
+        let p = &self.p;
+        state.device.run(&DeviceCall::Gemm {
+            a: view(0, &self.la),
+            b: view(1, &self.lb),
+            c: view(2, &self.lc),
+            dims: [p.batch, p.m, p.n, p.k],
+            alpha: p.alpha,
+            beta: p.beta,
+        })?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -295,14 +331,20 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
         } else {
             self.c.copy_from_slice(&self.c_init);
         }
+        let c = &self.c;
+        OnDevice::reset_output(&mut self.dev, |_| c.to_vec());
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
-        let blocking = super::blocking_from(v.isa(), cfg);
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
+        let blocking = super::blocking_from(v.isa()?, cfg);
         let a = TensorView::new(&self.a, self.la)?;
         let b = TensorView::new(&self.b, self.lb)?;
         let mut c = TensorViewMut::new(&mut self.c, self.lc)?;
         gemm_with(
-            v.isa(),
+            v.isa()?,
             blocking,
             &a,
             &b,
@@ -314,11 +356,13 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        let device_c = OnDevice::output(&self.dev);
+        let c: &[f32] = device_c.as_deref().unwrap_or(&self.c);
         let mut out = Vec::with_capacity(self.p.batch * self.p.m * self.p.n);
         for b in 0..self.p.batch {
             for i in 0..self.p.m {
                 for j in 0..self.p.n {
-                    out.push(self.c[self.lc.index_of(&[b, i, j])] as f64);
+                    out.push(c[self.lc.index_of(&[b, i, j])] as f64);
                 }
             }
         }

@@ -274,7 +274,7 @@ impl<T: Element> Instance for PagedInstance<T> {
             d: self.p.d,
         };
         paged_attention(
-            v.isa(),
+            v.isa()?,
             &TensorView::contiguous(&self.q, &dims)?,
             &cache,
             &seqs,

@@ -4,12 +4,14 @@ use super::{qmatmul, ActScales, PackedWeights, QuantActs};
 use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
-    parse_dims, BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
-    TuneConfig, TuneParam, TuneSpace, Variant,
+    device_variants, parse_dims, BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase,
+    Rng, Tolerance, TuneConfig, TuneParam, TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{Device, DeviceBuffer, DeviceCall, DeviceMatrix};
 use tessera_core::{CpuFeatures, DType, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// Measured against Σ|w·x| (see `Instance::magnitude`). Weights dequantize to exactly the
@@ -150,6 +152,7 @@ impl OpSpec for QMatmulOp {
                 Variant::labelled(Isa::Avx512, INTERLEAVED_VNNI),
             );
         }
+        v.extend(device_variants("qmatmul", dtype));
         v
     }
     fn tolerance(&self, _: DType) -> Tolerance {
@@ -379,11 +382,52 @@ impl Operands {
     }
     /// y in row-major order, whatever its layout.
     pub fn output(&self) -> Vec<f64> {
+        self.output_from(&None)
+    }
+    /// y in row-major order, from the device when the latest run was there.
+    pub fn output_from(&self, dev: &Option<OnDevice>) -> Vec<f64> {
         let (m, n) = (self.p.m, self.p.n);
+        let device_y = OnDevice::output(dev);
+        let y: &[f32] = device_y.as_deref().unwrap_or(&self.y);
         let l = self.y_layout().expect("validated in call");
         (0..m * n)
-            .map(|j| self.y[l.index_of(&[j / n, j % n])] as f64)
+            .map(|j| y[l.index_of(&[j / n, j % n])] as f64)
             .collect()
+    }
+
+    /// Runs the matmul on a device: x and y uploaded with their (strided) layouts and
+    /// the weights by `weights`, once per instance and device.
+    pub fn run_on_device(
+        &self,
+        slot: &mut Option<OnDevice>,
+        v: &Variant,
+        weights: impl FnOnce(&dyn Device) -> Result<DeviceBuffer>,
+    ) -> Result<()> {
+        let state = OnDevice::ensure(slot, v, |dev| {
+            let bufs = vec![
+                weights(dev)?,
+                dev.upload(&self.x)?,
+                dev.upload(&vec![f32::NAN; self.y.len()])?,
+            ];
+            Ok((bufs, 2))
+        })?;
+        let yl = self.y_layout()?;
+        state.device.run(&DeviceCall::QMatmul {
+            w: &state.bufs[0],
+            x: DeviceMatrix {
+                buf: &state.bufs[1],
+                offset: 0,
+                strides: [0, self.ldx, 1],
+            },
+            y: DeviceMatrix {
+                buf: &state.bufs[2],
+                offset: 0,
+                strides: [0, yl.stride(0), yl.stride(1)],
+            },
+            m: self.p.m,
+        })?;
+        state.ran = true;
+        Ok(())
     }
     /// A NaN activation reaches every output of its row (NaN·0 is NaN too).
     pub fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
@@ -408,6 +452,7 @@ struct QInstance<B> {
     packed: PackedWeights,
     interleaved: Option<PackedWeights>,
     ops: Operands,
+    dev: Option<OnDevice>,
 }
 
 impl<B: BlockFormat> QInstance<B> {
@@ -432,6 +477,7 @@ impl<B: BlockFormat> QInstance<B> {
             interleaved: PackedWeights::interleaved(&w),
             w,
             ops: Operands::new(p, rng),
+            dev: None,
         })
     }
 
@@ -483,8 +529,15 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     }
     fn poison(&mut self) {
         self.ops.poison();
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.ops.run_on_device(&mut self.dev, v, |dev| {
+                dev.upload_blocks(B::DTYPE, self.w.rows(), self.w.cols(), self.w.as_bytes())
+            });
+        }
+        OnDevice::host_ran(&mut self.dev);
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
         let interleaved = self.interleaved.as_ref();
@@ -492,16 +545,16 @@ impl<B: BlockFormat> Instance for QInstance<B> {
             if is_interleaved(v) {
                 let w = interleaved
                     .ok_or_else(|| Error::Unsupported(format!("{} for {}", v.label, B::DTYPE)))?;
-                super::qmatmul_int8(v.isa(), threads, w, x, y)
+                super::qmatmul_int8(v.isa()?, threads, w, x, y)
             } else if INT8.contains(v) {
-                super::qmatmul_int8(v.isa(), threads, packed, x, y)
+                super::qmatmul_int8(v.isa()?, threads, packed, x, y)
             } else {
-                qmatmul(v.isa(), threads, w, x, y)
+                qmatmul(v.isa()?, threads, w, x, y)
             }
         })
     }
     fn output(&self) -> Vec<f64> {
-        self.ops.output()
+        self.ops.output_from(&self.dev)
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
         self.ops.inject_nonfinite(rng)

@@ -161,7 +161,8 @@ impl Instance for Fp8Instance {
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let w = &self.w;
-        self.ops.call(|x, y| qmatmul_fp8(v.isa(), threads, w, x, y))
+        self.ops
+            .call(|x, y| qmatmul_fp8(v.isa()?, threads, w, x, y))
     }
     fn output(&self) -> Vec<f64> {
         self.ops.output()

@@ -157,9 +157,9 @@ impl Instance for I8Instance {
         let (w, packed) = (&self.w, &self.packed);
         self.ops.call(|x, y| {
             if W8A8.contains(v) {
-                qmatmul_w8a8(v.isa(), threads, packed, x, y)
+                qmatmul_w8a8(v.isa()?, threads, packed, x, y)
             } else {
-                qmatmul_i8(v.isa(), threads, w, x, y)
+                qmatmul_i8(v.isa()?, threads, w, x, y)
             }
         })
     }

@@ -158,6 +158,11 @@ pub trait RowOpDesc: Send + Sync + 'static {
     }
     /// The float64 output row.
     fn reference(k: &Self::Kernel, row: usize, x: &[Vec<f64>]) -> Vec<f64>;
+    /// The device form of the op and its parameter row (RMSNorm's γ), for the backends
+    /// that run it; None: CPU only.
+    fn device_op(_k: &Self::Kernel) -> Option<(tessera_core::device::RowOp, Option<&[f32]>)> {
+        None
+    }
     /// Output indices (within the row) that must be NaN when input column `col` is NaN;
     /// None when the op promises nothing (argmax returns an index).
     fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>>;

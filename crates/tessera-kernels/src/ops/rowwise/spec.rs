@@ -2,6 +2,7 @@
 
 use super::{run_rows, RowOpDesc};
 use crate::ops::common::{bytes, poison, random_in};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
     parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
     TuneParam, TuneSpace, Variant,
@@ -10,6 +11,7 @@ use half::bf16;
 use rand::Rng as _;
 use std::fmt;
 use std::marker::PhantomData;
+use tessera_core::device::{DeviceBuffer, DeviceCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// `rows` rows of length `n`; `strided` stores inputs with padded rows and the output
@@ -163,6 +165,7 @@ struct RowInstance<D: RowOpDesc, T: Element> {
     lin: Layout,
     out: AlignedVec<f32>,
     lout: Layout,
+    dev: Option<OnDevice>,
 }
 
 impl<D: RowOpDesc, T: Element> RowInstance<D, T> {
@@ -190,7 +193,45 @@ impl<D: RowOpDesc, T: Element> RowInstance<D, T> {
             out: AlignedVec::zeroed(lout.span()?)?,
             lout,
             p,
+            dev: None,
         })
+    }
+}
+
+impl<D: RowOpDesc, T: Element> RowInstance<D, T> {
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let (op, gamma) = D::device_op(&self.kernel)
+            .ok_or_else(|| Error::Unsupported(format!("{} has no {} kernel", D::NAME, v.label)))?;
+        let (rows, n) = (self.p.rows, self.p.n);
+        let (inputs, lin) = (&self.inputs, self.lin);
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            // Devices take contiguous rows: the (possibly strided) inputs are packed.
+            let pack = |b: &AlignedVec<T>| -> Vec<f32> {
+                (0..rows * n)
+                    .map(|j| b[lin.index_of(&[j / n, j % n])].to_f32())
+                    .collect()
+            };
+            let mut bufs = inputs
+                .iter()
+                .map(|b| dev.upload(&pack(b)))
+                .collect::<Result<Vec<_>>>()?;
+            bufs.push(dev.upload(gamma.unwrap_or(&[]))?);
+            bufs.push(dev.upload(&vec![f32::NAN; rows * D::out_len(n)])?);
+            let out = bufs.len() - 1;
+            Ok((bufs, out))
+        })?;
+        let k = D::INPUTS;
+        let inputs: Vec<&DeviceBuffer> = state.bufs[..k].iter().collect();
+        state.device.run(&DeviceCall::Rows {
+            op,
+            inputs: &inputs,
+            gamma: gamma.map(|_| &state.bufs[k]),
+            out: &state.bufs[k + 1],
+            rows,
+            n,
+        })?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -213,8 +254,13 @@ impl<D: RowOpDesc, T: Element> Instance for RowInstance<D, T> {
     }
     fn poison(&mut self) {
         poison(&mut self.out);
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
         let views = self
             .inputs
             .iter()
@@ -226,7 +272,7 @@ impl<D: RowOpDesc, T: Element> Instance for RowInstance<D, T> {
         let mut out = TensorViewMut::new(&mut self.out, self.lout)?;
         run_rows(
             D::NAME,
-            v.isa(),
+            v.isa()?,
             threads,
             &self.kernel,
             &views,
@@ -235,6 +281,9 @@ impl<D: RowOpDesc, T: Element> Instance for RowInstance<D, T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        if let Some(out) = OnDevice::output(&self.dev) {
+            return out.into_iter().map(f64::from).collect();
+        }
         let m = D::out_len(self.p.n);
         (0..self.p.rows)
             .flat_map(|r| (0..m).map(move |i| (r, i)))

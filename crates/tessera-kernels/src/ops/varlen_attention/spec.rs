@@ -314,7 +314,7 @@ impl<T: Element> Instance for VarlenInstance<T> {
         };
         let dims = [total_q, p.heads, p.d];
         varlen_attention(
-            v.isa(),
+            v.isa()?,
             &TensorView::new(&self.q, self.q_layout()?)?,
             &cache,
             &seqs,

@@ -1,0 +1,247 @@
+//! The interface every accelerator backend implements, and the table of installed ones.
+//!
+//! Why it lives in the core crate: the registry (in `tessera-kernels`) must run an op's
+//! device variants, and the backends (`tessera-wgpu`, `tessera-cuda`) must not depend on
+//! the CPU kernels. Both depend on this module instead; the top of the stack (the CLI,
+//! the Python package) installs whichever backends it was built with and found a device
+//! for. A backend keeps its buffers opaque ([`DeviceBuffer`]); the registry uploads the
+//! same inputs the CPU variants see, runs a [`DeviceCall`] (timed) and downloads the
+//! output (untimed), so every backend is verified against the same float64 references.
+
+use crate::{DType, Error, Result};
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+/// Which accelerator API a device is driven through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// Vulkan, Metal or DX12 through the `wgpu` crate (WGSL kernels).
+    Wgpu,
+    /// NVIDIA GPUs through the CUDA driver API (kernels compiled by NVRTC).
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The lower-case name used on the command line and in variant labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Wgpu => "wgpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Memory on a device, owned by the backend that made it (downcast with [`Self::get`]).
+pub struct DeviceBuffer {
+    len: usize,
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl DeviceBuffer {
+    /// Wraps a backend's buffer holding `len` elements (f32 elements, or whatever unit
+    /// the backend documents for packed weights).
+    pub fn new(len: usize, inner: impl Any + Send + Sync) -> Self {
+        DeviceBuffer {
+            len,
+            inner: Box::new(inner),
+        }
+    }
+    /// Elements the buffer holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The backend's own buffer type, or an error naming the mismatch (a buffer from
+    /// another backend).
+    pub fn get<T: Any>(&self) -> Result<&T> {
+        self.inner.downcast_ref().ok_or_else(|| {
+            Error::Device(format!(
+                "buffer belongs to another backend (expected {})",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceBuffer({} elements)", self.len)
+    }
+}
+
+/// A row-wise op a device runs over `rows` contiguous rows of `n` f32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowOp {
+    /// `x/√(mean(x²)+eps)·γ` (γ passed as the call's parameter buffer).
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+    },
+    /// Stable softmax.
+    Softmax,
+    /// `silu(gate)·up` (two inputs).
+    SwiGlu,
+}
+
+impl RowOp {
+    /// The registry name of the op.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowOp::RmsNorm { .. } => "rms_norm",
+            RowOp::Softmax => "softmax",
+            RowOp::SwiGlu => "swiglu",
+        }
+    }
+    /// Input streams the op reads.
+    pub fn inputs(self) -> usize {
+        match self {
+            RowOp::SwiGlu => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// A rank-3 f32 view into a device buffer: `[batch, rows, cols]` with element strides,
+/// so transposed, padded and batched operands are expressed as on the CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceMatrix<'a> {
+    /// The buffer.
+    pub buf: &'a DeviceBuffer,
+    /// Element offset of `[0, 0, 0]`.
+    pub offset: usize,
+    /// Element strides of batch, row and column.
+    pub strides: [usize; 3],
+}
+
+impl DeviceMatrix<'_> {
+    /// The largest element index the view reaches for dims `[batch, rows, cols]`, plus
+    /// one: what the buffer must hold.
+    pub fn span(&self, dims: [usize; 3]) -> usize {
+        if dims.contains(&0) {
+            return 0;
+        }
+        self.offset
+            + (0..3)
+                .map(|i| (dims[i] - 1) * self.strides[i])
+                .sum::<usize>()
+            + 1
+    }
+
+    /// An error unless the buffer holds every element of the view.
+    pub fn check(&self, op: &'static str, name: &str, dims: [usize; 3]) -> Result<()> {
+        let need = self.span(dims);
+        if need > self.buf.len() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{name} view {dims:?} reaches element {need} of a {}-element buffer",
+                    self.buf.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One kernel launch on a device. Shapes are checked by the backend against its buffers.
+#[derive(Debug)]
+pub enum DeviceCall<'a> {
+    /// A row-wise op over `rows × n` contiguous rows.
+    Rows {
+        /// Which op.
+        op: RowOp,
+        /// Its input streams, each `rows·n` f32.
+        inputs: &'a [&'a DeviceBuffer],
+        /// γ of `n` for RMSNorm.
+        gamma: Option<&'a DeviceBuffer>,
+        /// `rows·n` f32 out.
+        out: &'a DeviceBuffer,
+        /// Rows.
+        rows: usize,
+        /// Row length.
+        n: usize,
+    },
+    /// `C = α·A·B + β·C` over `batch` f32 matrices (A `[m,k]`, B `[k,n]`, C `[m,n]`).
+    Gemm {
+        /// A.
+        a: DeviceMatrix<'a>,
+        /// B.
+        b: DeviceMatrix<'a>,
+        /// C (read when β ≠ 0).
+        c: DeviceMatrix<'a>,
+        /// `[batch, m, n, k]`.
+        dims: [usize; 4],
+        /// Scale of A·B.
+        alpha: f32,
+        /// Scale of the old C (0: C is not read).
+        beta: f32,
+    },
+    /// `y[m, n] = x[m, k]·Wᵀ`, W uploaded by [`Device::upload_blocks`].
+    QMatmul {
+        /// The quantized weights.
+        w: &'a DeviceBuffer,
+        /// Activations `[1, m, k]`.
+        x: DeviceMatrix<'a>,
+        /// Output `[1, m, n]`.
+        y: DeviceMatrix<'a>,
+        /// Activation rows.
+        m: usize,
+    },
+}
+
+/// An accelerator: memory management and kernel launches.
+pub trait Device: Send + Sync {
+    /// The API it is driven through.
+    fn kind(&self) -> DeviceKind;
+    /// The adapter or GPU name, for reports.
+    fn name(&self) -> String;
+    /// Whether the backend has a kernel for registry op `op` on `dtype` inputs.
+    fn supports(&self, op: &str, dtype: DType) -> bool;
+    /// Copies f32 data to a new device buffer.
+    fn upload(&self, data: &[f32]) -> Result<DeviceBuffer>;
+    /// Uploads a `[rows, cols]` matrix stored in the ggml block format `format` (its
+    /// raw blocks, row-major), in whatever layout the backend's matmul reads.
+    fn upload_blocks(
+        &self,
+        format: DType,
+        rows: usize,
+        cols: usize,
+        blocks: &[u8],
+    ) -> Result<DeviceBuffer>;
+    /// Overwrites a buffer made by [`Device::upload`] with `data` (same length).
+    fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()>;
+    /// Copies an f32 buffer back.
+    fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>>;
+    /// Launches one call and waits until it has finished.
+    fn run(&self, call: &DeviceCall<'_>) -> Result<()>;
+}
+
+static INSTALLED: RwLock<Vec<Arc<dyn Device>>> = RwLock::new(Vec::new());
+
+/// Makes a device available to the registry and the engine (replacing an installed
+/// device of the same kind).
+pub fn install(device: Arc<dyn Device>) {
+    let mut all = INSTALLED.write().unwrap_or_else(|e| e.into_inner());
+    all.retain(|d| d.kind() != device.kind());
+    all.push(device);
+}
+
+/// Every installed device.
+pub fn installed() -> Vec<Arc<dyn Device>> {
+    INSTALLED.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The installed device of one kind.
+pub fn get(kind: DeviceKind) -> Option<Arc<dyn Device>> {
+    installed().into_iter().find(|d| d.kind() == kind)
+}

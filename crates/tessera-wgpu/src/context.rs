@@ -1,0 +1,325 @@
+//! The adapter, device and queue; buffers; cached pipelines; one launch = one
+//! submission that is waited for (the registry times calls one by one).
+
+use crate::blocks;
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
+use tessera_core::device::{Device, DeviceBuffer, DeviceCall, DeviceKind};
+use tessera_core::{DType, Error, Result};
+
+/// An f32 (or u32-word) storage buffer on the device.
+pub(crate) struct Buf {
+    pub buffer: wgpu::Buffer,
+}
+
+/// Quantized weights as the matmul shader reads them.
+pub(crate) struct BlockBuf {
+    pub format: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub scales: wgpu::Buffer,
+    pub codes: wgpu::Buffer,
+}
+
+/// A `wgpu` adapter opened for compute.
+pub struct WgpuDevice {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    pub(crate) max_binding: u64,
+    pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+}
+
+pub(crate) fn device_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Device(format!("wgpu {what}: {e}"))
+}
+
+impl WgpuDevice {
+    /// Opens the first adapter of the primary backends (Vulkan, Metal, DX12), a software
+    /// one (lavapipe) included; `TESSERA_WGPU_ADAPTER=substring` picks by name. An error
+    /// when there is none, naming what was searched.
+    pub fn new() -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc);
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let wanted = std::env::var("TESSERA_WGPU_ADAPTER").ok();
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        let adapter = adapters
+            .into_iter()
+            .find(|a| {
+                wanted
+                    .as_deref()
+                    .is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
+            })
+            .ok_or_else(|| {
+                Error::Device(match &wanted {
+                    Some(w) => format!("no wgpu adapter named like '{w}' (found: {names:?})"),
+                    None => "no wgpu adapter (Vulkan, Metal or DX12); on Linux without a GPU, \
+                             install Mesa's software Vulkan driver (Debian: mesa-vulkan-drivers)"
+                        .into(),
+                })
+            })?;
+        let limits = adapter.limits();
+        let mut required = wgpu::Limits::defaults();
+        required.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size;
+        required.max_buffer_size = limits.max_buffer_size;
+        required.max_storage_buffers_per_shader_stage =
+            limits.max_storage_buffers_per_shader_stage.min(8);
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("tessera"),
+            required_features: wgpu::Features::empty(),
+            required_limits: required,
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| device_err("request_device", e))?;
+        Ok(WgpuDevice {
+            device,
+            queue,
+            info: adapter.get_info(),
+            max_binding: limits.max_storage_buffer_binding_size,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter's description (name, driver, type).
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        if bytes > self.max_binding {
+            return Err(Error::Device(format!(
+                "{label}: {bytes} bytes exceed the adapter's largest storage binding ({} bytes)",
+                self.max_binding
+            )));
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            // Bindings of 0 bytes are invalid: keep one word.
+            size: bytes.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(device_err(label, e));
+        }
+        Ok(buffer)
+    }
+
+    pub(crate) fn words(&self, data: &[u8], label: &str) -> Result<wgpu::Buffer> {
+        let buffer = self.storage(data.len() as u64, label)?;
+        if !data.is_empty() {
+            self.queue.write_buffer(&buffer, 0, data);
+        }
+        Ok(buffer)
+    }
+
+    /// The pipeline for `entry` of `source`, compiled on first use.
+    pub(crate) fn pipeline(
+        &self,
+        entry: &'static str,
+        source: &'static str,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let mut cache = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(entry) {
+            return Ok(p.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(entry),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(device_err(entry, e));
+        }
+        let pipeline = Arc::new(pipeline);
+        cache.insert(entry, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Binds `params` (as a uniform) and `buffers` (bindings 1..; None for a binding
+    /// the entry point does not use, which its derived layout then lacks) to
+    /// `pipeline`, dispatches `grid` workgroups and waits for completion.
+    pub(crate) fn launch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &[u32],
+        buffers: &[Option<&wgpu::Buffer>],
+        grid: [u32; 3],
+    ) -> Result<()> {
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: (params.len() * 4).next_multiple_of(16) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.resize(bytes.len().next_multiple_of(16), 0);
+        self.queue.write_buffer(&uniform, 0, &bytes);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        entries.extend(buffers.iter().enumerate().filter_map(|(i, b)| {
+            b.map(|b| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            })
+        }));
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        }
+        self.queue.submit([encoder.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(device_err("launch", e));
+        }
+        self.wait()
+    }
+
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| device_err("poll", e))
+    }
+
+    fn read_back(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
+        let bytes = (len * 4) as u64;
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| device_err("map", e))?
+            .map_err(|e| device_err("map", e))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| device_err("map range", e))?;
+        Ok(view
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+}
+
+impl std::fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuDevice({})", self.name())
+    }
+}
+
+fn as_bytes(data: &[f32]) -> Vec<u8> {
+    data.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+impl Device for WgpuDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Wgpu
+    }
+    fn name(&self) -> String {
+        format!(
+            "{} ({:?}, {})",
+            self.info.name, self.info.backend, self.info.driver
+        )
+    }
+    fn supports(&self, op: &str, dtype: DType) -> bool {
+        match op {
+            "rms_norm" | "softmax" | "swiglu" | "gemm" => dtype == DType::F32,
+            "qmatmul" => blocks::format_code(dtype).is_some(),
+            _ => false,
+        }
+    }
+    fn upload(&self, data: &[f32]) -> Result<DeviceBuffer> {
+        let buffer = self.words(&as_bytes(data), "upload")?;
+        Ok(DeviceBuffer::new(data.len(), Buf { buffer }))
+    }
+    fn upload_blocks(
+        &self,
+        format: DType,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Result<DeviceBuffer> {
+        let r = blocks::repack(format, rows, cols, raw)?;
+        let scales = self.words(&as_bytes(&r.scales), "block scales")?;
+        let code_bytes: Vec<u8> = r.codes.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let codes = self.words(&code_bytes, "block codes")?;
+        Ok(DeviceBuffer::new(
+            rows * cols,
+            BlockBuf {
+                format,
+                rows,
+                cols,
+                scales,
+                codes,
+            },
+        ))
+    }
+    fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()> {
+        if data.len() != buf.len() {
+            return Err(Error::shape(
+                "wgpu write",
+                format!("{} values for a buffer of {}", data.len(), buf.len()),
+            ));
+        }
+        if !data.is_empty() {
+            self.queue
+                .write_buffer(&buf.get::<Buf>()?.buffer, 0, &as_bytes(data));
+        }
+        self.wait()
+    }
+    fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>> {
+        self.read_back(&buf.get::<Buf>()?.buffer, buf.len())
+    }
+    fn run(&self, call: &DeviceCall<'_>) -> Result<()> {
+        crate::kernels::run(self, call)
+    }
+}

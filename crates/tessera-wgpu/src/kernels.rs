@@ -1,0 +1,213 @@
+//! Each [`DeviceCall`] as a WGSL pipeline: its checks, uniform parameters and grid.
+//!
+//! Shaders index with u32, so every view must span fewer than 2³² elements; grids
+//! beyond 65535 workgroups per dimension fold into the next dimension.
+
+use crate::context::{BlockBuf, Buf, WgpuDevice};
+use tessera_core::device::{DeviceBuffer, DeviceCall, DeviceMatrix, RowOp};
+use tessera_core::{Error, Result};
+
+const ROWS: &str = include_str!("shaders/rows.wgsl");
+const GEMM: &str = include_str!("shaders/gemm.wgsl");
+const QMATMUL: &str = include_str!("shaders/qmatmul.wgsl");
+const MAX_GRID: usize = 65535;
+
+fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::shape(op, format!("{what} = {v} exceeds u32 indexing")))
+}
+
+fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Result<()> {
+    if buf.len() < len {
+        return Err(Error::shape(
+            op,
+            format!("{name} holds {} elements, the call needs {len}", buf.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// A grid of `count` workgroups along x, folded into y past 65535.
+fn folded(op: &'static str, count: usize) -> Result<[u32; 3]> {
+    let y = count.div_ceil(MAX_GRID);
+    if y > MAX_GRID {
+        return Err(Error::shape(op, format!("{count} workgroups")));
+    }
+    Ok([count.min(MAX_GRID) as u32, y as u32, 1])
+}
+
+fn matrix_params(op: &'static str, m: &DeviceMatrix<'_>, dims: [usize; 3]) -> Result<Vec<u32>> {
+    m.check(op, "operand", dims)?;
+    u32_of(op, "span", m.span(dims))?;
+    let mut v = vec![u32_of(op, "offset", m.offset)?];
+    for s in m.strides {
+        v.push(u32_of(op, "stride", s)?);
+    }
+    Ok(v)
+}
+
+pub(crate) fn run(dev: &WgpuDevice, call: &DeviceCall<'_>) -> Result<()> {
+    match *call {
+        DeviceCall::Rows {
+            op,
+            inputs,
+            gamma,
+            out,
+            rows,
+            n,
+        } => rows_call(dev, op, inputs, gamma, out, [rows, n]),
+        DeviceCall::Gemm {
+            a,
+            b,
+            c,
+            dims,
+            alpha,
+            beta,
+        } => gemm(dev, [a, b, c], dims, alpha, beta),
+        DeviceCall::QMatmul { w, x, y, m } => qmatmul(dev, w, x, y, m),
+    }
+}
+
+fn rows_call(
+    dev: &WgpuDevice,
+    op: RowOp,
+    inputs: &[&DeviceBuffer],
+    gamma: Option<&DeviceBuffer>,
+    out: &DeviceBuffer,
+    [rows, n]: [usize; 2],
+) -> Result<()> {
+    let name = op.name();
+    let len = rows
+        .checked_mul(n)
+        .ok_or_else(|| Error::Overflow(format!("{rows}x{n}")))?;
+    u32_of(name, "rows·n", len)?;
+    if inputs.len() != op.inputs() {
+        return Err(Error::invalid(
+            name,
+            format!("{} inputs, the op takes {}", inputs.len(), op.inputs()),
+        ));
+    }
+    for x in inputs {
+        need(name, "input", x, len)?;
+    }
+    need(name, "out", out, len)?;
+    let (second, eps) = match op {
+        RowOp::RmsNorm { eps } => {
+            let g = gamma.ok_or_else(|| Error::invalid(name, "γ missing"))?;
+            need(name, "γ", g, n)?;
+            (g, eps)
+        }
+        RowOp::SwiGlu => (inputs[1], 0.0),
+        RowOp::Softmax => (inputs[0], 0.0),
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    let pipeline = dev.pipeline(name, ROWS)?;
+    let grid = match op {
+        // Elementwise: 256 elements per workgroup.
+        RowOp::SwiGlu => folded(name, len.div_ceil(256))?,
+        _ => folded(name, rows)?,
+    };
+    let params = [rows as u32, n as u32, eps.to_bits(), 0];
+    let bufs = [
+        Some(&inputs[0].get::<Buf>()?.buffer),
+        // Softmax reads one input: its entry point has no binding 2.
+        (op != RowOp::Softmax)
+            .then(|| second.get::<Buf>().map(|b| &b.buffer))
+            .transpose()?,
+        Some(&out.get::<Buf>()?.buffer),
+    ];
+    dev.launch(&pipeline, &params, &bufs, grid)
+}
+
+fn gemm(
+    dev: &WgpuDevice,
+    [a, b, c]: [DeviceMatrix<'_>; 3],
+    [batch, m, n, k]: [usize; 4],
+    alpha: f32,
+    beta: f32,
+) -> Result<()> {
+    let op = "gemm";
+    if batch > MAX_GRID || m.div_ceil(64) > MAX_GRID || n.div_ceil(64) > MAX_GRID {
+        return Err(Error::shape(
+            op,
+            format!("{batch}x{m}x{n} too large for one dispatch"),
+        ));
+    }
+    let mut params = vec![
+        u32_of(op, "m", m)?,
+        u32_of(op, "n", n)?,
+        u32_of(op, "k", k)?,
+        batch as u32,
+    ];
+    params.extend(matrix_params(op, &a, [batch, m, k])?);
+    params.extend(matrix_params(op, &b, [batch, k, n])?);
+    params.extend(matrix_params(op, &c, [batch, m, n])?);
+    params.extend([alpha.to_bits(), beta.to_bits(), 0, 0]);
+    let pipeline = dev.pipeline("gemm", GEMM)?;
+    let bufs = [
+        Some(&a.buf.get::<Buf>()?.buffer),
+        Some(&b.buf.get::<Buf>()?.buffer),
+        Some(&c.buf.get::<Buf>()?.buffer),
+    ];
+    let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
+    dev.launch(&pipeline, &params, &bufs, grid)
+}
+
+fn qmatmul(
+    dev: &WgpuDevice,
+    w: &DeviceBuffer,
+    x: DeviceMatrix<'_>,
+    y: DeviceMatrix<'_>,
+    m: usize,
+) -> Result<()> {
+    let op = "qmatmul";
+    let wb = w.get::<BlockBuf>()?;
+    let (n, k) = (wb.rows, wb.cols);
+    let format = crate::blocks::format_code(wb.format).ok_or_else(|| Error::DType {
+        op,
+        dtype: wb.format.to_string(),
+    })?;
+    if m.div_ceil(4) > MAX_GRID {
+        return Err(Error::shape(
+            op,
+            format!("{m} activation rows in one dispatch"),
+        ));
+    }
+    let xp = matrix_params(op, &x, [1, m, k])?;
+    let yp = matrix_params(op, &y, [1, m, n])?;
+    if xp[3] != 1 {
+        return Err(Error::shape(
+            op,
+            "activation rows must be contiguous (column stride 1)",
+        ));
+    }
+    let params = [
+        u32_of(op, "m", m)?,
+        u32_of(op, "n", n)?,
+        u32_of(op, "k", k)?,
+        format,
+        xp[0],
+        xp[2],
+        yp[0],
+        yp[2],
+        yp[3],
+        0,
+        0,
+        0,
+    ];
+    let pipeline = dev.pipeline("qmatmul", QMATMUL)?;
+    let bufs = [
+        Some(&wb.scales),
+        Some(&wb.codes),
+        Some(&x.buf.get::<Buf>()?.buffer),
+        Some(&y.buf.get::<Buf>()?.buffer),
+    ];
+    // Weight rows along x (folded into z past 65535), groups of 4 activation rows along y.
+    let grid = [
+        n.min(MAX_GRID) as u32,
+        m.div_ceil(4) as u32,
+        n.div_ceil(MAX_GRID) as u32,
+    ];
+    dev.launch(&pipeline, &params, &bufs, grid)
+}

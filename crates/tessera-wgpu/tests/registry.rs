@@ -1,0 +1,74 @@
+//! The wgpu kernels through the registry: the same problems (ragged, strided, batched),
+//! float64 references, tolerances, NaN poisoning and NaN propagation as the CPU
+//! variants. Without any adapter the test says so and passes, unless
+//! `TESSERA_REQUIRE_WGPU=1` (CI, which installs Mesa's lavapipe) makes that a failure.
+
+use std::sync::Arc;
+use tessera_core::device::{self, Device};
+use tessera_core::DType;
+use tessera_kernels::registry::{verify, Backend};
+use tessera_wgpu::WgpuDevice;
+
+fn device() -> Option<Arc<WgpuDevice>> {
+    match WgpuDevice::new() {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) if std::env::var("TESSERA_REQUIRE_WGPU").as_deref() == Ok("1") => {
+            panic!("TESSERA_REQUIRE_WGPU=1 but no adapter: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no wgpu adapter on this machine ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn every_wgpu_kernel_matches_float64() {
+    let Some(dev) = device() else { return };
+    eprintln!("adapter: {}", dev.name());
+    device::install(dev.clone());
+    let mut checked = 0;
+    let mut failures = String::new();
+    for name in ["rms_norm", "softmax", "swiglu", "gemm", "qmatmul"] {
+        let op = tessera_kernels::ops::find(name).expect("registered");
+        let reports = verify::verify_op_where(op, 0x9e0 + name.len() as u64, &|v| {
+            v.backend == Backend::Wgpu
+        });
+        assert!(!reports.is_empty(), "{name}: no wgpu variant");
+        for r in &reports {
+            checked += r.cases.len();
+            for c in r.failures() {
+                failures += &format!(
+                    "{name}/{}/{} {}: rel_err {:.3e} (tol {:.1e}) non-finite {} nan {:?} error {:?}\n",
+                    r.variant, r.dtype, c.problem, c.rel_err, r.tolerance, c.non_finite,
+                    c.nan_propagates, c.error
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "wgpu failures:\n{failures}");
+    assert!(checked > 40, "only {checked} cases ran");
+}
+
+#[test]
+fn bad_calls_are_errors() {
+    let Some(dev) = device() else { return };
+    let x = dev.upload(&[1.0; 8]).unwrap();
+    let out = dev.upload(&[0.0; 4]).unwrap();
+    let call = device::DeviceCall::Rows {
+        op: device::RowOp::Softmax,
+        inputs: &[&x],
+        gamma: None,
+        out: &out,
+        rows: 2,
+        n: 4,
+    };
+    let err = dev.run(&call).unwrap_err().to_string();
+    assert!(err.contains("out holds 4 elements"), "{err}");
+    let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();
+    assert!(err.to_string().contains("bytes for 2"), "{err}");
+    let err = dev
+        .upload_blocks(DType::Q5_K, 1, 256, &[0; 176])
+        .unwrap_err();
+    assert!(err.to_string().contains("dtype"), "{err}");
+}
