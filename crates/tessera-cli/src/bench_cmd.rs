@@ -59,6 +59,7 @@ fn write_trace(path: &std::path::Path, results: &[bench::BenchResult]) -> Result
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    crate::devices::open(args.sel.backend)?;
     // Bad selections and output paths fail now, not after calibrating and benchmarking.
     jobs::jobs(&args.sel, None)?;
     if let Some(path) = &args.profile {
@@ -76,6 +77,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         budget: Duration::from_millis(args.budget_ms),
         cold_read: args.peers,
         in_cache: args.in_cache,
+        device_ceilings: crate::devices::wgpu_ceilings()?,
         ..Default::default()
     };
     let results = jobs::collect(&args.sel, None, &ceilings, &opts, args.json)?;

@@ -27,9 +27,13 @@ pub struct Selection {
     /// Only this dtype.
     #[arg(long)]
     dtype: Option<DType>,
-    /// Only this variant label (e.g. avx512, avx2, scalar, avx512-dpbf16).
+    /// Only this variant label (e.g. avx512, avx2, scalar, avx512-dpbf16, wgpu).
     #[arg(long)]
     variant: Option<String>,
+    /// Which backends: the CPU (default), a device, or all (the CPU and every device
+    /// that opens).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: crate::devices::BackendArg,
     /// Tuning overrides, e.g. `--set kc=256 --set threads=1`.
     #[arg(long = "set", value_parser = parse_kv)]
     set: Vec<(String, usize)>,
@@ -196,6 +200,7 @@ pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> 
                 .variants(dtype)
                 .into_iter()
                 .filter(|v| variant_filter.is_none_or(|x| x == v.label))
+                .filter(|v| sel.backend.keeps(v))
             {
                 for (name, problem) in problems(op)?.into_iter().filter(|(_, p)| p.supports(dtype))
                 {
@@ -251,6 +256,7 @@ mod tests {
             problem: None,
             dtype: Some(DType::F32),
             variant: Some("scalar".into()),
+            backend: crate::devices::BackendArg::Cpu,
             set,
         };
         let j = jobs(&sel(vec![("threads".into(), 1)]), None).unwrap();
@@ -273,6 +279,7 @@ mod tests {
             problem: Some(problem.into()),
             dtype: Some(DType::Q8_0),
             variant: Some("scalar".into()),
+            backend: crate::devices::BackendArg::Cpu,
             set: vec![],
         };
         let j = jobs(&sel("decode q/o"), None).unwrap();

@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod bench_serve_cmd;
+mod devices;
 mod jobs;
 mod profile_cmd;
 mod progress;
@@ -59,6 +60,10 @@ enum Command {
         /// Only these ops (default: all).
         #[arg(long = "op")]
         ops: Vec<String>,
+        /// Which backends: the CPU, a device, or all (the CPU and every device that
+        /// opens).
+        #[arg(long, value_enum, default_value = "all")]
+        backend: devices::BackendArg,
         /// Seed for the random problems and inputs.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -73,7 +78,11 @@ enum Command {
         threads: Option<usize>,
     },
     /// List registered ops, their dtypes and variants.
-    Ops,
+    Ops {
+        /// Also list the variants of the devices that open (wgpu).
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: devices::BackendArg,
+    },
     /// Quantization error of every weight format on one matrix (weights and a matmul
     /// through them, against float64).
     QuantError(quant_cmd::QuantErrorArgs),
@@ -89,19 +98,21 @@ fn main() -> Result<()> {
         Command::Score(args) => run_cmd::score(args),
         Command::BenchModel(args) => run_cmd::bench_model(args),
         Command::BenchServe(args) => bench_serve_cmd::run(args),
-        Command::Verify { ops, seed } => run_verify(&ops, seed),
+        Command::Verify { ops, seed, backend } => run_verify(&ops, seed, backend),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Regress(args) => regress_cmd::run(args),
         Command::Roofline(args) => roofline_cmd::run(args),
         Command::Tune(args) => tune_cmd::run(args),
         Command::Calibrate { threads } => run_calibrate(threads),
         Command::QuantError(args) => quant_cmd::run(args),
-        Command::Ops => {
+        Command::Ops { backend } => {
+            devices::open(backend)?;
             for op in tessera_kernels::ops::all() {
                 let dtypes: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();
                 let variants: Vec<String> = op
                     .variants(op.dtypes()[0])
                     .iter()
+                    .filter(|v| backend.keeps(v))
                     .map(|v| v.label.clone())
                     .collect();
                 println!(
@@ -135,7 +146,8 @@ fn selected_ops(names: &[String]) -> Result<Vec<&'static dyn registry::OpSpec>> 
         .collect()
 }
 
-fn run_verify(ops: &[String], seed: u64) -> Result<()> {
+fn run_verify(ops: &[String], seed: u64, backend: devices::BackendArg) -> Result<()> {
+    devices::open(backend)?;
     eprintln!(
         "cpu: {} ({} pool threads)",
         CpuFeatures::get().summary(),
@@ -143,7 +155,10 @@ fn run_verify(ops: &[String], seed: u64) -> Result<()> {
     );
     let mut all = Vec::new();
     for op in selected_ops(ops)? {
-        let reports = verify::verify_op(op, seed);
+        let reports = verify::verify_op_where(op, seed, &|v| backend.keeps(v));
+        if reports.is_empty() {
+            continue;
+        }
         print!("{}", report::verify_table(&reports));
         for r in &reports {
             for c in r.failures() {

@@ -72,3 +72,31 @@ fn bad_environment_settings_are_reported() {
         assert!(text.contains(want), "{var}={value}: {text}");
     }
 }
+
+/// A backend asked for by name that this binary or machine cannot run is an error that
+/// says why, not an empty report that passes.
+#[test]
+fn unavailable_backends_are_named() {
+    let (ok, text) = tessera(&["verify", "--op", "softmax", "--backend", "cuda"], &[]);
+    assert!(
+        !ok && text.contains("CUDA backend is not in the registry"),
+        "{text}"
+    );
+    let (ok, text) = tessera(&["verify", "--op", "softmax", "--backend", "wgpu"], &[]);
+    if cfg!(feature = "wgpu") {
+        // Built with wgpu: it runs when an adapter opens, and otherwise says so.
+        assert!(ok || text.contains("no wgpu adapter"), "{text}");
+    } else {
+        assert!(
+            !ok && text.contains("built without the wgpu backend"),
+            "{text}"
+        );
+    }
+    if !cfg!(feature = "wgpu") {
+        let (ok, text) = tessera(&["bench", "softmax", "--backend", "wgpu"], &[]);
+        assert!(
+            !ok && text.contains("built without the wgpu backend"),
+            "{text}"
+        );
+    }
+}

@@ -55,6 +55,9 @@ pub struct BenchOptions {
     /// Time memory-bound ops on one instance, without rotation: the weights stay in
     /// cache, so the result is the kernel's compute rate rather than DRAM's.
     pub in_cache: bool,
+    /// The ceilings of the installed device, measured by its own probes: device
+    /// variants are judged against these, without the CPU's bracketing probes.
+    pub device_ceilings: Option<Ceilings>,
 }
 
 impl Default for BenchOptions {
@@ -66,6 +69,7 @@ impl Default for BenchOptions {
             target_spread: 0.02,
             cold_read: false,
             in_cache: false,
+            device_ceilings: None,
         }
     }
 }
@@ -143,6 +147,17 @@ pub struct BenchSpec<'a> {
 /// Benchmarks one (problem, dtype, variant, config).
 pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Result<BenchResult> {
     epoch();
+    let on_device = spec.variant.backend.device_kind().is_some();
+    let ceilings = match (on_device, &opts.device_ceilings) {
+        (false, _) => ceilings,
+        (true, Some(c)) => c,
+        (true, None) => {
+            return Err(tessera_core::Error::Unsupported(format!(
+                "{}: no ceilings measured for this device",
+                spec.variant.label
+            )))
+        }
+    };
     let cost = spec.problem.cost(spec.dtype);
     let peak = ceilings.peak_gflops(spec.unit);
     let mem_bound = memory_bound(&cost, peak, ceilings);
@@ -162,13 +177,19 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     }
     // Bandwidth drifts on a shared host: bracket memory-bound timings with probes.
     let probe = || crate::calibrate::dram_read_now(ceilings.threads, 3);
-    let dram_before = if mem_bound {
+    // A device's ceilings are its own probes' (the CPU probes say nothing about it).
+    let bracket = !on_device;
+    let dram_before = if mem_bound && bracket {
         probe()
     } else {
         ceilings.dram_gbps
     };
     let peak_probe = || crate::calibrate::compute_now(ceilings.threads, spec.unit);
-    let peak_before = if mem_bound { peak } else { peak_probe() };
+    let peak_before = if mem_bound || !bracket {
+        peak
+    } else {
+        peak_probe()
+    };
     let mut samples = Vec::new();
     let mut starts = Vec::new();
     let start = Instant::now();
@@ -199,12 +220,12 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let cold_read_s = (mem_bound && opts.cold_read)
         .then(|| crate::peers::cold_read_s(cost.bytes, ceilings.threads, COLD_READ_BUDGET))
         .flatten();
-    let dram = if mem_bound {
+    let dram = if mem_bound && bracket {
         0.5 * (dram_before + probe())
     } else {
         ceilings.dram_gbps
     };
-    let peak = if mem_bound {
+    let peak = if mem_bound || !bracket {
         peak
     } else {
         0.5 * (peak_before + peak_probe())
