@@ -15,10 +15,15 @@ use std::any::TypeId;
 use std::arch::x86_64::*;
 use tessera_core::Element;
 
-/// Tokens ahead to prefetch (12 KiB of f32 records at d 64 × 3 KV heads): measured on
-/// 16×2048 tokens, 4 → 8 → 16 tokens took f32 from ~20 to ~29 GB/s; loaded-DRAM latency
-/// is several hundred ns, so a few KiB in flight per core is not enough.
-const PREFETCH_AHEAD: usize = 16;
+/// Tokens ahead to prefetch into L1, from L2 where [`L2_AHEAD`] has brought them.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Tokens ahead whose K and V records the K pass prefetches into L2 (24 KiB of f16
+/// records at d 64 × 3 KV heads). L1 prefetches alone stall on the core's few L1 miss
+/// buffers: with 16 tokens ahead into L1 (and V fetched only by its own pass), 16
+/// sequences × 2048 f16 tokens read at ~14 GB/s; with L2 32 ahead and L1 8 ahead, ~20
+/// GB/s (2.0 → 1.16 ms, 3 alternated rounds, host C; 16 × 192: 184 → 138 µs).
+const L2_AHEAD: usize = 32;
 
 /// Runs the explicit kernel when one exists for this element type and shape; false if not.
 /// The caller has checked that the CPU supports AVX-512.
@@ -87,28 +92,18 @@ macro_rules! decode_kernel {
             let c = job.cache;
             let (d, kvh_n, heads) = (16 * NV, c.kv_heads, ml.len());
             let g = heads / kvh_n;
-            let n = job.t1 - job.t0;
+            let n = job.records.len();
             let rec_len = kvh_n * d;
-            let record = |t: usize| {
-                let b = job.table[t / c.block_size] as usize;
-                (b * c.block_size + t % c.block_size) * rec_len
-            };
             let load = $load;
-            let rec_bytes = rec_len * std::mem::size_of::<$t>();
-            let elt = std::mem::size_of::<$t>();
-            let prefetch = |base: *const u8, t: usize| {
-                if t < job.t1 {
-                    let p = base.wrapping_add(record(t) * elt) as *const i8;
-                    for line in (0..rec_bytes).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line));
-                    }
-                }
-            };
             let qp = job.q.as_ptr();
             let mut partial = vec![0f32; heads * 256];
-            for (i, t) in (job.t0..job.t1).enumerate() {
-                prefetch(c.k.as_ptr() as *const u8, t + PREFETCH_AHEAD);
-                let rec = c.k[record(t)..record(t) + rec_len].as_ptr();
+            for (i, &at) in job.records.iter().enumerate() {
+                prefetch_record::<_, _MM_HINT_T1>(&c.k, job.records, i + L2_AHEAD, rec_len);
+                prefetch_record::<_, _MM_HINT_T0>(&c.k, job.records, i + PREFETCH_AHEAD, rec_len);
+                // The V pass's records too, into L2: that pass does too little per
+                // token for its own prefetch to cover a DRAM miss.
+                prefetch_record::<_, _MM_HINT_T1>(&c.v, job.records, i + L2_AHEAD, rec_len);
+                let rec = c.k[at..at + rec_len].as_ptr();
                 for kvh in 0..kvh_n {
                     let k: [__m512; NV] = std::array::from_fn(|v| {
                         // SAFETY: rec addresses kv_heads·d elements of a validated record.
@@ -147,41 +142,48 @@ macro_rules! decode_kernel {
                 }
             }
             softmax_pieces(scores, n, ml);
-            // V pass, one KV head at a time with its heads' outputs in registers (up to
-            // V_HEADS heads × NV vectors). Accumulating through `o` in memory instead
-            // put a store→load→FMA chain on every token (~80 ns per token measured).
-            for kvh in 0..kvh_n {
-                let mut h0 = kvh * g;
-                while h0 < (kvh + 1) * g {
-                    let hb = ((kvh + 1) * g - h0).min(V_HEADS);
-                    let part = VPart {
-                        kvh,
-                        h0,
-                        n,
-                        record: &record,
-                        prefetch: &prefetch,
-                    };
-                    // SAFETY: forwarded contract; hb ≤ V_HEADS heads from h0 exist.
-                    unsafe {
-                        match hb {
-                            1 => $vpass::<NV, 1>(job, &part, scores, o),
-                            2 => $vpass::<NV, 2>(job, &part, scores, o),
-                            _ => $vpass::<NV, 3>(job, &part, scores, o),
+            // V pass, a tile of V_TILE tokens at a time; within a tile one KV head at a
+            // time with its heads' outputs in registers (up to V_HEADS heads × NV
+            // vectors), carried between tiles through `o`. Accumulating through `o` on
+            // every token put a store→load→FMA chain on each (~80 ns per token measured);
+            // one pass per KV head over the whole chunk re-read every V record from L2.
+            let mut from = 0;
+            while from < n {
+                let tile = from..(from + V_TILE).min(n);
+                for kvh in 0..kvh_n {
+                    let mut h0 = kvh * g;
+                    while h0 < (kvh + 1) * g {
+                        let hb = ((kvh + 1) * g - h0).min(V_HEADS);
+                        let part = VPart {
+                            kvh,
+                            h0,
+                            n,
+                            tile: tile.clone(),
+                        };
+                        // SAFETY: forwarded contract; hb ≤ V_HEADS heads from h0 exist.
+                        unsafe {
+                            match hb {
+                                1 => $vpass::<NV, 1>(job, &part, scores, o),
+                                2 => $vpass::<NV, 2>(job, &part, scores, o),
+                                _ => $vpass::<NV, 3>(job, &part, scores, o),
+                            }
                         }
+                        h0 += hb;
                     }
-                    h0 += hb;
                 }
+                from = tile.end;
             }
         }
 
-        /// Σ_t p[h, t]·V[t, kvh] for heads h0..h0+H, accumulated in registers, stored to o.
+        /// Σ_t p[h, t]·V[t, kvh] over the part's tile for heads h0..h0+H, added in
+        /// registers to what `o` holds from earlier tiles (nothing before the first).
         ///
         /// # Safety
         /// As for the kernel; heads h0..h0+H belong to `part.kvh`.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
         unsafe fn $vpass<const NV: usize, const H: usize>(
             job: &ChunkAll<'_, $t>,
-            part: &VPart<'_>,
+            part: &VPart,
             scores: &[f32],
             o: &mut [f32],
         ) {
@@ -190,11 +192,27 @@ macro_rules! decode_kernel {
             let load = $load;
             let (n, h0) = (part.n, part.h0);
             let mut acc = [[_mm512_setzero_ps(); NV]; H];
-            for (i, t) in (job.t0..job.t1).enumerate() {
-                if part.kvh == 0 {
-                    (part.prefetch)(c.v.as_ptr() as *const u8, t + PREFETCH_AHEAD);
+            if part.tile.start > 0 {
+                for hh in 0..H {
+                    for v in 0..NV {
+                        let src = &o[(h0 + hh) * d + 16 * v..][..16];
+                        // SAFETY: src holds 16 floats.
+                        acc[hh][v] = unsafe { _mm512_loadu_ps(src.as_ptr()) };
+                    }
                 }
-                let rec = c.v[(part.record)(t) + part.kvh * d..][..d].as_ptr();
+            }
+            for i in part.tile.clone() {
+                let at = job.records[i];
+                if part.kvh == 0 {
+                    let rec_len = c.kv_heads * d;
+                    prefetch_record::<_, _MM_HINT_T0>(
+                        &c.v,
+                        job.records,
+                        i + PREFETCH_AHEAD,
+                        rec_len,
+                    );
+                }
+                let rec = c.v[at + part.kvh * d..][..d].as_ptr();
                 let vr: [__m512; NV] = std::array::from_fn(|v| {
                     // SAFETY: rec addresses d elements of a validated record.
                     unsafe { load(rec.add(16 * v)) }
@@ -220,14 +238,30 @@ macro_rules! decode_kernel {
 /// Heads whose V sums one register pass keeps (3 × NV ≤ 24 of the 32 zmm).
 const V_HEADS: usize = 3;
 
+/// Tokens per V tile: every KV head's pass over a tile finds its records in L1 (32 tokens
+/// of d 64 × 3 KV heads are 12 KiB in f16, 24 KiB in f32).
+const V_TILE: usize = 32;
+
 /// What a V pass needs from its kernel: the KV head, its first query head, the chunk
-/// length, the token → record offset map and the prefetcher.
-struct VPart<'a> {
+/// length and the tile of the chunk's tokens it covers.
+struct VPart {
     kvh: usize,
     h0: usize,
     n: usize,
-    record: &'a dyn Fn(usize) -> usize,
-    prefetch: &'a dyn Fn(*const u8, usize),
+    tile: std::ops::Range<usize>,
+}
+
+/// Prefetches the whole record of the chunk's token `i` (if the chunk has one) with the
+/// given locality hint.
+#[inline(always)]
+fn prefetch_record<T, const HINT: i32>(buf: &[T], records: &[usize], i: usize, rec_len: usize) {
+    if let Some(&at) = records.get(i) {
+        let p = buf.as_ptr().wrapping_add(at) as *const i8;
+        for line in (0..rec_len * std::mem::size_of::<T>()).step_by(64) {
+            // SAFETY: prefetch never faults; the address lies inside `buf`.
+            unsafe { _mm_prefetch::<HINT>(p.wrapping_add(line)) };
+        }
+    }
 }
 
 /// `[Σ v₀, Σ v₁, …, Σ v₁₅]`: the horizontal sums of 16 vectors in 4 shuffle+add levels

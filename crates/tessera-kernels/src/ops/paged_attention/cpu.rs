@@ -18,16 +18,14 @@ pub(super) fn chunk<T: Element>(
     if isa == Isa::Avx512 && isa.is_available() && super::avx512::chunk(job, scores, o, ml) {
         return;
     }
-    let (d, n) = (job.cache.d, job.t1 - job.t0);
+    let (d, n) = (job.cache.d, job.records.len());
     let g = ml.len() / job.cache.kv_heads;
     for kvh in 0..job.cache.kv_heads {
         let group = ChunkJob {
             cache: job.cache,
-            table: job.table,
+            records: job.records,
             kvh,
             q: &job.q[kvh * g * d..(kvh + 1) * g * d],
-            t0: job.t0,
-            t1: job.t1,
         };
         let heads = kvh * g..(kvh + 1) * g;
         chunk_body(
@@ -52,22 +50,19 @@ pub(super) fn softmax_pieces(scores: &mut [f32], n: usize, ml: &mut [(f32, f32)]
 }
 
 multiversion! {
-    /// Scores, softmax pieces and weighted values of tokens t0..t1 for every head of a
-    /// group; `o` gets `group·d` un-normalised outputs, `ml` gets (max, sum) per head.
+    /// Scores, softmax pieces and weighted values of the chunk's tokens for every head of
+    /// a group; `o` gets `group·d` un-normalised outputs, `ml` gets (max, sum) per head.
     fn chunk_body<T: Element>(job: &ChunkJob<'_, T>, scores: &mut [f32], o: &mut [f32], ml: &mut [(f32, f32)]) {
         let c = job.cache;
         let (d, g) = (c.d, ml.len());
-        let n = job.t1 - job.t0;
-        let row = |t: usize| {
-            let b = job.table[t / c.block_size] as usize;
-            ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * d
-        };
+        let n = job.records.len();
+        let row = |i: usize| job.records[i] + job.kvh * d;
         match d {
             64 => key_scores::<T, 64>(job, scores, g),
             128 => key_scores::<T, 128>(job, scores, g),
             _ => {
-                for (i, t) in (job.t0..job.t1).enumerate() {
-                    let k = &c.k[row(t)..row(t) + d];
+                for i in 0..n {
+                    let k = &c.k[row(i)..row(i) + d];
                     for h in 0..g {
                         scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k);
                     }
@@ -80,8 +75,8 @@ multiversion! {
             (128, 1..=2) => weighted_values::<T, 128>(job, scores, o, g),
             _ => {
                 o.fill(0.0);
-                for (i, t) in (job.t0..job.t1).enumerate() {
-                    let v = &c.v[row(t)..row(t) + d];
+                for i in 0..n {
+                    let v = &c.v[row(i)..row(i) + d];
                     for h in 0..g {
                         let p = scores[h * n + i];
                         for (x, &vv) in o[h * d..(h + 1) * d].iter_mut().zip(v) {
@@ -99,10 +94,9 @@ multiversion! {
 #[inline(always)]
 fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f32], g: usize) {
     let c = job.cache;
-    let n = job.t1 - job.t0;
-    for (i, t) in (job.t0..job.t1).enumerate() {
-        let b = job.table[t / c.block_size] as usize;
-        let off = ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * D;
+    let n = job.records.len();
+    for (i, &rec) in job.records.iter().enumerate() {
+        let off = rec + job.kvh * D;
         let k: &[T; D] = c.k[off..off + D].try_into().expect("D-wide rows");
         for h in 0..g {
             let q: &[f32; D] = job.q[h * D..(h + 1) * D].try_into().expect("D-wide rows");
@@ -128,11 +122,10 @@ fn weighted_values<T: Element, const D: usize>(
 ) {
     const MAX_G: usize = 4;
     let c = job.cache;
-    let n = job.t1 - job.t0;
+    let n = job.records.len();
     let mut acc = [[0f32; D]; MAX_G];
-    for (i, t) in (job.t0..job.t1).enumerate() {
-        let b = job.table[t / c.block_size] as usize;
-        let off = ((b * c.block_size + t % c.block_size) * c.kv_heads + job.kvh) * D;
+    for (i, &rec) in job.records.iter().enumerate() {
+        let off = rec + job.kvh * D;
         let v: &[T; D] = c.v[off..off + D].try_into().expect("D-wide rows");
         for (h, a) in acc.iter_mut().enumerate().take(g) {
             let p = scores[h * n + i];

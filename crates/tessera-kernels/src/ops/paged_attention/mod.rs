@@ -197,23 +197,43 @@ fn check<T: Element>(
 #[derive(Debug)]
 pub(crate) struct ChunkAll<'a, T> {
     cache: &'a PagedKvCache<'a, T>,
-    table: &'a [u32],
+    /// Where each token's record (`kv_heads·d` elements) starts in the cache buffers,
+    /// one entry per token of the chunk: resolved once per task ([`records`]) so the
+    /// K and V passes do no block-table division per token.
+    records: &'a [usize],
     /// Every head's scaled query, `heads·d`.
     q: &'a [f32],
-    t0: usize,
-    t1: usize,
 }
 
 /// One KV head's share of a [`ChunkAll`] (the portable kernel's unit).
 #[derive(Debug)]
 pub(crate) struct ChunkJob<'a, T> {
     cache: &'a PagedKvCache<'a, T>,
-    table: &'a [u32],
+    /// As in [`ChunkAll`].
+    records: &'a [usize],
     kvh: usize,
     /// The group's scaled queries, `group·d`.
     q: &'a [f32],
+}
+
+/// The record offsets of tokens `t0..t1` under a block table, a block at a time.
+fn records(
+    cache: &PagedKvCache<'_, impl Element>,
+    table: &[u32],
     t0: usize,
     t1: usize,
+) -> Vec<usize> {
+    let (bs, rec_len) = (cache.block_size, cache.kv_heads * cache.d);
+    let mut out = Vec::with_capacity(t1 - t0);
+    let mut t = t0;
+    while t < t1 {
+        let (bi, within) = (t / bs, t % bs);
+        let run = (bs - within).min(t1 - t);
+        let first = table[bi] as usize * bs + within;
+        out.extend((first..first + run).map(|r| r * rec_len));
+        t += run;
+    }
+    out
 }
 
 /// `O[s, h] = softmax(scale·q·K)·V` over each sequence's cached tokens.
@@ -262,12 +282,12 @@ pub fn paged_attention<T: Element>(
                 qbuf[h * d + x] = q.data()[base + x * ql.stride(2)] * p.scale;
             }
         }
+        let table = &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks];
+        let records = records(cache, table, t0, t1);
         let job = ChunkAll {
             cache,
-            table: &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks],
+            records: &records,
             q: &qbuf,
-            t0,
-            t1,
         };
         let mut scores = vec![0f32; heads * (t1 - t0)];
         // SAFETY: task ti alone owns slots ti·heads·d.. and ti·heads.. of the partials.
