@@ -13,6 +13,12 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) mod lanes;
+#[cfg(target_arch = "aarch64")]
+mod lanes_neon;
+#[cfg(target_arch = "x86_64")]
+mod lanes_x86;
 
 use tessera_core::Isa;
 

@@ -1,12 +1,13 @@
-//! The portable decode kernel (compiled per ISA) and the AVX-512 dispatch.
+//! The decode kernel's dispatch: the [`Lanes`](crate::simd::lanes::Lanes) kernel where
+//! the ISA, cache type and head dim have one, else the portable body compiled per ISA.
 
 use super::{ChunkAll, ChunkJob};
 use crate::multiversion;
 use crate::simd::dot;
 use tessera_core::{Element, Isa};
 
-/// One chunk of one sequence, all heads: the explicit AVX-512 kernel where it exists
-/// (f32/bf16/f16 cache, d = 64/128), else the portable body once per KV head.
+/// One chunk of one sequence, all heads: the lanes kernel where it exists (AVX-512,
+/// AVX2 or NEON; f32/bf16/f16 cache; d = 64/128), else the portable body once per KV head.
 pub(super) fn chunk<T: Element>(
     isa: Isa,
     job: &ChunkAll<'_, T>,
@@ -14,8 +15,8 @@ pub(super) fn chunk<T: Element>(
     o: &mut [f32],
     ml: &mut [(f32, f32)],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && isa.is_available() && super::avx512::chunk(job, scores, o, ml) {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if super::lanes_kernel::chunk(isa, job, scores, o, ml) {
         return;
     }
     let (d, n) = (job.cache.d, job.records.len());

@@ -10,9 +10,9 @@
 //! row read, and long contexts split across threads ("flash-decoding"); partial results
 //! (max, sum, weighted values) merge exactly with the log-sum-exp rule.
 
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 mod cpu;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod lanes_kernel;
 mod spec;
 
 pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32};

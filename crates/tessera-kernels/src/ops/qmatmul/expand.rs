@@ -16,11 +16,11 @@
 //! and for the K-quants; the 4-bit group formats, once AVX-512 only, run on AVX2 too,
 //! and NEON, once the portable loop, runs it all.
 
-use super::lanes::Lanes;
 use crate::quant::{BlockFormat, KQuant, QK};
 use crate::quant::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 use crate::quant::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+use crate::simd::lanes::Lanes;
 
 /// A block's weights as f32 vectors of any width.
 ///
@@ -330,21 +330,21 @@ mod tests {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn expand_avx2<B: Expand>(b: &B) -> Vec<f32> {
         // SAFETY: the features are enabled on this function.
-        unsafe { expand_all::<crate::ops::qmatmul::lanes::Ymm, B>(b) }
+        unsafe { expand_all::<crate::simd::lanes::Ymm, B>(b) }
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
     fn expand_avx512<B: Expand>(b: &B) -> Vec<f32> {
         // SAFETY: the features are enabled on this function.
-        unsafe { expand_all::<crate::ops::qmatmul::lanes::Zmm, B>(b) }
+        unsafe { expand_all::<crate::simd::lanes::Zmm, B>(b) }
     }
 
     #[cfg(target_arch = "aarch64")]
     #[target_feature(enable = "neon")]
     fn expand_neon<B: Expand>(b: &B) -> Vec<f32> {
         // SAFETY: the features are enabled on this function.
-        unsafe { expand_all::<crate::ops::qmatmul::lanes::Neon, B>(b) }
+        unsafe { expand_all::<crate::simd::lanes::Neon, B>(b) }
     }
 
     /// Each width this CPU has, expanding `blk`.

@@ -616,12 +616,6 @@ mod avx2_planes8;
 mod avx2_w8a8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod expand;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-mod lanes;
-#[cfg(target_arch = "aarch64")]
-mod lanes_neon;
-#[cfg(target_arch = "x86_64")]
-mod lanes_x86;
 #[cfg(target_arch = "x86_64")]
 mod rows8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -13,15 +13,15 @@
 //! (dequantize a block to a buffer, then FMA): 1×49152×576 Q4_0 at 5–8 % of DRAM.
 
 use super::expand::Expand;
-use super::lanes::Lanes;
-#[cfg(target_arch = "aarch64")]
-use super::lanes::Neon;
-#[cfg(target_arch = "x86_64")]
-use super::lanes::{Ymm, Zmm};
 use crate::quant::{BlockFormat, QK};
 use crate::quant::{BlockInt4G128, BlockInt4G32, BlockInt4G64};
 use crate::quant::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+use crate::simd::lanes::Lanes;
+#[cfg(target_arch = "aarch64")]
+use crate::simd::lanes::Neon;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::lanes::{Ymm, Zmm};
 use std::any::TypeId;
 use tessera_core::Isa;
 

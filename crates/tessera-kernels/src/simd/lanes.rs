@@ -1,13 +1,13 @@
-//! The vector width the f32-activation block kernels are written against: one trait,
-//! [`Lanes`], with 4-lane (NEON), 8-lane (AVX2 ymm) and 16-lane (AVX-512 zmm)
-//! implementations.
+//! The vector width explicit kernels are written against: one trait, [`Lanes`], with
+//! 4-lane (NEON), 8-lane (AVX2 ymm) and 16-lane (AVX-512 zmm) implementations.
 //!
-//! Why: the expansion of every block format (`super::expand`) and the small-M kernel
-//! (`super::simd_rows`) were once written twice, an AVX2 file and an AVX-512 file per
-//! algorithm, and tuning done on one width's host did not reach the other. Each is now
-//! written once over `L: Lanes` and instantiated per width inside a function carrying
-//! that width's `#[target_feature]`s (every method here is `#[inline(always)]`, so the
-//! intrinsics compile with the caller's features).
+//! Why: the expansion of every block format (`ops::qmatmul::expand`), the small-M
+//! kernel (`ops::qmatmul::simd_rows`) and the paged decode-attention kernel were once
+//! written per ISA, an AVX2 file and an AVX-512 file per algorithm, and tuning done on
+//! one width's host did not reach the other. Each is now written once over `L: Lanes`
+//! and instantiated per width inside a function carrying that width's
+//! `#[target_feature]`s (every method here is `#[inline(always)]`, so the intrinsics
+//! compile with the caller's features).
 //!
 //! Implementations: `Ymm` and `Zmm` on x86-64 (`lanes_x86`), `Neon` (4 lanes) on
 //! aarch64 (`lanes_neon`).
@@ -16,15 +16,15 @@
 //! Every method requires the CPU features of its implementation: AVX2, FMA and F16C for
 //! `Ymm`; AVX-512F/BW/VL/DQ with those for `Zmm`; NEON (baseline on aarch64).
 
-use half::f16;
+use half::{bf16, f16};
 
 #[cfg(target_arch = "aarch64")]
-pub(super) use super::lanes_neon::Neon;
+pub(crate) use super::lanes_neon::Neon;
 #[cfg(target_arch = "x86_64")]
-pub(super) use super::lanes_x86::{Ymm, Zmm};
+pub(crate) use super::lanes_x86::{Ymm, Zmm};
 
 /// One SIMD width's integer and f32 vectors, N lanes each.
-pub(super) trait Lanes {
+pub(crate) trait Lanes {
     /// 32-bit lanes per vector (divides 16, so a half sub-block is whole vectors).
     const N: usize;
     /// N × i32.
@@ -67,6 +67,16 @@ pub(super) trait Lanes {
     /// The sum of the lanes.
     unsafe fn sum(v: Self::F) -> f32;
     /// Writes the N lanes to `p`. # Safety: N floats writable at `p`.
-    #[cfg_attr(not(test), allow(dead_code))]
     unsafe fn store(p: *mut f32, v: Self::F);
+    /// N halves at `p`, widened. # Safety: N halves readable at `p`.
+    unsafe fn load_f16(p: *const f16) -> Self::F;
+    /// N bfloat16s at `p`, widened. # Safety: N values readable at `p`.
+    unsafe fn load_bf16(p: *const bf16) -> Self::F;
+    /// Lane j = the sum of row j of the N×N floats at `p` (row-major): N horizontal sums
+    /// in one shuffle-and-add tree. # Safety: N·N floats readable at `p`.
+    unsafe fn transpose_sums(p: *const f32) -> Self::F;
+    /// Asks for the 64-byte line at `p` in L1 (never faults, whatever `p` is).
+    unsafe fn prefetch_l1(p: *const u8);
+    /// Asks for the 64-byte line at `p` in L2 (never faults, whatever `p` is).
+    unsafe fn prefetch_l2(p: *const u8);
 }

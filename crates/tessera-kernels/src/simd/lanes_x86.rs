@@ -1,11 +1,11 @@
 //! [`Lanes`] on x86-64: AVX2 (8 lanes) and AVX-512 (16).
 
 use super::lanes::Lanes;
-use half::f16;
+use half::{bf16, f16};
 use std::arch::x86_64::*;
 
 /// AVX2: 8 lanes in ymm registers.
-pub(super) struct Ymm;
+pub(crate) struct Ymm;
 
 impl Lanes for Ymm {
     const N: usize = 8;
@@ -111,10 +111,50 @@ impl Lanes for Ymm {
         // SAFETY: 8 floats at p and AVX, per the contract.
         unsafe { _mm256_storeu_ps(p, v) }
     }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        // SAFETY: 8 halves at p and F16C, per the contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m256 {
+        // bf16 → f32 is a 16-bit left shift of the zero-extended bits.
+        // SAFETY: 8 values at p and AVX2, per the contract.
+        unsafe {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+    }
+    #[inline(always)]
+    unsafe fn transpose_sums(p: *const f32) -> __m256 {
+        // SAFETY: 64 floats at p and AVX, per the contract.
+        unsafe {
+            let v: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(p.add(8 * j)));
+            // Per 128-bit half: pair sums, then [Σ v0, Σ v1, Σ v2, Σ v3] of that half.
+            let a: [__m256; 4] = std::array::from_fn(|i| _mm256_hadd_ps(v[2 * i], v[2 * i + 1]));
+            let lo = _mm256_hadd_ps(a[0], a[1]);
+            let hi = _mm256_hadd_ps(a[2], a[3]);
+            // Lanes 0–3: rows 0–3 (both halves added); lanes 4–7: rows 4–7.
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(lo, hi),
+                _mm256_permute2f128_ps::<0x31>(lo, hi),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l1(p: *const u8) {
+        // SAFETY: a prefetch never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l2(p: *const u8) {
+        // SAFETY: a prefetch never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
 }
 
 /// AVX-512: 16 lanes in zmm registers.
-pub(super) struct Zmm;
+pub(crate) struct Zmm;
 
 impl Lanes for Zmm {
     const N: usize = 16;
@@ -212,5 +252,72 @@ impl Lanes for Zmm {
     unsafe fn store(p: *mut f32, v: __m512) {
         // SAFETY: 16 floats at p and AVX-512F, per the contract.
         unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        // SAFETY: 16 halves at p and AVX-512F, per the contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m512 {
+        // SAFETY: 16 values at p and AVX-512F, per the contract.
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+    }
+    #[inline(always)]
+    unsafe fn transpose_sums(p: *const f32) -> __m512 {
+        // SAFETY: 256 floats at p and AVX-512F, per the contract.
+        unsafe {
+            let v: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(p.add(16 * j)));
+            hadd16(&v)
+        }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l1(p: *const u8) {
+        // SAFETY: a prefetch never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l2(p: *const u8) {
+        // SAFETY: a prefetch never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
+}
+
+/// `[Σ v₀, Σ v₁, …, Σ v₁₅]`: the horizontal sums of 16 vectors in 4 shuffle+add levels
+/// (pairs within 128-bit lanes, then quads, then across lanes), ~45 ops for 16 sums
+/// where 16 separate reductions take ~130.
+#[inline(always)]
+unsafe fn hadd16(v: &[__m512; 16]) -> __m512 {
+    // SAFETY: AVX-512F, per the caller's contract.
+    unsafe {
+        // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for each pair (a, b).
+        let p: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+        });
+        // Level 2: per 128-bit lane, the lane-partial sums of four vectors, in order.
+        let q: [__m512; 4] = std::array::from_fn(|i| {
+            let (a, b) = (_mm512_castps_pd(p[2 * i]), _mm512_castps_pd(p[2 * i + 1]));
+            _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+            )
+        });
+        // Levels 3–4: add the four 128-bit lanes of each quad together.
+        let x = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(q[0], q[1]),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(q[0], q[1]),
+        );
+        let y = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(q[2], q[3]),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(q[2], q[3]),
+        );
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
     }
 }

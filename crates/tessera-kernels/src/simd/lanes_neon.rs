@@ -1,11 +1,11 @@
 //! [`Lanes`] on aarch64: NEON's 128-bit registers, 4 lanes.
 
 use super::lanes::Lanes;
-use half::f16;
+use half::{bf16, f16};
 use std::arch::aarch64::*;
 
 /// NEON: 4 lanes in q registers.
-pub(super) struct Neon;
+pub(crate) struct Neon;
 
 impl Lanes for Neon {
     const N: usize = 4;
@@ -115,5 +115,43 @@ impl Lanes for Neon {
     unsafe fn store(p: *mut f32, v: float32x4_t) {
         // SAFETY: 4 floats at p, per the contract.
         unsafe { vst1q_f32(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> float32x4_t {
+        // Widened through `half` (the NEON f16 conversion intrinsics need the unstable
+        // fp16 target feature in Rust).
+        // SAFETY: 4 halves at p, per the contract; the array holds 4 floats.
+        unsafe {
+            let w: [f32; 4] = std::array::from_fn(|j| p.add(j).read_unaligned().to_f32());
+            vld1q_f32(w.as_ptr())
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> float32x4_t {
+        // bf16 → f32 is a 16-bit left shift of the zero-extended bits.
+        // SAFETY: 4 values (8 bytes) at p, per the contract.
+        unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.cast()))) }
+    }
+    #[inline(always)]
+    unsafe fn transpose_sums(p: *const f32) -> float32x4_t {
+        // SAFETY: 16 floats at p, per the contract.
+        unsafe {
+            let v: [float32x4_t; 4] = std::array::from_fn(|j| vld1q_f32(p.add(4 * j)));
+            vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]))
+        }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l1(p: *const u8) {
+        // SAFETY: PRFM never faults and touches no register but its address operand.
+        unsafe {
+            std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+        }
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l2(p: *const u8) {
+        // SAFETY: as prefetch_l1.
+        unsafe {
+            std::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+        }
     }
 }

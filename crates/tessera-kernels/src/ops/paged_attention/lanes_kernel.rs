@@ -1,0 +1,308 @@
+//! The decode kernel for f32, f16 and bf16 caches at head dims 64 and 128, written once
+//! over [`Lanes`] and instantiated for AVX-512 (zmm), AVX2 (ymm) and NEON.
+//!
+//! A task covers every KV head of a run of tokens, so each token's cache record
+//! (`kv_heads·d` elements) is read whole and in order: per-head tasks read one slice of
+//! every record, a gapped stream that wastes adjacent-line prefetches and DRAM rows.
+//! Per token and KV head the K row is loaded once and dotted with the group's queries;
+//! N tokens' partial vectors are reduced together by one transpose-add tree
+//! ([`Lanes::transpose_sums`]). The V pass runs in tiles of [`V_TILE`] tokens, one KV head
+//! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
+//! ahead (K and V both, from the K pass) and into L1 just ahead.
+
+use super::cpu::softmax_pieces;
+use super::ChunkAll;
+use crate::simd::lanes::Lanes;
+use half::{bf16, f16};
+use std::any::TypeId;
+use tessera_core::{Element, Isa};
+
+/// Tokens ahead to prefetch into L1, from L2 where [`L2_AHEAD`] has brought them.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Tokens ahead whose K and V records the K pass prefetches into L2 (24 KiB of f16
+/// records at d 64 × 3 KV heads). L1 prefetches alone stall on the core's few L1 miss
+/// buffers: with 16 tokens ahead into L1 (and V fetched only by its own pass), 16
+/// sequences × 2048 f16 tokens read at ~14 GB/s; with L2 32 ahead and L1 8 ahead, ~20
+/// GB/s (2.0 → 1.16 ms, 3 alternated rounds, host C; 16 × 192: 184 → 138 µs).
+const L2_AHEAD: usize = 32;
+
+/// Heads whose V sums one register pass keeps.
+const V_HEADS: usize = 3;
+
+/// Tokens per V tile: every KV head's pass over a tile finds its records in L1 (32 tokens
+/// of d 64 × 3 KV heads are 12 KiB in f16, 24 KiB in f32).
+const V_TILE: usize = 32;
+
+/// Runs the kernel when `isa` has an instantiation and the cache type and head dim have
+/// one; false if not (the caller then runs the portable body).
+pub(super) fn chunk<T: Element>(
+    isa: Isa,
+    job: &ChunkAll<'_, T>,
+    scores: &mut [f32],
+    o: &mut [f32],
+    ml: &mut [(f32, f32)],
+) -> bool {
+    let cache_type = [
+        TypeId::of::<f32>(),
+        TypeId::of::<f16>(),
+        TypeId::of::<bf16>(),
+    ];
+    if !matches!(job.cache.d, 64 | 128) || !cache_type.contains(&TypeId::of::<T>()) {
+        return false;
+    }
+    let args = (job, scores, o, ml);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512 (checked); d and T checked above.
+        Isa::Avx512 if isa.is_available() => unsafe { zmm(args) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above for AVX2.
+        Isa::Avx2 if isa.is_available() => unsafe { ymm(args) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: NEON is baseline on aarch64; d and T checked above.
+        Isa::Neon => unsafe { neon(args) },
+        _ => return false,
+    }
+    true
+}
+
+/// One call's arguments: the task, its score rows, its output rows and (max, sum) slots.
+type Args<'s, 'a, T> = (
+    &'s ChunkAll<'a, T>,
+    &'s mut [f32],
+    &'s mut [f32],
+    &'s mut [(f32, f32)],
+);
+
+/// # Safety
+/// AVX-512F/BW/VL/DQ, AVX2, FMA and F16C are available; d ∈ {64, 128}; T is a cache type.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn zmm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
+    use crate::simd::lanes::Zmm;
+    // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.
+    unsafe {
+        match job.cache.d {
+            64 => kernel::<Zmm, T, 4, 4>(job, s, o, ml),
+            _ => kernel::<Zmm, T, 8, 4>(job, s, o, ml),
+        }
+    }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C are available; d ∈ {64, 128}; T is a cache type.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
+    use crate::simd::lanes::Ymm;
+    // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + CV + 1 ≤ 16 registers.
+    unsafe {
+        match job.cache.d {
+            64 => kernel::<Ymm, T, 8, 2>(job, s, o, ml),
+            _ => kernel::<Ymm, T, 16, 2>(job, s, o, ml),
+        }
+    }
+}
+
+/// # Safety
+/// d ∈ {64, 128}; T is a cache type.
+#[cfg(target_arch = "aarch64")]
+unsafe fn neon<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
+    use crate::simd::lanes::Neon;
+    // SAFETY: forwarded contract; d = 4·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.
+    unsafe {
+        match job.cache.d {
+            64 => kernel::<Neon, T, 16, 4>(job, s, o, ml),
+            _ => kernel::<Neon, T, 32, 4>(job, s, o, ml),
+        }
+    }
+}
+
+/// N cache elements at `p` as f32 lanes (T is resolved at compile time).
+///
+/// # Safety
+/// L's features; N elements readable at `p`; T is f32, f16 or bf16.
+#[inline(always)]
+unsafe fn load_row<L: Lanes, T: Element>(p: *const T) -> L::F {
+    let t = TypeId::of::<T>();
+    // SAFETY: forwarded contract; each cast matches T's TypeId.
+    unsafe {
+        if t == TypeId::of::<f32>() {
+            L::load(p.cast())
+        } else if t == TypeId::of::<f16>() {
+            L::load_f16(p.cast())
+        } else {
+            L::load_bf16(p.cast())
+        }
+    }
+}
+
+/// Prefetches the whole record of the chunk's token `i` (if the chunk has one) into L2
+/// or L1.
+#[inline(always)]
+fn prefetch_record<L: Lanes, T>(buf: &[T], records: &[usize], i: usize, rec_len: usize, l2: bool) {
+    if let Some(&at) = records.get(i) {
+        let p = buf.as_ptr().wrapping_add(at) as *const u8;
+        for line in (0..rec_len * std::mem::size_of::<T>()).step_by(64) {
+            // SAFETY: a prefetch never faults; L's features are the caller's.
+            unsafe {
+                if l2 {
+                    L::prefetch_l2(p.wrapping_add(line))
+                } else {
+                    L::prefetch_l1(p.wrapping_add(line))
+                }
+            }
+        }
+    }
+}
+
+/// Scores, softmax pieces and weighted values of one chunk, every head: d = N·NV; the
+/// V pass keeps up to [`V_HEADS`] heads × CV vectors in registers.
+///
+/// # Safety
+/// L's features; d = L::N·NV; CV divides NV; T is f32, f16 or bf16.
+#[inline(always)]
+unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
+    job: &ChunkAll<'_, T>,
+    scores: &mut [f32],
+    o: &mut [f32],
+    ml: &mut [(f32, f32)],
+) {
+    let c = job.cache;
+    let (d, kvh_n, heads) = (L::N * NV, c.kv_heads, ml.len());
+    let g = heads / kvh_n;
+    let n = job.records.len();
+    let rec_len = kvh_n * d;
+    let qp = job.q.as_ptr();
+    // Per head, N tokens' partial vectors (N×N floats), reduced together.
+    let tile = L::N * L::N;
+    let mut partial = vec![0f32; heads * tile];
+    for (i, &at) in job.records.iter().enumerate() {
+        prefetch_record::<L, T>(c.k, job.records, i + L2_AHEAD, rec_len, true);
+        prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
+        prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
+        let rec = c.k[at..at + rec_len].as_ptr();
+        for kvh in 0..kvh_n {
+            // SAFETY: rec addresses kv_heads·d elements of a validated record.
+            let k: [L::F; NV] =
+                std::array::from_fn(|v| unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) });
+            for h in kvh * g..(kvh + 1) * g {
+                // SAFETY: job.q holds heads·d floats; partial holds heads·N·N.
+                unsafe {
+                    let mut acc = L::mul(L::load(qp.add(h * d)), k[0]);
+                    for (v, &kv) in k.iter().enumerate().skip(1) {
+                        acc = L::fmadd(L::load(qp.add(h * d + L::N * v)), kv, acc);
+                    }
+                    L::store(partial.as_mut_ptr().add(h * tile + (i % L::N) * L::N), acc);
+                }
+            }
+        }
+        if i % L::N == L::N - 1 || i + 1 == n {
+            // Rows past `done` hold an earlier group's partials; their sums are dropped.
+            let done = i % L::N + 1;
+            for h in 0..heads {
+                let mut sums = [0f32; 16];
+                // SAFETY: partial holds N·N floats per head; sums holds 16 ≥ N.
+                unsafe {
+                    let t = L::transpose_sums(partial.as_ptr().add(h * tile));
+                    L::store(sums.as_mut_ptr(), t);
+                }
+                scores[h * n + i + 1 - done..h * n + i + 1].copy_from_slice(&sums[..done]);
+            }
+        }
+    }
+    softmax_pieces(scores, n, ml);
+    let mut from = 0;
+    while from < n {
+        let tokens = from..(from + V_TILE).min(n);
+        for kvh in 0..kvh_n {
+            let mut h0 = kvh * g;
+            while h0 < (kvh + 1) * g {
+                let hb = ((kvh + 1) * g - h0).min(V_HEADS);
+                let part = VPart {
+                    kvh,
+                    h0,
+                    n,
+                    tokens: tokens.clone(),
+                };
+                // SAFETY: forwarded contract; hb ≤ V_HEADS heads from h0 exist.
+                unsafe {
+                    match hb {
+                        1 => vpass::<L, T, NV, CV, 1>(job, &part, scores, o),
+                        2 => vpass::<L, T, NV, CV, 2>(job, &part, scores, o),
+                        _ => vpass::<L, T, NV, CV, 3>(job, &part, scores, o),
+                    }
+                }
+                h0 += hb;
+            }
+        }
+        from = tokens.end;
+    }
+}
+
+/// What a V pass covers: a KV head, its first query head, the chunk length and the tile
+/// of the chunk's tokens.
+struct VPart {
+    kvh: usize,
+    h0: usize,
+    n: usize,
+    tokens: std::ops::Range<usize>,
+}
+
+/// Σ_t p[h, t]·V[t, kvh] over the part's tile for heads h0..h0+H, CV vectors of the head
+/// dim at a time, added in registers to what `o` holds from earlier tiles (nothing before
+/// the first). Accumulating through `o` on every token put a store→load→FMA chain on
+/// each (~80 ns per token measured).
+///
+/// # Safety
+/// As for [`kernel`]; heads h0..h0+H belong to `part.kvh`.
+#[inline(always)]
+unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H: usize>(
+    job: &ChunkAll<'_, T>,
+    part: &VPart,
+    scores: &[f32],
+    o: &mut [f32],
+) {
+    let c = job.cache;
+    let d = L::N * NV;
+    let (n, h0) = (part.n, part.h0);
+    for cb in (0..NV).step_by(CV) {
+        let at = |hh: usize, v: usize| (h0 + hh) * d + L::N * (cb + v);
+        // SAFETY: L's features, per the contract.
+        let mut acc = [[unsafe { L::zero() }; CV]; H];
+        if part.tokens.start > 0 {
+            for (hh, row) in acc.iter_mut().enumerate() {
+                for (v, a) in row.iter_mut().enumerate() {
+                    // SAFETY: o holds heads·d floats.
+                    *a = unsafe { L::load(o[at(hh, v)..][..L::N].as_ptr()) };
+                }
+            }
+        }
+        for i in part.tokens.clone() {
+            if part.kvh == 0 && cb == 0 {
+                let rec_len = c.kv_heads * d;
+                prefetch_record::<L, T>(c.v, job.records, i + PREFETCH_AHEAD, rec_len, false);
+            }
+            let rec = c.v[job.records[i] + part.kvh * d + L::N * cb..][..L::N * CV].as_ptr();
+            // SAFETY: rec addresses N·CV elements of a validated record.
+            let vr: [L::F; CV] =
+                std::array::from_fn(|v| unsafe { load_row::<L, T>(rec.add(L::N * v)) });
+            for (hh, row) in acc.iter_mut().enumerate() {
+                // SAFETY: L's features, per the contract.
+                unsafe {
+                    let p = L::splat_f(scores[(h0 + hh) * n + i]);
+                    for (a, &x) in row.iter_mut().zip(&vr) {
+                        *a = L::fmadd(p, x, *a);
+                    }
+                }
+            }
+        }
+        for (hh, row) in acc.iter().enumerate() {
+            for (v, &a) in row.iter().enumerate() {
+                // SAFETY: o holds heads·d floats.
+                unsafe { L::store(o[at(hh, v)..][..L::N].as_mut_ptr(), a) };
+            }
+        }
+    }
+}
