@@ -91,6 +91,15 @@ pub enum RowOp {
     Softmax,
     /// `silu(gate)·up` (two inputs).
     SwiGlu,
+    /// Rotary position embedding of rows `[tokens·heads, d]` (row r is head r % heads of
+    /// token r / heads). The parameter buffer holds the table: every token's `d/2`
+    /// cosines, then every token's `d/2` sines (angles computed in f64 by the host).
+    Rope {
+        /// Heads per token.
+        heads: usize,
+        /// Pairs `(xᵢ, xᵢ₊d/2)` (HF/NeoX) instead of `(x₂ᵢ, x₂ᵢ₊₁)` (GGUF Llama).
+        half_split: bool,
+    },
 }
 
 impl RowOp {
@@ -100,6 +109,12 @@ impl RowOp {
             RowOp::RmsNorm { .. } => "rms_norm",
             RowOp::Softmax => "softmax",
             RowOp::SwiGlu => "swiglu",
+            RowOp::Rope {
+                half_split: false, ..
+            } => "rope",
+            RowOp::Rope {
+                half_split: true, ..
+            } => "rope_neox",
         }
     }
     /// Input streams the op reads.
@@ -162,7 +177,7 @@ pub enum DeviceCall<'a> {
         op: RowOp,
         /// Its input streams, each `rows·n` f32.
         inputs: &'a [&'a DeviceBuffer],
-        /// γ of `n` for RMSNorm.
+        /// The op's parameter buffer: γ of `n` for RMSNorm, the cos/sin table for RoPE.
         gamma: Option<&'a DeviceBuffer>,
         /// `rows·n` f32 out.
         out: &'a DeviceBuffer,

@@ -272,7 +272,9 @@ impl Device for WgpuDevice {
     }
     fn supports(&self, op: &str, dtype: DType) -> bool {
         match op {
-            "rms_norm" | "softmax" | "swiglu" | "gemm" => dtype == DType::F32,
+            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" | "gemm" => {
+                dtype == DType::F32
+            }
             "qmatmul" => blocks::format_code(dtype).is_some(),
             _ => false,
         }

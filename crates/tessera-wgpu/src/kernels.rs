@@ -90,25 +90,41 @@ fn rows_call(
         need(name, "input", x, len)?;
     }
     need(name, "out", out, len)?;
-    let (second, eps) = match op {
+    // The second binding (SwiGLU's up, RMSNorm's γ, RoPE's table), ε, and RoPE's heads.
+    let (second, eps, heads) = match op {
         RowOp::RmsNorm { eps } => {
             let g = gamma.ok_or_else(|| Error::invalid(name, "γ missing"))?;
             need(name, "γ", g, n)?;
-            (g, eps)
+            (g, eps, 0)
         }
-        RowOp::SwiGlu => (inputs[1], 0.0),
-        RowOp::Softmax => (inputs[0], 0.0),
+        RowOp::SwiGlu => (inputs[1], 0.0, 0),
+        RowOp::Softmax => (inputs[0], 0.0, 0),
+        RowOp::Rope { heads, .. } => {
+            if heads == 0 || !rows.is_multiple_of(heads) || !n.is_multiple_of(2) {
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "{rows} rows of {n} are not whole tokens of {heads} heads of even width"
+                    ),
+                ));
+            }
+            let table = gamma.ok_or_else(|| Error::invalid(name, "cos/sin table missing"))?;
+            // rows/heads tokens × n/2 cosines, then as many sines.
+            need(name, "cos/sin table", table, rows / heads * n)?;
+            (table, 0.0, u32_of(name, "heads", heads)?)
+        }
     };
     if len == 0 {
         return Ok(());
     }
     let pipeline = dev.pipeline(name, ROWS)?;
     let grid = match op {
-        // Elementwise: 256 elements per workgroup.
+        // Elementwise: 256 elements (RoPE: pairs) per workgroup.
         RowOp::SwiGlu => folded(name, len.div_ceil(256))?,
+        RowOp::Rope { .. } => folded(name, (len / 2).div_ceil(256))?,
         _ => folded(name, rows)?,
     };
-    let params = [rows as u32, n as u32, eps.to_bits(), 0];
+    let params = [rows as u32, n as u32, eps.to_bits(), heads];
     let bufs = [
         Some(&inputs[0].get::<Buf>()?.buffer),
         // Softmax reads one input: its entry point has no binding 2.

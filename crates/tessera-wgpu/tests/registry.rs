@@ -29,7 +29,15 @@ fn every_wgpu_kernel_matches_float64() {
     device::install(dev.clone());
     let mut checked = 0;
     let mut failures = String::new();
-    for name in ["rms_norm", "softmax", "swiglu", "gemm", "qmatmul"] {
+    for name in [
+        "rms_norm",
+        "softmax",
+        "swiglu",
+        "rope",
+        "rope_neox",
+        "gemm",
+        "qmatmul",
+    ] {
         let op = tessera_kernels::ops::find(name).expect("registered");
         let reports = verify::verify_op_where(op, 0x9e0 + name.len() as u64, &|v| {
             v.backend == Backend::Wgpu
@@ -65,6 +73,27 @@ fn bad_calls_are_errors() {
     };
     let err = dev.run(&call).unwrap_err().to_string();
     assert!(err.contains("out holds 4 elements"), "{err}");
+    // RoPE: 3 rows are not whole tokens of 2 heads; a table short of 2 tokens × 4.
+    let (table, rotated, xs) = (
+        dev.upload(&[0.5; 4]).unwrap(),
+        dev.upload(&[0.0; 8]).unwrap(),
+        [&x],
+    );
+    let rope = |rows, heads| device::DeviceCall::Rows {
+        op: device::RowOp::Rope {
+            heads,
+            half_split: false,
+        },
+        inputs: &xs,
+        gamma: Some(&table),
+        out: &rotated,
+        rows,
+        n: 2,
+    };
+    let err = dev.run(&rope(3, 2)).unwrap_err().to_string();
+    assert!(err.contains("not whole tokens"), "{err}");
+    let err = dev.run(&rope(4, 1)).unwrap_err().to_string();
+    assert!(err.contains("cos/sin table holds 4 elements"), "{err}");
     let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();
     assert!(err.to_string().contains("bytes for 2"), "{err}");
     let err = dev

@@ -9,6 +9,7 @@ use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
 use rand::Rng as _;
+use tessera_core::device::RowOp;
 use tessera_core::{DType, Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// One rotation per pair: two products and a sum, from an f32 table.
@@ -39,8 +40,9 @@ pub struct Rope {
     pub freqs: Vec<f64>,
     /// Position of each row's token.
     pub positions: Vec<usize>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    /// Every token's `d/2` cosines, then every token's `d/2` sines (one buffer, so a
+    /// device takes the whole table as its parameter row).
+    table: Vec<f32>,
 }
 
 /// The standard frequencies `θ^(−2i/d)`, i < d/2 (models with RoPE scaling adjust them
@@ -89,25 +91,28 @@ impl Rope {
                 ),
             ));
         }
-        let half = d / 2;
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for f in freqs {
-                let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
+        let angles = || {
+            positions
+                .iter()
+                .flat_map(|&p| freqs.iter().map(move |f| p as f64 * f))
+        };
+        let table = angles()
+            .map(|a| a.cos() as f32)
+            .chain(angles().map(|a| a.sin() as f32))
+            .collect();
         Ok(Rope {
             style,
             heads,
             d,
             freqs: freqs.to_vec(),
             positions: positions.to_vec(),
-            cos,
-            sin,
+            table,
         })
+    }
+
+    /// The cosines and the sines, `tokens·d/2` each.
+    fn cos_sin(&self) -> (&[f32], &[f32]) {
+        self.table.split_at(self.table.len() / 2)
     }
 
     fn pair(&self, i: usize) -> (usize, usize) {
@@ -142,9 +147,10 @@ impl RowKernel for Rope {
     fn row(&self, isa: Isa, row: usize, x: &[&[f32]], out: &mut [f32]) {
         let half = self.d / 2;
         let t = row / self.heads;
+        let (cos, sin) = self.cos_sin();
         let (c, s) = (
-            &self.cos[t * half..(t + 1) * half],
-            &self.sin[t * half..(t + 1) * half],
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
         );
         match self.style {
             RopeStyle::Interleaved => rope_interleaved(isa, x[0], c, s, out),
@@ -230,6 +236,13 @@ impl<const NEOX: bool> RowOpDesc for RopeDesc<NEOX> {
         };
         Some(vec![i, i + h])
     }
+    fn device_op(k: &Rope) -> Option<(RowOp, Option<&[f32]>)> {
+        let op = RowOp::Rope {
+            heads: k.heads,
+            half_split: k.style == RopeStyle::HalfSplit,
+        };
+        Some((op, Some(&k.table)))
+    }
 }
 
 #[cfg(test)]
@@ -246,7 +259,7 @@ mod tests {
         let half: Vec<f64> = f.iter().map(|x| x / 2.0).collect();
         let a = Rope::with_frequencies(RopeStyle::HalfSplit, &[6, 40], 2, 8, &half).unwrap();
         let b = Rope::new(RopeStyle::HalfSplit, &[3, 20], 2, 8, 10_000.0).unwrap();
-        assert_eq!((a.cos, a.sin), (b.cos, b.sin));
+        assert_eq!(a.table, b.table);
         // Wrong count, non-finite or non-positive frequencies, bad θ: errors.
         let ok =
             |fr: &[f64]| Rope::with_frequencies(RopeStyle::Interleaved, &[0], 1, 8, fr).is_ok();

@@ -5,12 +5,13 @@ struct Params {
     rows: u32,
     n: u32,
     eps: f32,
-    _pad: u32,
+    // RoPE's heads per token (0 for the other ops).
+    heads: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x0: array<f32>;
-// The second input: SwiGLU's up, RMSNorm's gamma (unused by softmax).
+// The second input: SwiGLU's up, RMSNorm's gamma, RoPE's cos/sin table (unused by softmax).
 @group(0) @binding(2) var<storage, read> x1: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
@@ -96,4 +97,44 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let g = x0[i];
     out[i] = g / (1.0 + exp(-g)) * x1[i];
+}
+
+// RoPE: one invocation per rotated pair. Row r is head r % heads of token r / heads; the
+// table holds every token's n/2 cosines, then every token's n/2 sines.
+fn rope_pair(q: u32, half_split: bool) {
+    let half = p.n / 2u;
+    let row = q / half;
+    let i = q % half;
+    let t = row / p.heads;
+    let tokens = p.rows / p.heads;
+    let c = x1[t * half + i];
+    let s = x1[(tokens + t) * half + i];
+    var a = row * p.n + 2u * i;
+    var b = a + 1u;
+    if (half_split) {
+        a = row * p.n + i;
+        b = a + half;
+    }
+    let xa = x0[a];
+    let xb = x0[b];
+    out[a] = xa * c - xb * s;
+    out[b] = xa * s + xb * c;
+}
+
+@compute @workgroup_size(256)
+fn rope(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let q = gid.x + gid.y * 65535u * WG;
+    if (q >= p.rows * (p.n / 2u)) {
+        return;
+    }
+    rope_pair(q, false);
+}
+
+@compute @workgroup_size(256)
+fn rope_neox(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let q = gid.x + gid.y * 65535u * WG;
+    if (q >= p.rows * (p.n / 2u)) {
+        return;
+    }
+    rope_pair(q, true);
 }
