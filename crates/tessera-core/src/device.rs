@@ -212,6 +212,40 @@ pub enum DeviceCall<'a> {
         /// Activation rows.
         m: usize,
     },
+    /// Decode attention over a paged KV cache (one query row per sequence).
+    PagedAttention(PagedCall<'a>),
+}
+
+/// One decode-attention launch: `O[s, h] = softmax(scale·q[s, h]·Kᵀ)·V` over each
+/// sequence's cached positions, read through its block table; GQA when `heads` is a
+/// multiple of `kv_heads`. The block tables and lengths stay on the host (a decode step
+/// changes them every call); the backend ships them with the launch.
+#[derive(Debug)]
+pub struct PagedCall<'a> {
+    /// Queries `[seqs, heads, d]`.
+    pub q: &'a DeviceBuffer,
+    /// Keys `[num_blocks, block_size, kv_heads, d]`.
+    pub k: &'a DeviceBuffer,
+    /// Values, laid out as the keys.
+    pub v: &'a DeviceBuffer,
+    /// Output `[seqs, heads, d]`.
+    pub out: &'a DeviceBuffer,
+    /// Sequence s's block ids are `block_tables[s·max_blocks..][..max_blocks]`.
+    pub block_tables: &'a [u32],
+    /// Width of a block-table row.
+    pub max_blocks: usize,
+    /// Each sequence's cached length (≥ 1).
+    pub context_lens: &'a [usize],
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head width.
+    pub d: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Multiplies the scores (usually 1/√d).
+    pub scale: f32,
 }
 
 /// An accelerator: memory management and kernel launches.

@@ -12,11 +12,11 @@ const GEMM: &str = include_str!("shaders/gemm.wgsl");
 const QMATMUL: &str = include_str!("shaders/qmatmul.wgsl");
 const MAX_GRID: usize = 65535;
 
-fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32> {
+pub(crate) fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::shape(op, format!("{what} = {v} exceeds u32 indexing")))
 }
 
-fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Result<()> {
+pub(crate) fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Result<()> {
     if buf.len() < len {
         return Err(Error::shape(
             op,
@@ -27,7 +27,7 @@ fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Result<
 }
 
 /// A grid of `count` workgroups along x, folded into y past 65535.
-fn folded(op: &'static str, count: usize) -> Result<[u32; 3]> {
+pub(crate) fn folded(op: &'static str, count: usize) -> Result<[u32; 3]> {
     let y = count.div_ceil(MAX_GRID);
     if y > MAX_GRID {
         return Err(Error::shape(op, format!("{count} workgroups")));
@@ -64,6 +64,7 @@ pub(crate) fn run(dev: &WgpuDevice, call: &DeviceCall<'_>) -> Result<()> {
             beta,
         } => gemm(dev, [a, b, c], dims, alpha, beta),
         DeviceCall::QMatmul { w, x, y, m } => qmatmul(dev, w, x, y, m),
+        DeviceCall::PagedAttention(ref call) => crate::paged::paged_attention(dev, call),
     }
 }
 

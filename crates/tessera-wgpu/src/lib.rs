@@ -10,6 +10,7 @@
 //! - `context`: adapter, device, queue, buffers, the pipeline cache and launches.
 //! - `kernels`: each [`DeviceCall`](tessera_core::device::DeviceCall) as a pipeline, its uniform parameters and its
 //!   workgroup grid (the WGSL sources are in `src/shaders/`).
+//! - `paged`: decode attention over a paged KV cache (block tables shipped per launch).
 //! - `blocks`: ggml blocks repacked for the quantized matmul.
 //! - [`probe`]: the adapter's own ceilings (bandwidth and FMA), for the roofline.
 
@@ -18,6 +19,7 @@
 mod blocks;
 mod context;
 mod kernels;
+mod paged;
 pub mod probe;
 
 pub use context::WgpuDevice;

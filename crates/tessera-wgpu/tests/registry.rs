@@ -37,6 +37,7 @@ fn every_wgpu_kernel_matches_float64() {
         "rope_neox",
         "gemm",
         "qmatmul",
+        "paged_attention",
     ] {
         let op = tessera_kernels::ops::find(name).expect("registered");
         let reports = verify::verify_op_where(op, 0x9e0 + name.len() as u64, &|v| {
@@ -94,6 +95,38 @@ fn bad_calls_are_errors() {
     assert!(err.contains("not whole tokens"), "{err}");
     let err = dev.run(&rope(4, 1)).unwrap_err().to_string();
     assert!(err.contains("cos/sin table holds 4 elements"), "{err}");
+    // Paged attention: a cache of 2 blocks × 2 positions × 1 KV head × 2 wide.
+    let (cache, q, o) = (
+        dev.upload(&[0.0; 8]).unwrap(),
+        dev.upload(&[0.0; 2]).unwrap(),
+        dev.upload(&[0.0; 2]).unwrap(),
+    );
+    let paged = |tables: &[u32], lens: &[usize], d| {
+        let call = device::DeviceCall::PagedAttention(device::PagedCall {
+            q: &q,
+            k: &cache,
+            v: &cache,
+            out: &o,
+            block_tables: tables,
+            max_blocks: 2,
+            context_lens: lens,
+            heads: 1,
+            kv_heads: 1,
+            d,
+            block_size: 2,
+            scale: 1.0,
+        });
+        dev.run(&call).map_err(|e| e.to_string())
+    };
+    paged(&[1, 0], &[4], 2).expect("a valid call");
+    let err = paged(&[1, 2], &[4], 2).unwrap_err();
+    assert!(err.contains("block id 2 ≥ 2 blocks"), "{err}");
+    let err = paged(&[1, 0], &[5], 2).unwrap_err();
+    assert!(err.contains("does not fit 1..=4"), "{err}");
+    let err = paged(&[1, 0], &[0], 2).unwrap_err();
+    assert!(err.contains("context 0"), "{err}");
+    let err = paged(&[1, 0], &[4], 300).unwrap_err();
+    assert!(err.contains("width 300"), "{err}");
     let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();
     assert!(err.to_string().contains("bytes for 2"), "{err}");
     let err = dev

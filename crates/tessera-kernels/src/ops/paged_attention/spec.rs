@@ -3,6 +3,7 @@
 use super::{paged_attention, PagedKvCache, PagedParams, PagedSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneSpace,
     Variant,
@@ -11,6 +12,7 @@ use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{DeviceCall, PagedCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Result, TensorView, TensorViewMut};
 
 /// f32 cache: polynomial exp and f32 sums over the context.
@@ -190,6 +192,7 @@ struct PagedInstance<T: Element> {
     tables: Vec<u32>,
     max_blocks: usize,
     num_blocks: usize,
+    dev: Option<OnDevice>,
 }
 
 impl<T: Element> PagedInstance<T> {
@@ -214,10 +217,44 @@ impl<T: Element> PagedInstance<T> {
             max_blocks,
             num_blocks,
             p,
+            dev: None,
         })
     }
     fn scale(&self) -> f32 {
         1.0 / (self.p.d as f32).sqrt()
+    }
+
+    /// The same call on a device: q and the cache uploaded once (widened to f32), the
+    /// block tables and lengths passed with each launch.
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let (q, k, vv, out_len) = (&self.q, &self.k, &self.v, self.o.len());
+        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let bufs = vec![
+                dev.upload(q)?,
+                dev.upload(&widen(k))?,
+                dev.upload(&widen(vv))?,
+                dev.upload(&vec![f32::NAN; out_len])?,
+            ];
+            Ok((bufs, 3))
+        })?;
+        let b = &state.bufs;
+        state.device.run(&DeviceCall::PagedAttention(PagedCall {
+            q: &b[0],
+            k: &b[1],
+            v: &b[2],
+            out: &b[3],
+            block_tables: &self.tables,
+            max_blocks: self.max_blocks,
+            context_lens: &self.p.context_lens,
+            heads: self.p.heads,
+            kv_heads: self.p.kv_heads,
+            d: self.p.d,
+            block_size: self.p.block_size,
+            scale: 1.0 / (self.p.d as f32).sqrt(),
+        }))?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -250,8 +287,13 @@ impl<T: Element> Instance for PagedInstance<T> {
     }
     fn poison(&mut self) {
         poison(&mut self.o);
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
         let dims = [self.p.context_lens.len(), self.p.heads, self.p.d];
         let params = PagedParams {
             scale: self.scale(),
@@ -283,9 +325,13 @@ impl<T: Element> Instance for PagedInstance<T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        if let Some(out) = OnDevice::output(&self.dev) {
+            return out.into_iter().map(f64::from).collect();
+        }
         self.o.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        self.dev = None; // the device copy of q must be uploaded afresh
         let (s, h) = (
             rng.random_range(0..self.p.context_lens.len()),
             rng.random_range(0..self.p.heads),
