@@ -212,30 +212,34 @@ pub enum DeviceCall<'a> {
         /// Activation rows.
         m: usize,
     },
-    /// Decode attention over a paged KV cache (one query row per sequence).
+    /// Attention over a paged KV cache: decode rows and prefill chunks of many sequences.
     PagedAttention(PagedCall<'a>),
 }
 
-/// One decode-attention launch: `O[s, h] = softmax(scale·q[s, h]·Kᵀ)·V` over each
-/// sequence's cached positions, read through its block table; GQA when `heads` is a
-/// multiple of `kv_heads`. The block tables and lengths stay on the host (a decode step
-/// changes them every call); the backend ships them with the launch.
+/// One attention launch over a paged KV cache. Sequence `s` has `q_lens[s]` query rows
+/// (1 for a decode, a chunk for a prefill), its last positions: row i attends to the
+/// cached positions `0 ..= context_lens[s] − q_lens[s] + i` (causal), read through the
+/// sequence's block table; GQA when `heads` is a multiple of `kv_heads`. The tables and
+/// lengths stay on the host (a step changes them every call); the backend ships them
+/// with the launch.
 #[derive(Debug)]
 pub struct PagedCall<'a> {
-    /// Queries `[seqs, heads, d]`.
+    /// Queries `[Σ q_lens, heads, d]`, sequences in order.
     pub q: &'a DeviceBuffer,
     /// Keys `[num_blocks, block_size, kv_heads, d]`.
     pub k: &'a DeviceBuffer,
     /// Values, laid out as the keys.
     pub v: &'a DeviceBuffer,
-    /// Output `[seqs, heads, d]`.
+    /// Output, laid out as the queries.
     pub out: &'a DeviceBuffer,
     /// Sequence s's block ids are `block_tables[s·max_blocks..][..max_blocks]`.
     pub block_tables: &'a [u32],
     /// Width of a block-table row.
     pub max_blocks: usize,
-    /// Each sequence's cached length (≥ 1).
+    /// Each sequence's cached length (≥ 1), its new rows included.
     pub context_lens: &'a [usize],
+    /// Each sequence's query rows (1 ≤ q_len ≤ its context).
+    pub q_lens: &'a [usize],
     /// Query heads.
     pub heads: usize,
     /// Key/value heads.

@@ -1,15 +1,19 @@
-//! Decode attention over a paged KV cache: one workgroup per (sequence, query head).
+//! Attention over a paged KV cache, decode rows and prefill chunks alike: one workgroup
+//! per (query row, head), each row attending causally to its visible positions.
 //!
-//! The workgroup walks its sequence's positions in tiles of 64: each invocation scores
+//! The workgroup walks the row's visible positions in tiles of 64: each invocation scores
 //! one position (its K row found through the block table), the tile's maximum and sum
 //! come from workgroup reductions, and the output row, held in workgroup memory with
 //! each invocation owning every 64th element, is rescaled and accumulated online (the
 //! flash-decoding recurrence), so any context length runs in fixed memory. Head widths
-//! up to [`MAX_D`] fit that memory.
+//! up to [`MAX_D`] fit that memory. A prefill chunk's rows each stream their own
+//! positions: K/V tiles are not yet shared across the rows of a chunk, so a long chunk
+//! reads its prefix once per row (correct, and parallel across rows and heads, but not
+//! the flash-attention data reuse a tiled prefill kernel would have).
 //!
-//! The block tables and lengths change every decode step, so they travel with the
-//! launch (one small storage buffer: lengths, then tables) rather than living on the
-//! device; every id a sequence uses is checked against the cache before the launch.
+//! The block tables and lengths change every step, so they travel with the launch (one
+//! small storage buffer: each row's sequence and visible length, then the tables) rather
+//! than living on the device; every id a sequence uses is checked before the launch.
 
 use crate::context::{Buf, WgpuDevice};
 use crate::kernels::{folded, need, u32_of};
@@ -24,6 +28,17 @@ pub const MAX_D: usize = 256;
 pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()> {
     const OP: &str = "paged_attention";
     let n = c.context_lens.len();
+    if c.q_lens.len() != n {
+        return Err(Error::shape(
+            OP,
+            format!("{n} context lengths but {} query runs", c.q_lens.len()),
+        ));
+    }
+    let total_q = c
+        .q_lens
+        .iter()
+        .try_fold(0usize, |a, &l| a.checked_add(l))
+        .ok_or_else(|| Error::Overflow("query rows".into()))?;
     if c.d == 0 || c.d > MAX_D || c.kv_heads == 0 || !c.heads.is_multiple_of(c.kv_heads) {
         return Err(Error::shape(
             OP,
@@ -44,9 +59,6 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
             ),
         ));
     }
-    let rows = n * c.heads * c.d;
-    need(OP, "q", c.q, rows)?;
-    need(OP, "out", c.out, rows)?;
     let record = c.block_size * c.kv_heads * c.d;
     let num_blocks = c.k.len() / record;
     if c.k.len() != num_blocks * record || c.v.len() != c.k.len() {
@@ -60,11 +72,16 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
         ));
     }
     u32_of(OP, "cache elements", c.k.len())?;
-    u32_of(OP, "query elements", rows)?;
-    let mut meta = Vec::with_capacity(n + c.block_tables.len());
-    for (s, &len) in c.context_lens.iter().enumerate() {
+    let mut meta = Vec::with_capacity(2 * total_q + c.block_tables.len());
+    for (s, (&len, &q_len)) in c.context_lens.iter().zip(c.q_lens).enumerate() {
         let blocks = len.div_ceil(c.block_size);
-        if len == 0 || blocks > c.max_blocks {
+        if q_len == 0 || q_len > len {
+            return Err(Error::invalid(
+                OP,
+                format!("sequence {s}: {q_len} query rows over a context of {len}"),
+            ));
+        }
+        if blocks > c.max_blocks {
             return Err(Error::invalid(
                 OP,
                 format!(
@@ -80,16 +97,24 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
                 format!("sequence {s}: block id {b} ≥ {num_blocks} blocks"),
             ));
         }
-        meta.push(u32_of(OP, "context", len)?);
+        // Row i of the run sees positions 0..=len − q_len + i.
+        let first_visible = u32_of(OP, "context", len - q_len + 1)?;
+        for i in 0..q_len as u32 {
+            meta.extend([s as u32, first_visible + i]);
+        }
     }
     meta.extend_from_slice(c.block_tables);
-    if n == 0 || c.heads == 0 {
+    let rows = total_q * c.heads * c.d;
+    need(OP, "q", c.q, rows)?;
+    need(OP, "out", c.out, rows)?;
+    u32_of(OP, "query elements", rows)?;
+    if total_q == 0 || c.heads == 0 {
         return Ok(());
     }
     let bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
     let meta = dev.words(&bytes, "paged tables")?;
     let params = [
-        u32_of(OP, "sequences", n)?,
+        u32_of(OP, "query rows", total_q)?,
         u32_of(OP, "heads", c.heads)?,
         u32_of(OP, "kv heads", c.kv_heads)?,
         c.d as u32,
@@ -106,5 +131,5 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
         Some(&meta),
         Some(&c.out.get::<Buf>()?.buffer),
     ];
-    dev.launch(&pipeline, &params, &bufs, folded(OP, n * c.heads)?)
+    dev.launch(&pipeline, &params, &bufs, folded(OP, total_q * c.heads)?)
 }

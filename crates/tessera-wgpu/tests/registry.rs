@@ -38,6 +38,7 @@ fn every_wgpu_kernel_matches_float64() {
         "gemm",
         "qmatmul",
         "paged_attention",
+        "varlen_attention",
     ] {
         let op = tessera_kernels::ops::find(name).expect("registered");
         let reports = verify::verify_op_where(op, 0x9e0 + name.len() as u64, &|v| {
@@ -101,7 +102,7 @@ fn bad_calls_are_errors() {
         dev.upload(&[0.0; 2]).unwrap(),
         dev.upload(&[0.0; 2]).unwrap(),
     );
-    let paged = |tables: &[u32], lens: &[usize], d| {
+    let paged_rows = |tables: &[u32], lens: &[usize], q_lens: &[usize], d| {
         let call = device::DeviceCall::PagedAttention(device::PagedCall {
             q: &q,
             k: &cache,
@@ -110,6 +111,7 @@ fn bad_calls_are_errors() {
             block_tables: tables,
             max_blocks: 2,
             context_lens: lens,
+            q_lens,
             heads: 1,
             kv_heads: 1,
             d,
@@ -118,13 +120,18 @@ fn bad_calls_are_errors() {
         });
         dev.run(&call).map_err(|e| e.to_string())
     };
+    let paged = |tables: &[u32], lens: &[usize], d| paged_rows(tables, lens, &[1], d);
     paged(&[1, 0], &[4], 2).expect("a valid call");
     let err = paged(&[1, 2], &[4], 2).unwrap_err();
     assert!(err.contains("block id 2 ≥ 2 blocks"), "{err}");
     let err = paged(&[1, 0], &[5], 2).unwrap_err();
     assert!(err.contains("does not fit 1..=4"), "{err}");
     let err = paged(&[1, 0], &[0], 2).unwrap_err();
-    assert!(err.contains("context 0"), "{err}");
+    assert!(err.contains("over a context of 0"), "{err}");
+    let err = paged_rows(&[1, 0], &[1], &[2], 2).unwrap_err();
+    assert!(err.contains("2 query rows over a context of 1"), "{err}");
+    let err = paged_rows(&[1, 0], &[4], &[1, 1], 2).unwrap_err();
+    assert!(err.contains("1 context lengths but 2 query runs"), "{err}");
     let err = paged(&[1, 0], &[4], 300).unwrap_err();
     assert!(err.contains("width 300"), "{err}");
     let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();

@@ -1,8 +1,8 @@
-// Decode attention over a paged KV cache: one workgroup of 64 per (sequence, head); the
-// sequence's positions in tiles of 64 with the online-softmax recurrence (see paged.rs).
+// Attention over a paged KV cache: one workgroup of 64 per (query row, head); the row's
+// visible positions in tiles of 64 with the online-softmax recurrence (see paged.rs).
 
 struct Params {
-    seqs: u32,
+    rows: u32,
     heads: u32,
     kv_heads: u32,
     d: u32,
@@ -16,7 +16,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
 @group(0) @binding(3) var<storage, read> vc: array<f32>;
-// Every sequence's context length, then every sequence's block table (max_blocks ids).
+// Per query row its sequence and visible length, then every sequence's block table
+// (max_blocks ids).
 @group(0) @binding(4) var<storage, read> seq_info: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
@@ -56,15 +57,15 @@ fn row_of(table: u32, t: u32, kvh: u32) -> u32 {
 @compute @workgroup_size(64)
 fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     let item = wg.x + wg.y * 65535u;
-    if (item >= p.seqs * p.heads) {
+    if (item >= p.rows * p.heads) {
         return;
     }
     let lid = lid3.x;
-    let s = item / p.heads;
+    let row = item / p.heads;
     let kvh = (item % p.heads) / (p.heads / p.kv_heads);
-    let table = p.seqs + s * p.max_blocks;
+    let table = 2u * p.rows + seq_info[2u * row] * p.max_blocks;
     if (lid == 0u) {
-        wlen = seq_info[s];
+        wlen = seq_info[2u * row + 1u];
     }
     let len = workgroupUniformLoad(&wlen);
     for (var x = lid; x < p.d; x = x + WG) {
@@ -79,10 +80,10 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         let valid = t < len;
         var score = LOWEST;
         if (valid) {
-            let row = row_of(table, t, kvh);
+            let krow = row_of(table, t, kvh);
             var dot = 0.0;
             for (var x = 0u; x < p.d; x = x + 1u) {
-                dot = dot + qs[x] * kc[row + x];
+                dot = dot + qs[x] * kc[krow + x];
             }
             score = dot;
         }

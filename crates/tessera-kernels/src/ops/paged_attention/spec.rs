@@ -247,6 +247,7 @@ impl<T: Element> PagedInstance<T> {
             block_tables: &self.tables,
             max_blocks: self.max_blocks,
             context_lens: &self.p.context_lens,
+            q_lens: &vec![1; self.p.context_lens.len()],
             heads: self.p.heads,
             kv_heads: self.p.kv_heads,
             d: self.p.d,

@@ -6,6 +6,7 @@ use super::{varlen_attention, VarlenParams, VarlenSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
 use crate::ops::paged_attention::PagedKvCache;
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
     TuneSpace, Variant,
@@ -14,6 +15,7 @@ use half::f16;
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{DeviceCall, PagedCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32 cache: the paged kernel's polynomial exp and f32 sums (decode rows) and the flash
@@ -211,6 +213,7 @@ struct VarlenInstance<T: Element> {
     tables: Vec<u32>,
     max_blocks: usize,
     num_blocks: usize,
+    dev: Option<OnDevice>,
 }
 
 impl<T: Element> VarlenInstance<T> {
@@ -241,6 +244,7 @@ impl<T: Element> VarlenInstance<T> {
             max_blocks,
             num_blocks,
             p,
+            dev: None,
         })
     }
     fn scale(&self) -> f32 {
@@ -250,6 +254,46 @@ impl<T: Element> VarlenInstance<T> {
         let (h, d) = (self.p.heads, self.p.d);
         let total_q = self.q.len() / (h * d + Q_ROW_PAD);
         Layout::strided(&[total_q, h, d], &[h * d + Q_ROW_PAD, d, 1], 0)
+    }
+
+    /// The same call on a device: the queries packed into contiguous rows and the cache
+    /// widened to f32, uploaded once; the tables and lengths passed with each launch.
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let ql = self.q_layout()?;
+        let (row, rows) = (self.p.heads * self.p.d, self.o.len());
+        let q: Vec<f32> = (0..rows)
+            .map(|j| self.q[ql.index_of(&[j / row, j % row / self.p.d, j % self.p.d])])
+            .collect();
+        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let (k, vv) = (&self.k, &self.v);
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let bufs = vec![
+                dev.upload(&q)?,
+                dev.upload(&widen(k))?,
+                dev.upload(&widen(vv))?,
+                dev.upload(&vec![f32::NAN; rows])?,
+            ];
+            Ok((bufs, 3))
+        })?;
+        let (q_lens, context_lens): (Vec<usize>, Vec<usize>) = self.p.runs.iter().copied().unzip();
+        let b = &state.bufs;
+        state.device.run(&DeviceCall::PagedAttention(PagedCall {
+            q: &b[0],
+            k: &b[1],
+            v: &b[2],
+            out: &b[3],
+            block_tables: &self.tables,
+            max_blocks: self.max_blocks,
+            context_lens: &context_lens,
+            q_lens: &q_lens,
+            heads: self.p.heads,
+            kv_heads: self.p.kv_heads,
+            d: self.p.d,
+            block_size: self.p.block_size,
+            scale: 1.0 / (self.p.d as f32).sqrt(),
+        }))?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -287,8 +331,13 @@ impl<T: Element> Instance for VarlenInstance<T> {
     }
     fn poison(&mut self) {
         poison(&mut self.o);
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
         let p = &self.p;
         let total_q: usize = p.runs.iter().map(|r| r.0).sum();
         let (q_lens, context_lens): (Vec<usize>, Vec<usize>) = p.runs.iter().copied().unzip();
@@ -323,9 +372,13 @@ impl<T: Element> Instance for VarlenInstance<T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        if let Some(out) = OnDevice::output(&self.dev) {
+            return out.into_iter().map(f64::from).collect();
+        }
         self.o.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        self.dev = None; // the device copy of q must be uploaded afresh
         let total_q: usize = self.p.runs.iter().map(|r| r.0).sum();
         let (r, h) = (
             rng.random_range(0..total_q),
