@@ -214,6 +214,20 @@ pub enum DeviceCall<'a> {
     },
     /// Attention over a paged KV cache: decode rows and prefill chunks of many sequences.
     PagedAttention(PagedCall<'a>),
+    /// `out[i, :] = table[ids[i], :]`: rows of a `[vocab, dim]` table gathered by token
+    /// id. The ids stay on the host (they change every step); every one must be < vocab.
+    Embedding {
+        /// The table, viewed as `[1, vocab, dim]`.
+        table: DeviceMatrix<'a>,
+        /// Rows of the table.
+        vocab: usize,
+        /// Width of a row.
+        dim: usize,
+        /// Token ids.
+        ids: &'a [u32],
+        /// `ids.len()·dim` f32 out, contiguous rows.
+        out: &'a DeviceBuffer,
+    },
 }
 
 /// One attention launch over a paged KV cache. Sequence `s` has `q_lens[s]` query rows

@@ -276,7 +276,7 @@ impl Device for WgpuDevice {
                 dtype == DType::F32
             }
             "qmatmul" => blocks::format_code(dtype).is_some(),
-            "paged_attention" | "varlen_attention" => dtype == DType::F32,
+            "paged_attention" | "varlen_attention" | "embedding" => dtype == DType::F32,
             _ => false,
         }
     }

@@ -10,6 +10,7 @@ use tessera_core::{Error, Result};
 const ROWS: &str = include_str!("shaders/rows.wgsl");
 const GEMM: &str = include_str!("shaders/gemm.wgsl");
 const QMATMUL: &str = include_str!("shaders/qmatmul.wgsl");
+const EMBEDDING: &str = include_str!("shaders/embedding.wgsl");
 const MAX_GRID: usize = 65535;
 
 pub(crate) fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32> {
@@ -65,6 +66,13 @@ pub(crate) fn run(dev: &WgpuDevice, call: &DeviceCall<'_>) -> Result<()> {
         } => gemm(dev, [a, b, c], dims, alpha, beta),
         DeviceCall::QMatmul { w, x, y, m } => qmatmul(dev, w, x, y, m),
         DeviceCall::PagedAttention(ref call) => crate::paged::paged_attention(dev, call),
+        DeviceCall::Embedding {
+            table,
+            vocab,
+            dim,
+            ids,
+            out,
+        } => embedding(dev, table, [vocab, dim], ids, out),
     }
 }
 
@@ -227,4 +235,50 @@ fn qmatmul(
         n.div_ceil(MAX_GRID) as u32,
     ];
     dev.launch(&pipeline, &params, &bufs, grid)
+}
+
+/// The table rows of `ids`, one invocation per output element; the ids travel with the
+/// launch and are checked against the vocabulary first.
+fn embedding(
+    dev: &WgpuDevice,
+    table: DeviceMatrix<'_>,
+    [vocab, dim]: [usize; 2],
+    ids: &[u32],
+    out: &DeviceBuffer,
+) -> Result<()> {
+    let op = "embedding";
+    if let Some((pos, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        return Err(Error::invalid(
+            op,
+            format!("token id {id} at position {pos} ≥ vocabulary size {vocab}"),
+        ));
+    }
+    let tp = matrix_params(op, &table, [1, vocab, dim])?;
+    let len = ids
+        .len()
+        .checked_mul(dim)
+        .ok_or_else(|| Error::Overflow(format!("{}x{dim}", ids.len())))?;
+    need(op, "out", out, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let bytes: Vec<u8> = ids.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let ids_buf = dev.words(&bytes, "token ids")?;
+    let params = [
+        u32_of(op, "elements", len)?,
+        dim as u32,
+        tp[0],
+        tp[2],
+        tp[3],
+        0,
+        0,
+        0,
+    ];
+    let pipeline = dev.pipeline(op, EMBEDDING)?;
+    let bufs = [
+        Some(&table.buf.get::<Buf>()?.buffer),
+        Some(&ids_buf),
+        Some(&out.get::<Buf>()?.buffer),
+    ];
+    dev.launch(&pipeline, &params, &bufs, folded(op, len.div_ceil(256))?)
 }

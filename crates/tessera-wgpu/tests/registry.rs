@@ -39,6 +39,7 @@ fn every_wgpu_kernel_matches_float64() {
         "qmatmul",
         "paged_attention",
         "varlen_attention",
+        "embedding",
     ] {
         let op = tessera_kernels::ops::find(name).expect("registered");
         let reports = verify::verify_op_where(op, 0x9e0 + name.len() as u64, &|v| {
@@ -134,6 +135,27 @@ fn bad_calls_are_errors() {
     assert!(err.contains("1 context lengths but 2 query runs"), "{err}");
     let err = paged(&[1, 0], &[4], 300).unwrap_err();
     assert!(err.contains("width 300"), "{err}");
+    // Embedding: an id past the vocabulary, a table view past its buffer.
+    let table = |strides| device::DeviceMatrix {
+        buf: &cache,
+        offset: 0,
+        strides,
+    };
+    let gather = |ids: &[u32], strides| {
+        let call = device::DeviceCall::Embedding {
+            table: table(strides),
+            vocab: 4,
+            dim: 2,
+            ids,
+            out: &rotated,
+        };
+        dev.run(&call).map_err(|e| e.to_string())
+    };
+    gather(&[3, 0, 1], [0, 2, 1]).expect("a valid gather");
+    let err = gather(&[3, 4], [0, 2, 1]).unwrap_err();
+    assert!(err.contains("token id 4 at position 1"), "{err}");
+    let err = gather(&[0], [0, 3, 1]).unwrap_err();
+    assert!(err.contains("reaches element 11"), "{err}");
     let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();
     assert!(err.to_string().contains("bytes for 2"), "{err}");
     let err = dev

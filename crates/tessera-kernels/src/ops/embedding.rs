@@ -2,6 +2,7 @@
 
 use crate::ops::common::{bytes, poison, random};
 use crate::pool::{self, SharedMut};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
     parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
     TuneParam, TuneSpace, Variant,
@@ -9,6 +10,7 @@ use crate::registry::{
 use half::{bf16, f16};
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{DeviceCall, DeviceMatrix};
 use tessera_core::{
     AlignedVec, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut,
 };
@@ -203,6 +205,7 @@ struct EmbInstance<T: Element> {
     lt: Layout,
     ids: Vec<u32>,
     out: AlignedVec<f32>,
+    dev: Option<OnDevice>,
 }
 
 impl<T: Element> EmbInstance<T> {
@@ -218,7 +221,34 @@ impl<T: Element> EmbInstance<T> {
             ids,
             out: AlignedVec::zeroed(p.n_ids * p.dim)?,
             p,
+            dev: None,
         })
+    }
+
+    /// The same gather on a device: the (padded) table uploaded once as f32, the ids
+    /// passed with each launch.
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let (table, out_len) = (&self.table, self.out.len());
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let wide: Vec<f32> = table.iter().map(|x| x.to_f32()).collect();
+            Ok((
+                vec![dev.upload(&wide)?, dev.upload(&vec![f32::NAN; out_len])?],
+                1,
+            ))
+        })?;
+        state.device.run(&DeviceCall::Embedding {
+            table: DeviceMatrix {
+                buf: &state.bufs[0],
+                offset: self.lt.offset(),
+                strides: [0, self.lt.stride(0), self.lt.stride(1)],
+            },
+            vocab: self.p.vocab,
+            dim: self.p.dim,
+            ids: &self.ids,
+            out: &state.bufs[1],
+        })?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -232,8 +262,13 @@ impl<T: Element> Instance for EmbInstance<T> {
     }
     fn poison(&mut self) {
         poison(&mut self.out);
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, _: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
         let dims = [self.p.n_ids, self.p.dim];
         embedding(
             v.isa()?,
@@ -243,9 +278,13 @@ impl<T: Element> Instance for EmbInstance<T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        if let Some(out) = OnDevice::output(&self.dev) {
+            return out.into_iter().map(f64::from).collect();
+        }
         self.out.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        self.dev = None; // the device copy of the table must be uploaded afresh
         let (id, c) = (
             self.ids[rng.random_range(0..self.ids.len())],
             rng.random_range(0..self.p.dim),
