@@ -66,7 +66,7 @@ impl DeviceBuffer {
     pub fn get<T: Any>(&self) -> Result<&T> {
         self.inner.downcast_ref().ok_or_else(|| {
             Error::Device(format!(
-                "buffer belongs to another backend (expected {})",
+                "buffer is not a {} (another backend's, or another element type)",
                 std::any::type_name::<T>()
             ))
         })
@@ -276,6 +276,9 @@ pub trait Device: Send + Sync {
     fn supports(&self, op: &str, dtype: DType) -> bool;
     /// Copies f32 data to a new device buffer.
     fn upload(&self, data: &[f32]) -> Result<DeviceBuffer>;
+    /// Copies 16-bit floats (`dtype` F16 or BF16, as raw bits) to a new device buffer,
+    /// kept at 16 bits: operands of the calls that read half-precision storage (GEMM).
+    fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer>;
     /// Uploads a `[rows, cols]` matrix stored in the ggml block format `format` (its
     /// raw blocks, row-major), in whatever layout the backend's matmul reads.
     fn upload_blocks(

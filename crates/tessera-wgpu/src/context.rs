@@ -12,6 +12,13 @@ pub(crate) struct Buf {
     pub buffer: wgpu::Buffer,
 }
 
+/// 16-bit floats (F16 or BF16), two per 32-bit word, for the calls that read
+/// half-precision storage.
+pub(crate) struct HalfBuf {
+    pub dtype: DType,
+    pub buffer: wgpu::Buffer,
+}
+
 /// Quantized weights as the matmul shader reads them.
 pub(crate) struct BlockBuf {
     pub format: DType,
@@ -272,9 +279,8 @@ impl Device for WgpuDevice {
     }
     fn supports(&self, op: &str, dtype: DType) -> bool {
         match op {
-            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" | "gemm" => {
-                dtype == DType::F32
-            }
+            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" => dtype == DType::F32,
+            "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
             "qmatmul" => blocks::format_code(dtype).is_some(),
             "paged_attention" | "varlen_attention" | "embedding" => dtype == DType::F32,
             _ => false,
@@ -283,6 +289,19 @@ impl Device for WgpuDevice {
     fn upload(&self, data: &[f32]) -> Result<DeviceBuffer> {
         let buffer = self.words(&as_bytes(data), "upload")?;
         Ok(DeviceBuffer::new(data.len(), Buf { buffer }))
+    }
+    fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer> {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Err(Error::DType {
+                op: "wgpu upload_half",
+                dtype: dtype.to_string(),
+            });
+        }
+        // Whole words: an odd count ends with a zero half no view reaches.
+        let mut bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        bytes.resize(bytes.len().next_multiple_of(4), 0);
+        let buffer = self.words(&bytes, "upload_half")?;
+        Ok(DeviceBuffer::new(bits.len(), HalfBuf { dtype, buffer }))
     }
     fn upload_blocks(
         &self,

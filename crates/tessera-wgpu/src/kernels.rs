@@ -3,9 +3,9 @@
 //! Shaders index with u32, so every view must span fewer than 2³² elements; grids
 //! beyond 65535 workgroups per dimension fold into the next dimension.
 
-use crate::context::{BlockBuf, Buf, WgpuDevice};
+use crate::context::{BlockBuf, Buf, HalfBuf, WgpuDevice};
 use tessera_core::device::{DeviceBuffer, DeviceCall, DeviceMatrix, RowOp};
-use tessera_core::{Error, Result};
+use tessera_core::{DType, Error, Result};
 
 const ROWS: &str = include_str!("shaders/rows.wgsl");
 const GEMM: &str = include_str!("shaders/gemm.wgsl");
@@ -145,6 +145,15 @@ fn rows_call(
     dev.launch(&pipeline, &params, &bufs, grid)
 }
 
+/// A GEMM input's storage kind as the shader's loads name it (0 f32, 1 f16, 2 bf16)
+/// and its buffer.
+fn operand(buf: &DeviceBuffer) -> Result<(u32, &wgpu::Buffer)> {
+    if let Ok(h) = buf.get::<HalfBuf>() {
+        return Ok((if h.dtype == DType::F16 { 1 } else { 2 }, &h.buffer));
+    }
+    Ok((0, &buf.get::<Buf>()?.buffer))
+}
+
 fn gemm(
     dev: &WgpuDevice,
     [a, b, c]: [DeviceMatrix<'_>; 3],
@@ -168,13 +177,10 @@ fn gemm(
     params.extend(matrix_params(op, &a, [batch, m, k])?);
     params.extend(matrix_params(op, &b, [batch, k, n])?);
     params.extend(matrix_params(op, &c, [batch, m, n])?);
-    params.extend([alpha.to_bits(), beta.to_bits(), 0, 0]);
+    let ((a_kind, a_buf), (b_kind, b_buf)) = (operand(a.buf)?, operand(b.buf)?);
+    params.extend([alpha.to_bits(), beta.to_bits(), a_kind, b_kind]);
     let pipeline = dev.pipeline("gemm", GEMM)?;
-    let bufs = [
-        Some(&a.buf.get::<Buf>()?.buffer),
-        Some(&b.buf.get::<Buf>()?.buffer),
-        Some(&c.buf.get::<Buf>()?.buffer),
-    ];
+    let bufs = [Some(a_buf), Some(b_buf), Some(&c.buf.get::<Buf>()?.buffer)];
     let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
     dev.launch(&pipeline, &params, &bufs, grid)
 }

@@ -156,6 +156,20 @@ fn bad_calls_are_errors() {
     assert!(err.contains("token id 4 at position 1"), "{err}");
     let err = gather(&[0], [0, 3, 1]).unwrap_err();
     assert!(err.contains("reaches element 11"), "{err}");
+    // Half storage: only f16/bf16, and only where a call reads it (GEMM operands).
+    let err = dev.upload_half(DType::F32, &[0; 4]).unwrap_err();
+    assert!(err.to_string().contains("dtype"), "{err}");
+    let half = dev.upload_half(DType::F16, &[0; 8]).unwrap();
+    let call = device::DeviceCall::Rows {
+        op: device::RowOp::Softmax,
+        inputs: &[&half],
+        gamma: None,
+        out: &rotated,
+        rows: 2,
+        n: 4,
+    };
+    let err = dev.run(&call).unwrap_err().to_string();
+    assert!(err.contains("another element type"), "{err}");
     let err = dev.upload_blocks(DType::Q4_0, 2, 32, &[0; 10]).unwrap_err();
     assert!(err.to_string().contains("bytes for 2"), "{err}");
     let err = dev

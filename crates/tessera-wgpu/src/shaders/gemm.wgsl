@@ -1,6 +1,8 @@
 // C = alpha·A·B + beta·C over strided [batch, rows, cols] views: a 64×64 tile of C per
 // workgroup, 16×16 invocations with 4×4 accumulators each, K in steps of 16 staged
 // through workgroup memory. Out-of-range tile elements load as 0 (ragged shapes).
+// A and B are 32-bit words holding f32, or two f16 or bf16 each (a_kind/b_kind: 0, 1,
+// 2), widened exactly on load; the products and sums are f32 either way.
 
 struct Params {
     m: u32,
@@ -21,14 +23,35 @@ struct Params {
     c_sc: u32,
     alpha: f32,
     beta: f32,
-    _pad0: u32,
-    _pad1: u32,
+    a_kind: u32,
+    b_kind: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(1) var<storage, read> a: array<u32>;
+@group(0) @binding(2) var<storage, read> b: array<u32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+// Element i of a buffer of the given kind from its word w (word i for f32, i/2 else).
+fn widen(w: u32, i: u32, kind: u32) -> f32 {
+    if (kind == 0u) {
+        return bitcast<f32>(w);
+    }
+    let hi = (i & 1u) == 1u;
+    if (kind == 1u) {
+        let pair = unpack2x16float(w);
+        return select(pair.x, pair.y, hi);
+    }
+    return bitcast<f32>(select(w << 16u, w & 0xffff0000u, hi));
+}
+
+fn load_a(i: u32) -> f32 {
+    return widen(a[select(i >> 1u, i, p.a_kind == 0u)], i, p.a_kind);
+}
+
+fn load_b(i: u32) -> f32 {
+    return widen(b[select(i >> 1u, i, p.b_kind == 0u)], i, p.b_kind);
+}
 
 const T: u32 = 64u;
 const TK: u32 = 16u;
@@ -56,7 +79,7 @@ fn gemm(
             let ak = idx % TK;
             var av = 0.0;
             if (row0 + ai < p.m && k0 + ak < p.k) {
-                av = a[p.a_off + bt * p.a_sb + (row0 + ai) * p.a_sr + (k0 + ak) * p.a_sc];
+                av = load_a(p.a_off + bt * p.a_sb + (row0 + ai) * p.a_sr + (k0 + ak) * p.a_sc);
             }
             a_tile[ak * T + ai] = av;
             // B: 16 k × 64 columns.
@@ -64,7 +87,7 @@ fn gemm(
             let bj = idx % T;
             var bv = 0.0;
             if (k0 + bk < p.k && col0 + bj < p.n) {
-                bv = b[p.b_off + bt * p.b_sb + (k0 + bk) * p.b_sr + (col0 + bj) * p.b_sc];
+                bv = load_b(p.b_off + bt * p.b_sb + (k0 + bk) * p.b_sr + (col0 + bj) * p.b_sc);
             }
             b_tile[bk * T + bj] = bv;
         }

@@ -282,16 +282,28 @@ impl<T: GemmInput> GemmInstance<T> {
 }
 
 impl<T: GemmInput> GemmInstance<T> {
-    /// The same buffers and strided views on the device: A and B are widened to f32
-    /// once (devices take f32), C starts as the host C (poisoned, or β's input).
+    /// The same buffers and strided views on the device: A and B in their own storage
+    /// type (f32, or 16-bit f16/bf16 the device widens on load), C starts as the host C
+    /// (poisoned, or β's input).
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
         let (a, b, c) = (&self.a, &self.b, &self.c);
         let state = OnDevice::ensure(&mut self.dev, v, |dev| {
-            let wide = |x: &AlignedVec<T>| x.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
-            Ok((
-                vec![dev.upload(&wide(a))?, dev.upload(&wide(b))?, dev.upload(c)?],
-                2,
-            ))
+            // Half-precision values round-trip exactly through f32.
+            let put = |x: &AlignedVec<T>| {
+                let wide = x.iter().map(|e| e.to_f32());
+                match T::DTYPE {
+                    DType::F16 => {
+                        let bits: Vec<u16> = wide.map(|f| f16::from_f32(f).to_bits()).collect();
+                        dev.upload_half(DType::F16, &bits)
+                    }
+                    DType::BF16 => {
+                        let bits: Vec<u16> = wide.map(|f| bf16::from_f32(f).to_bits()).collect();
+                        dev.upload_half(DType::BF16, &bits)
+                    }
+                    _ => dev.upload(&wide.collect::<Vec<f32>>()),
+                }
+            };
+            Ok((vec![put(a)?, put(b)?, dev.upload(c)?], 2))
         })?;
         let view = |i: usize, l: &Layout| DeviceMatrix {
             buf: &state.bufs[i],
