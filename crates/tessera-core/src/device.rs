@@ -231,11 +231,12 @@ pub enum DeviceCall<'a> {
 }
 
 /// One attention launch over a paged KV cache. Sequence `s` has `q_lens[s]` query rows
-/// (1 for a decode, a chunk for a prefill), its last positions: row i attends to the
-/// cached positions `0 ..= context_lens[s] − q_lens[s] + i` (causal), read through the
-/// sequence's block table; GQA when `heads` is a multiple of `kv_heads`. The tables and
-/// lengths stay on the host (a step changes them every call); the backend ships them
-/// with the launch.
+/// (1 for a decode, a chunk for a prefill), its last positions: with `causal`, row i
+/// attends to the cached positions `0 ..= context_lens[s] − q_lens[s] + i`, else to all
+/// of them; a `window` keeps only the most recent that many. Positions are read through
+/// the sequence's block table (a dense `[len, kv_heads, d]` K/V is one block of `len`);
+/// GQA when `heads` is a multiple of `kv_heads`. The tables and lengths stay on the host
+/// (a step changes them every call); the backend ships them with the launch.
 #[derive(Debug)]
 pub struct PagedCall<'a> {
     /// Queries `[Σ q_lens, heads, d]`, sequences in order.
@@ -264,6 +265,10 @@ pub struct PagedCall<'a> {
     pub block_size: usize,
     /// Multiplies the scores (usually 1/√d).
     pub scale: f32,
+    /// Each row sees positions up to its own (bottom-right aligned), not the whole context.
+    pub causal: bool,
+    /// Each row sees at most this many of its most recent visible positions.
+    pub window: Option<usize>,
 }
 
 /// An accelerator: memory management and kernel launches.

@@ -282,7 +282,9 @@ impl Device for WgpuDevice {
             "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" => dtype == DType::F32,
             "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
             "qmatmul" => blocks::format_code(dtype).is_some(),
-            "paged_attention" | "varlen_attention" | "embedding" => dtype == DType::F32,
+            "attention" | "paged_attention" | "varlen_attention" | "embedding" => {
+                dtype == DType::F32
+            }
             _ => false,
         }
     }

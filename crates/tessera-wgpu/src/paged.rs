@@ -1,5 +1,6 @@
-//! Attention over a paged KV cache, decode rows and prefill chunks alike: one workgroup
-//! per (query row, head), each row attending causally to its visible positions.
+//! Attention over a paged KV cache, decode rows and prefill chunks alike (and dense
+//! prefill, as one block): one workgroup per (query row, head), each row attending to
+//! its visible range of positions (causal and windowed as the call asks).
 //!
 //! The workgroup walks the row's visible positions in tiles of 64: each invocation scores
 //! one position (its K row found through the block table), the tile's maximum and sum
@@ -12,7 +13,7 @@
 //! the flash-attention data reuse a tiled prefill kernel would have).
 //!
 //! The block tables and lengths change every step, so they travel with the launch (one
-//! small storage buffer: each row's sequence and visible length, then the tables) rather
+//! small storage buffer: each row's sequence and visible range, then the tables) rather
 //! than living on the device; every id a sequence uses is checked before the launch.
 
 use crate::context::{Buf, WgpuDevice};
@@ -72,7 +73,7 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
         ));
     }
     u32_of(OP, "cache elements", c.k.len())?;
-    let mut meta = Vec::with_capacity(2 * total_q + c.block_tables.len());
+    let mut meta = Vec::with_capacity(3 * total_q + c.block_tables.len());
     for (s, (&len, &q_len)) in c.context_lens.iter().zip(c.q_lens).enumerate() {
         let blocks = len.div_ceil(c.block_size);
         if q_len == 0 || q_len > len {
@@ -97,10 +98,12 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
                 format!("sequence {s}: block id {b} ≥ {num_blocks} blocks"),
             ));
         }
-        // Row i of the run sees positions 0..=len − q_len + i.
-        let first_visible = u32_of(OP, "context", len - q_len + 1)?;
-        for i in 0..q_len as u32 {
-            meta.extend([s as u32, first_visible + i]);
+        u32_of(OP, "context", len)?;
+        for i in 0..q_len {
+            // Causal row i of the run sees positions ..= len − q_len + i.
+            let end = if c.causal { len - q_len + i + 1 } else { len };
+            let start = c.window.map_or(0, |w| end.saturating_sub(w));
+            meta.extend([s as u32, start as u32, end as u32]);
         }
     }
     meta.extend_from_slice(c.block_tables);

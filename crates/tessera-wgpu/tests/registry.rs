@@ -37,6 +37,7 @@ fn every_wgpu_kernel_matches_float64() {
         "rope_neox",
         "gemm",
         "qmatmul",
+        "attention",
         "paged_attention",
         "varlen_attention",
         "embedding",
@@ -118,6 +119,8 @@ fn bad_calls_are_errors() {
             d,
             block_size: 2,
             scale: 1.0,
+            causal: true,
+            window: None,
         });
         dev.run(&call).map_err(|e| e.to_string())
     };

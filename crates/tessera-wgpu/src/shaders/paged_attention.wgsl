@@ -16,8 +16,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
 @group(0) @binding(3) var<storage, read> vc: array<f32>;
-// Per query row its sequence and visible length, then every sequence's block table
-// (max_blocks ids).
+// Per query row its sequence and visible range [start, end), then every sequence's block
+// table (max_blocks ids).
 @group(0) @binding(4) var<storage, read> seq_info: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
@@ -28,7 +28,7 @@ var<workgroup> qs: array<f32, 256>;
 var<workgroup> acc: array<f32, 256>;
 var<workgroup> pr: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
-var<workgroup> wlen: u32;
+var<workgroup> wrange: vec2<u32>;
 
 fn reduce(lid: u32, v: f32, is_max: bool) -> f32 {
     red[lid] = v;
@@ -63,11 +63,12 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let lid = lid3.x;
     let row = item / p.heads;
     let kvh = (item % p.heads) / (p.heads / p.kv_heads);
-    let table = 2u * p.rows + seq_info[2u * row] * p.max_blocks;
+    let table = 3u * p.rows + seq_info[3u * row] * p.max_blocks;
     if (lid == 0u) {
-        wlen = seq_info[2u * row + 1u];
+        wrange = vec2<u32>(seq_info[3u * row + 1u], seq_info[3u * row + 2u]);
     }
-    let len = workgroupUniformLoad(&wlen);
+    let range = workgroupUniformLoad(&wrange);
+    let len = range.y;
     for (var x = lid; x < p.d; x = x + WG) {
         qs[x] = q[item * p.d + x] * p.scale;
         acc[x] = 0.0;
@@ -75,7 +76,7 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     workgroupBarrier();
     var m = LOWEST;
     var l = 0.0;
-    for (var t0 = 0u; t0 < len; t0 = t0 + WG) {
+    for (var t0 = range.x; t0 < len; t0 = t0 + WG) {
         let t = t0 + lid;
         let valid = t < len;
         var score = LOWEST;
@@ -106,7 +107,9 @@ fn paged_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         m = m_new;
         workgroupBarrier();
     }
+    // An empty range (a zero window) attends to nothing: zeros, not 0/0.
+    let empty = range.x >= len;
     for (var x = lid; x < p.d; x = x + WG) {
-        out[item * p.d + x] = acc[x] / l;
+        out[item * p.d + x] = select(acc[x] / l, 0.0, empty);
     }
 }

@@ -2,6 +2,7 @@
 
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
     TuneSpace, Variant,
@@ -9,6 +10,7 @@ use crate::registry::{
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::{DeviceCall, PagedCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
@@ -264,6 +266,7 @@ struct AttnInstance<T: Element> {
     v: AlignedVec<T>,
     o: AlignedVec<f32>,
     lq: Layout,
+    dev: Option<OnDevice>,
 }
 
 impl<T: Element> AttnInstance<T> {
@@ -281,10 +284,56 @@ impl<T: Element> AttnInstance<T> {
             o: AlignedVec::zeroed(p.q_len * p.heads * p.d)?,
             lq,
             p,
+            dev: None,
         })
     }
     fn scale(&self) -> f32 {
         1.0 / (self.p.d as f32).sqrt()
+    }
+
+    /// The same call on a device, as a paged call with one sequence whose K/V are one
+    /// block of `kv_len` positions: Q packed into contiguous rows, everything widened to
+    /// f32 and uploaded once.
+    fn run_on_device(&mut self, v: &Variant) -> Result<()> {
+        let p = self.p.clone();
+        let (lq, rows) = (self.lq, self.o.len());
+        let q: Vec<f32> = (0..rows)
+            .map(|j| {
+                let at = [j / (p.heads * p.d), j / p.d % p.heads, j % p.d];
+                self.q[lq.index_of(&at)].to_f32()
+            })
+            .collect();
+        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+        let (k, vv) = (&self.k, &self.v);
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let bufs = vec![
+                dev.upload(&q)?,
+                dev.upload(&widen(k))?,
+                dev.upload(&widen(vv))?,
+                dev.upload(&vec![f32::NAN; rows])?,
+            ];
+            Ok((bufs, 3))
+        })?;
+        let b = &state.bufs;
+        state.device.run(&DeviceCall::PagedAttention(PagedCall {
+            q: &b[0],
+            k: &b[1],
+            v: &b[2],
+            out: &b[3],
+            block_tables: &[0],
+            max_blocks: 1,
+            context_lens: &[p.kv_len],
+            q_lens: &[p.q_len],
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            d: p.d,
+            block_size: p.kv_len,
+            scale: 1.0 / (p.d as f32).sqrt(),
+            causal: p.causal,
+            window: p.window,
+        }))?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -319,8 +368,13 @@ impl<T: Element> Instance for AttnInstance<T> {
     }
     fn poison(&mut self) {
         poison(&mut self.o);
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            return self.run_on_device(v);
+        }
+        OnDevice::host_ran(&mut self.dev);
         let p = &self.p;
         let kd = [p.kv_len, p.kv_heads, p.d];
         let params = AttentionParams {
@@ -342,9 +396,13 @@ impl<T: Element> Instance for AttnInstance<T> {
         )
     }
     fn output(&self) -> Vec<f64> {
+        if let Some(out) = OnDevice::output(&self.dev) {
+            return out.into_iter().map(f64::from).collect();
+        }
         self.o.iter().map(|&x| x as f64).collect()
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
+        self.dev = None; // the device copy of q must be uploaded afresh
         let (i, h) = (
             rng.random_range(0..self.p.q_len),
             rng.random_range(0..self.p.heads),

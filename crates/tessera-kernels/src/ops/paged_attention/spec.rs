@@ -253,6 +253,8 @@ impl<T: Element> PagedInstance<T> {
             d: self.p.d,
             block_size: self.p.block_size,
             scale: 1.0 / (self.p.d as f32).sqrt(),
+            causal: true,
+            window: None,
         }))?;
         state.ran = true;
         Ok(())
