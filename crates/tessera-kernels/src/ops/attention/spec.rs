@@ -2,6 +2,7 @@
 
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
+use crate::ops::paged_attention::{run_attention_on_device, DeviceAttention};
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -10,7 +11,6 @@ use crate::registry::{
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::device::{DeviceCall, PagedCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
@@ -291,35 +291,21 @@ impl<T: Element> AttnInstance<T> {
         1.0 / (self.p.d as f32).sqrt()
     }
 
-    /// The same call on a device, as a paged call with one sequence whose K/V are one
-    /// block of `kv_len` positions: Q packed into contiguous rows, everything widened to
-    /// f32 and uploaded once.
+    /// The same call on a device ([`run_attention_on_device`]), as a paged call with one
+    /// sequence whose K/V are one block of `kv_len` positions; Q packed into contiguous
+    /// rows on the first run.
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
-        let p = self.p.clone();
-        let (lq, rows) = (self.lq, self.o.len());
-        let q: Vec<f32> = (0..rows)
-            .map(|j| {
-                let at = [j / (p.heads * p.d), j / p.d % p.heads, j % p.d];
-                self.q[lq.index_of(&at)].to_f32()
-            })
-            .collect();
-        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-        let (k, vv) = (&self.k, &self.v);
-        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
-            let bufs = vec![
-                dev.upload(&q)?,
-                dev.upload(&widen(k))?,
-                dev.upload(&widen(vv))?,
-                dev.upload(&vec![f32::NAN; rows])?,
-            ];
-            Ok((bufs, 3))
-        })?;
-        let b = &state.bufs;
-        state.device.run(&DeviceCall::PagedAttention(PagedCall {
-            q: &b[0],
-            k: &b[1],
-            v: &b[2],
-            out: &b[3],
+        let (p, q, lq) = (&self.p, &self.q, self.lq);
+        let rows = self.o.len();
+        let pack = || {
+            (0..rows)
+                .map(|j| {
+                    let at = [j / (p.heads * p.d), j / p.d % p.heads, j % p.d];
+                    q[lq.index_of(&at)].to_f32()
+                })
+                .collect()
+        };
+        let shape = DeviceAttention {
             block_tables: &[0],
             max_blocks: 1,
             context_lens: &[p.kv_len],
@@ -328,12 +314,10 @@ impl<T: Element> AttnInstance<T> {
             kv_heads: p.kv_heads,
             d: p.d,
             block_size: p.kv_len,
-            scale: 1.0 / (p.d as f32).sqrt(),
             causal: p.causal,
             window: p.window,
-        }))?;
-        state.ran = true;
-        Ok(())
+        };
+        run_attention_on_device(&mut self.dev, v, pack, (&self.k, &self.v), shape)
     }
 }
 

@@ -224,41 +224,82 @@ impl<T: Element> PagedInstance<T> {
         1.0 / (self.p.d as f32).sqrt()
     }
 
-    /// The same call on a device: q and the cache uploaded once (widened to f32), the
-    /// block tables and lengths passed with each launch.
+    /// The same call on a device ([`run_attention_on_device`]), one query row each.
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
-        let (q, k, vv, out_len) = (&self.q, &self.k, &self.v, self.o.len());
-        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
-            let bufs = vec![
-                dev.upload(q)?,
-                dev.upload(&widen(k))?,
-                dev.upload(&widen(vv))?,
-                dev.upload(&vec![f32::NAN; out_len])?,
-            ];
-            Ok((bufs, 3))
-        })?;
-        let b = &state.bufs;
-        state.device.run(&DeviceCall::PagedAttention(PagedCall {
-            q: &b[0],
-            k: &b[1],
-            v: &b[2],
-            out: &b[3],
+        let p = &self.p;
+        let shape = DeviceAttention {
             block_tables: &self.tables,
             max_blocks: self.max_blocks,
-            context_lens: &self.p.context_lens,
-            q_lens: &vec![1; self.p.context_lens.len()],
-            heads: self.p.heads,
-            kv_heads: self.p.kv_heads,
-            d: self.p.d,
-            block_size: self.p.block_size,
-            scale: 1.0 / (self.p.d as f32).sqrt(),
+            context_lens: &p.context_lens,
+            q_lens: &vec![1; p.context_lens.len()],
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            d: p.d,
+            block_size: p.block_size,
             causal: true,
             window: None,
-        }))?;
-        state.ran = true;
-        Ok(())
+        };
+        let q = &self.q;
+        run_attention_on_device(&mut self.dev, v, || q.to_vec(), (&self.k, &self.v), shape)
     }
+}
+
+/// What an attention instance's device run passes besides its buffers: the sequences,
+/// their tables and the call's shape (the fields of [`PagedCall`] that are not buffers).
+pub(crate) struct DeviceAttention<'a> {
+    pub block_tables: &'a [u32],
+    pub max_blocks: usize,
+    pub context_lens: &'a [usize],
+    pub q_lens: &'a [usize],
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub block_size: usize,
+    pub causal: bool,
+    pub window: Option<usize>,
+}
+
+/// Runs an attention instance (paged, varlen or dense) on device variant `v`: on the
+/// first run the queries (`q()`, contiguous `[rows, heads, d]`), K and V (widened to f32)
+/// and a NaN output are uploaded into `slot`; every run then only launches.
+pub(crate) fn run_attention_on_device<T: Element>(
+    slot: &mut Option<OnDevice>,
+    v: &Variant,
+    q: impl FnOnce() -> Vec<f32>,
+    (k, vv): (&[T], &[T]),
+    a: DeviceAttention<'_>,
+) -> Result<()> {
+    let out_len = a.q_lens.iter().sum::<usize>() * a.heads * a.d;
+    let widen = |b: &[T]| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+    let state = OnDevice::ensure(slot, v, |dev| {
+        let bufs = vec![
+            dev.upload(&q())?,
+            dev.upload(&widen(k))?,
+            dev.upload(&widen(vv))?,
+            dev.upload(&vec![f32::NAN; out_len])?,
+        ];
+        Ok((bufs, 3))
+    })?;
+    let b = &state.bufs;
+    state.device.run(&DeviceCall::PagedAttention(PagedCall {
+        q: &b[0],
+        k: &b[1],
+        v: &b[2],
+        out: &b[3],
+        block_tables: a.block_tables,
+        max_blocks: a.max_blocks,
+        context_lens: a.context_lens,
+        q_lens: a.q_lens,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        d: a.d,
+        block_size: a.block_size,
+        scale: 1.0 / (a.d as f32).sqrt(),
+        causal: a.causal,
+        window: a.window,
+    }))?;
+    state.ran = true;
+    Ok(())
 }
 
 impl<T: Element> Instance for PagedInstance<T> {

@@ -6,6 +6,7 @@ use super::{varlen_attention, VarlenParams, VarlenSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
 use crate::ops::paged_attention::PagedKvCache;
+use crate::ops::paged_attention::{run_attention_on_device, DeviceAttention};
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -15,7 +16,6 @@ use half::f16;
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::device::{DeviceCall, PagedCall};
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32 cache: the paged kernel's polynomial exp and f32 sums (decode rows) and the flash
@@ -256,46 +256,31 @@ impl<T: Element> VarlenInstance<T> {
         Layout::strided(&[total_q, h, d], &[h * d + Q_ROW_PAD, d, 1], 0)
     }
 
-    /// The same call on a device: the queries packed into contiguous rows and the cache
-    /// widened to f32, uploaded once; the tables and lengths passed with each launch.
+    /// The same call on a device ([`run_attention_on_device`]): the queries packed
+    /// into contiguous rows on the first run.
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
         let ql = self.q_layout()?;
-        let (row, rows) = (self.p.heads * self.p.d, self.o.len());
-        let q: Vec<f32> = (0..rows)
-            .map(|j| self.q[ql.index_of(&[j / row, j % row / self.p.d, j % self.p.d])])
-            .collect();
-        let widen = |b: &AlignedVec<T>| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-        let (k, vv) = (&self.k, &self.v);
-        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
-            let bufs = vec![
-                dev.upload(&q)?,
-                dev.upload(&widen(k))?,
-                dev.upload(&widen(vv))?,
-                dev.upload(&vec![f32::NAN; rows])?,
-            ];
-            Ok((bufs, 3))
-        })?;
-        let (q_lens, context_lens): (Vec<usize>, Vec<usize>) = self.p.runs.iter().copied().unzip();
-        let b = &state.bufs;
-        state.device.run(&DeviceCall::PagedAttention(PagedCall {
-            q: &b[0],
-            k: &b[1],
-            v: &b[2],
-            out: &b[3],
+        let (p, q) = (&self.p, &self.q);
+        let (row, rows) = (p.heads * p.d, self.o.len());
+        let pack = || {
+            (0..rows)
+                .map(|j| q[ql.index_of(&[j / row, j % row / p.d, j % p.d])])
+                .collect()
+        };
+        let (q_lens, context_lens): (Vec<usize>, Vec<usize>) = p.runs.iter().copied().unzip();
+        let shape = DeviceAttention {
             block_tables: &self.tables,
             max_blocks: self.max_blocks,
             context_lens: &context_lens,
             q_lens: &q_lens,
-            heads: self.p.heads,
-            kv_heads: self.p.kv_heads,
-            d: self.p.d,
-            block_size: self.p.block_size,
-            scale: 1.0 / (self.p.d as f32).sqrt(),
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            d: p.d,
+            block_size: p.block_size,
             causal: true,
             window: None,
-        }))?;
-        state.ran = true;
-        Ok(())
+        };
+        run_attention_on_device(&mut self.dev, v, pack, (&self.k, &self.v), shape)
     }
 }
 
