@@ -16,7 +16,7 @@
 //! sub-scale-weighted sum is exact in i32 (|·| < 2²⁶), and one conversion and one FMA
 //! by d·d_x finish it.
 
-use super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
+use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES, ROWS8};
 use super::rows8::{prefetch_pair, store_group};
 use super::M_CHUNK;
 use crate::quant::QK;
@@ -51,6 +51,20 @@ pub(super) unsafe fn dots(
             (true, 3) => dots_m::<true, 3>(w, meta, r0, acts, out),
             (true, _) => dots_m::<true, M_CHUNK>(w, meta, r0, acts, out),
         }
+    }
+}
+
+/// [`dots`] with the metadata taken from `w`.
+///
+/// # Safety
+/// As [`dots`]; `w`'s metadata is [`SplitI8`] (otherwise nothing is written and the
+/// debug build stops).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dots_any(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+    match &w.meta {
+        // SAFETY: forwarded contract.
+        Meta::SplitI8(s) => unsafe { dots(w, s, r0, acts, out) },
+        _ => debug_assert!(false, "avx2_planes8 reads split scales only"),
     }
 }
 

@@ -13,6 +13,8 @@
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
+#[cfg(target_arch = "x86_64")]
+mod act_panel;
 mod byte_rows;
 mod fp8;
 mod int8;
@@ -319,36 +321,76 @@ fn run_int8(
                 avx2_int8::dots::<1>(w, r, &a[..mc], out)
             },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; `reading` chose it for interleaved weights, and the
-            // driver below hands it whole groups (r a multiple of 8, out 8·mc long).
-            IntKernel::Avx2Rows8 => unsafe { rows8::dots(w, r, &a[..mc], out) },
+            // SAFETY: as above; `reading` chose it for interleaved weights with split
+            // scales, and the driver below hands it whole groups (r a multiple of 8,
+            // out 8·mc long).
+            IntKernel::Planes8 => unsafe { avx2_planes8::dots_any(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
-            IntKernel::VnniRows8 => unreachable!("run below, 8 activation rows per pass"),
+            IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
+                unreachable!("run below, over activation panels")
+            }
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        IntKernel::VnniRows8 => {
-            const MC: usize = rows8::VNNI_M;
-            for_weight_rows::<MC, { packed::ROWS8 }>(
-                threads,
-                (n, m, act_block),
-                y,
-                |r, m0, mc, out| {
-                    let a: [&QuantActs; MC] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
-                    // SAFETY: as for Avx2Rows8 above, up to MC rows; `for_isa` chose
-                    // Vnni, so the CPU has VNNI.
-                    unsafe { rows8::dots_vnni(w, r, &a[..mc], out) }
-                },
-            )
+        IntKernel::VnniRows8 | IntKernel::Avx2Rows8 => {
+            with_panels(acts, w.cols() / QK, threads, |panels| {
+                let shape = (n, m, act_block);
+                if kernel == IntKernel::VnniRows8 {
+                    const MC: usize = rows8::VNNI_M;
+                    for_weight_rows::<MC, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
+                        // SAFETY: `reading` chose it for interleaved weights without
+                        // split scales, `for_isa` for a VNNI CPU; r is a multiple of 8
+                        // below the rows, out 8·mc long; passes start at multiples of
+                        // MC (act_block is one), so MC slots fit in the panel.
+                        unsafe { rows8::dots_vnni(w, r, panels.rows(m0, mc), out) }
+                    })
+                } else {
+                    for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+                        threads,
+                        shape,
+                        y,
+                        |r, m0, mc, out| {
+                            // SAFETY: as above, on an AVX2 CPU, passes at multiples of
+                            // M_CHUNK (a divisor of the panel's 8 slots).
+                            unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
+                        },
+                    )
+                }
+            })
         }
         #[cfg(target_arch = "x86_64")]
-        IntKernel::Avx2Rows8 => {
+        IntKernel::Planes8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
     }
+}
+
+/// Runs `f` over `acts` copied into activation panels, in this thread's reused buffer
+/// (a fresh one if it is in use, or for more rows than [`REUSED_ACT_ROWS`]).
+#[cfg(target_arch = "x86_64")]
+fn with_panels(
+    acts: &[QuantActs],
+    chunks: usize,
+    threads: usize,
+    f: impl FnOnce(&act_panel::ActPanels),
+) {
+    thread_local! {
+        static REUSED_PANELS: std::cell::RefCell<act_panel::ActPanels> =
+            std::cell::RefCell::new(act_panel::ActPanels::default());
+    }
+    REUSED_PANELS.with(|cell| {
+        let mut fresh = act_panel::ActPanels::default();
+        let mut reused = cell
+            .try_borrow_mut()
+            .ok()
+            .filter(|_| acts.len() <= REUSED_ACT_ROWS);
+        let panels = reused.as_deref_mut().unwrap_or(&mut fresh);
+        panels.refill(acts, chunks, threads);
+        f(panels)
+    })
 }
 
 /// The integer dot-product kernel an ISA runs.
@@ -367,6 +409,10 @@ enum IntKernel {
     /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
     #[cfg(target_arch = "x86_64")]
     VnniRows8,
+    /// `vpmaddubsw` over Q3_K/Q6_K interleaved 8 rows at a time with their split
+    /// scales (`avx2_planes8`), on AVX2 and VNNI CPUs alike.
+    #[cfg(target_arch = "x86_64")]
+    Planes8,
     /// AVX2 W8A8 with one scale per weight row and per activation row: integer sums over
     /// the whole row, scaled once.
     #[cfg(target_arch = "x86_64")]
@@ -393,6 +439,9 @@ impl IntKernel {
     fn reading(self, w: &PackedWeights) -> Self {
         #[cfg(target_arch = "x86_64")]
         match self {
+            IntKernel::Vnni | IntKernel::Avx2 if matches!(w.meta, packed::Meta::SplitI8(_)) => {
+                return IntKernel::Planes8
+            }
             IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,
             // Interleaved full bytes are packed only for the VNNI kernel
             // (`PackedWeights::packs_interleaved`); `vpmaddubsw` would saturate on them,

@@ -24,10 +24,13 @@
 //!
 //! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
 //! start value exact in i32, the minimum term from the activation's precomputed
-//! d_x·Σq_x ([`QuantActs`]'s `block_sums`).
+//! d_x·Σq_x. The activation rows come as [`super::act_panel`] records, one per chunk
+//! for up to 8 rows, so every activation load is a constant offset from one pointer.
+//! Q3_K/Q6_K's split scales have their own kernel, `avx2_planes8`.
 
+use super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::avx2_int8::MetaElem;
-use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, GROUP_PAIR_BYTES, ROWS8};
+use super::packed::{CodeLayout, Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;
@@ -39,11 +42,12 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w.layout.interleaved()` but not [`CodeLayout::Bytes8`] (full
-/// bytes would saturate `vpmaddubsw`); r0 a multiple of 8 below `w.rows`; 1 ≤ acts.len()
-/// ≤ M_CHUNK, each built for `w.cols` columns and `w`'s offset; out.len() ≥
-/// 8·acts.len().
+/// bytes would saturate `vpmaddubsw`), and not [`Meta::SplitI8`] metadata; r0 a
+/// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ M_CHUNK, the rows quantized for
+/// `w.cols` columns and `w`'s offset, starting at a slot that leaves M_CHUNK slots in
+/// the panel; out.len() ≥ 8·acts.live().
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+pub(super) unsafe fn dots(w: &PackedWeights, r0: usize, acts: PanelRows<'_>, out: &mut [f32]) {
     debug_assert!(w.layout != CodeLayout::Bytes8);
     // SAFETY: forwarded contract.
     unsafe { dots_with::<Maddubs, M_CHUNK>(w, r0, acts, out) }
@@ -57,13 +61,13 @@ pub(super) const VNNI_M: usize = 8;
 
 /// [`dots`] with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL): the same loop,
 /// one instruction per 4 activation bytes instead of `vpmaddubsw` + `vpaddw`, and no
-/// `vpmaddwd` per chunk. Q3_K/Q6_K's split scales still go to `avx2_planes8`.
+/// `vpmaddwd` per chunk.
 ///
 /// # Safety
 /// As [`dots`] with [`VNNI_M`] for M_CHUNK, [`CodeLayout::Bytes8`] included, and the
 /// CPU has AVX-512F/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
+pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: PanelRows<'_>, out: &mut [f32]) {
     // SAFETY: forwarded contract.
     unsafe { dots_with::<Vnni, VNNI_M>(w, r0, acts, out) }
 }
@@ -78,12 +82,13 @@ pub(super) unsafe fn dots_vnni(w: &PackedWeights, r0: usize, acts: &[&QuantActs]
 unsafe fn dots_with<D: Dot4, const MC: usize>(
     w: &PackedWeights,
     r0: usize,
-    acts: &[&QuantActs],
+    acts: PanelRows<'_>,
     out: &mut [f32],
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && r0 < w.rows);
+    debug_assert_eq!(acts.chunks(), nb);
     // SAFETY: in each arm the group's metadata starts at these offsets (the packer sized
     // the arrays for every padded group); the rest is forwarded.
     unsafe {
@@ -110,13 +115,7 @@ unsafe fn dots_with<D: Dot4, const MC: usize>(
                 };
                 by_rows::<D, _, MC>(w, m, true, r0, acts, out)
             }
-            Meta::SplitI8(s) => {
-                // The split-scale kernel takes up to M_CHUNK rows at a time.
-                for (part, rows) in acts.chunks(M_CHUNK).enumerate() {
-                    let out = &mut out[part * M_CHUNK * ROWS8..];
-                    super::avx2_planes8::dots(w, s, r0, rows, out)
-                }
-            }
+            Meta::SplitI8(_) => unreachable!("split scales run avx2_planes8 (IntKernel::reading)"),
         }
     }
 }
@@ -311,12 +310,12 @@ unsafe fn by_rows<D: Dot4, C: ChunkMeta, const MC: usize>(
     meta: C,
     min: bool,
     r0: usize,
-    acts: &[&QuantActs],
+    acts: PanelRows<'_>,
     out: &mut [f32],
 ) {
     macro_rules! arms {
         ($($bytes:literal, $min:literal;)*) => {
-            match (w.layout == CodeLayout::Bytes8, min, acts.len()) {
+            match (w.layout == CodeLayout::Bytes8, min, acts.live()) {
                 (_, _, 0) => {}
                 $(
                     ($bytes, $min, 1) => dots_m::<D, $bytes, $min, C, 1>(w, meta, r0, acts, out),
@@ -339,44 +338,56 @@ struct Group<C> {
     nib: __m256i,
 }
 
-/// One activation row's per-block arrays as raw pointers.
+/// A pass's activation records: chunk c of slot `first + i` has its codes at
+/// `codes + c·RECORD_BYTES + 32·i` and its start value, d_x and minimum term at
+/// `meta + c·RECORD_BYTES + {INIT_AT, DX_AT, SUMS_AT} + 4·i`.
 #[derive(Clone, Copy)]
-struct ActRow {
-    q: *const i8,
-    /// d_x at `8b` (the first of the 8 lanes `QuantActs::d8` repeats it in).
-    dx: *const f32,
-    init: *const i32,
-    sums: *const f32,
+struct ActRecords {
+    codes: *const u8,
+    meta: *const u8,
 }
 
-impl Default for ActRow {
-    fn default() -> Self {
-        ActRow {
-            q: std::ptr::null(),
-            dx: std::ptr::null(),
-            init: std::ptr::null(),
-            sums: std::ptr::null(),
+impl ActRecords {
+    #[inline(always)]
+    unsafe fn four(self, c: usize, i: usize, t: usize) -> i32 {
+        // SAFETY: the caller's chunk and slot are inside the panel.
+        unsafe {
+            self.codes
+                .add(c * RECORD_BYTES + QK * i + 4 * t)
+                .cast::<i32>()
+                .read_unaligned()
+        }
+    }
+    #[inline(always)]
+    unsafe fn meta<T: Copy>(self, c: usize, at: usize, i: usize) -> T {
+        // SAFETY: as `four`; the field is 4 bytes, 4-byte aligned (records are words).
+        unsafe {
+            self.meta
+                .add(c * RECORD_BYTES + at + 4 * i)
+                .cast::<T>()
+                .read()
         }
     }
 }
 
-/// The loop over a group's chunks for M activation rows (`acts`, up to M of them, the
-/// last repeated to fill M).
+/// The loop over a group's chunks for M activation rows (`acts.live()` real ones, the
+/// rest of the M slots zero or later rows, their outputs dropped).
 #[inline(always)]
 unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
     w: &PackedWeights,
     meta: C,
     r0: usize,
-    acts: &[&QuantActs],
+    acts: PanelRows<'_>,
     out: &mut [f32],
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
-    let live = acts.len();
-    debug_assert!((1..=M).contains(&live));
+    let live = acts.live();
+    let (records, slot) = acts.first_record();
+    debug_assert!((1..=M).contains(&live) && slot + M <= PANEL_SLOTS);
     debug_assert!(out.len() >= ROWS8 * live);
     debug_assert!(w.quants.len() >= (group + 1) * w.group_bytes());
-    debug_assert!(acts.iter().all(|a| a.block_sums.len() >= nb));
+    debug_assert!(records.len() >= nb * RECORD_BYTES);
     let g = Group {
         // SAFETY: the group's codes start here (checked above).
         codes: unsafe { w.quants.as_ptr().add(group * w.group_bytes()) },
@@ -384,17 +395,13 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
         // SAFETY: AVX per the contract.
         nib: unsafe { _mm256_set1_epi8(0x0F) },
     };
-    // Plain loops: `array::from_fn` would not be inlined here (see `super::simd_rows`).
-    let mut rows = [ActRow::default(); M];
-    for i in 0..M {
-        let a = acts[i.min(live - 1)];
-        rows[i] = ActRow {
-            q: a.q.as_ptr(),
-            dx: a.d8.as_ptr().cast(),
-            init: a.block_init.as_ptr(),
-            sums: a.block_sums.as_ptr(),
-        };
-    }
+    // SAFETY: slot < PANEL_SLOTS, inside the first record.
+    let rows = unsafe {
+        ActRecords {
+            codes: records.as_ptr().add(QK * slot),
+            meta: records.as_ptr().add(4 * slot),
+        }
+    };
     // SAFETY: AVX per the contract.
     let mut acc = [unsafe { _mm256_setzero_ps() }; M];
     let mut c = 0;
@@ -407,12 +414,12 @@ unsafe fn dots_m<D: Dot4, const BYTES: bool, const MIN: bool, C: ChunkMeta, cons
                 GROUP_PAIR_BYTES
             };
             prefetch_pair(g.codes, c / 2, pair_bytes);
-            chunk::<D, BYTES, false, MIN, C, M>(&g, &rows, c, &mut acc);
-            chunk::<D, BYTES, true, MIN, C, M>(&g, &rows, c + 1, &mut acc);
+            chunk::<D, BYTES, false, MIN, C, M>(&g, rows, c, &mut acc);
+            chunk::<D, BYTES, true, MIN, C, M>(&g, rows, c + 1, &mut acc);
             c += 2;
         }
         if c < nb {
-            chunk::<D, BYTES, false, MIN, C, M>(&g, &rows, c, &mut acc);
+            chunk::<D, BYTES, false, MIN, C, M>(&g, rows, c, &mut acc);
         }
     }
     // SAFETY: AVX per the contract.
@@ -450,7 +457,7 @@ unsafe fn chunk<
     const M: usize,
 >(
     g: &Group<C>,
-    rows: &[ActRow; M],
+    rows: ActRecords,
     c: usize,
     acc: &mut [__m256; M],
 ) {
@@ -465,7 +472,7 @@ unsafe fn chunk<
         // accumulates in place, and one chain of 8 would wait on its latency.
         let mut sums = [[D::start(0); 2]; M];
         for i in 0..M {
-            sums[i][0] = D::start(*rows[i].init.add(c));
+            sums[i][0] = D::start(rows.meta::<i32>(c, INIT_AT, i));
         }
         for t in 0..QK / 4 {
             let v = _mm256_loadu_si256(base.add(QK * t) as *const __m256i);
@@ -477,8 +484,7 @@ unsafe fn chunk<
                 _mm256_and_si256(v, g.nib)
             };
             for i in 0..M {
-                let four = rows[i].q.add(QK * c + 4 * t).cast::<i32>().read_unaligned();
-                let x = _mm256_set1_epi32(four);
+                let x = _mm256_set1_epi32(rows.four(c, i, t));
                 let k = if M >= 8 { 0 } else { t % 2 };
                 sums[i][k] = D::add(sums[i][k], u, x);
             }
@@ -486,12 +492,12 @@ unsafe fn chunk<
         let d = g.meta.scales(c);
         let m = if MIN { g.meta.mins(c) } else { d };
         for i in 0..M {
-            let r = &rows[i];
-            let s = D::finish(sums[i], *r.init.add(c));
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(*r.dx.add(8 * c)));
+            let s = D::finish(sums[i], rows.meta::<i32>(c, INIT_AT, i));
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(rows.meta::<f32>(c, DX_AT, i)));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[i]);
             if MIN {
-                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(*r.sums.add(c)), acc[i]);
+                let sums = rows.meta::<f32>(c, SUMS_AT, i);
+                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sums), acc[i]);
             }
         }
     }
