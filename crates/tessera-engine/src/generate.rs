@@ -96,8 +96,21 @@ pub fn sample(
     s: &Sampling,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<u32> {
-    if logits.iter().any(|v| v.is_nan()) {
-        return Err(Error::Model("NaN in the logits".into()));
+    let nan = || Error::Model("NaN in the logits".into());
+    if s.temperature == 0.0 && s.repetition_penalty == 1.0 {
+        // Greedy: the argmax kernel returns the first NaN if there is one, so its one
+        // pass is also the check. A separate early-exit scan first made a 49152-logit
+        // row take 32 µs instead of 5 (host C), 16 such rows per batched decode step.
+        let v = TensorView::contiguous(logits, &[1, logits.len()])?;
+        let t = tessera_kernels::ops::argmax::argmax(Isa::best(), &v)?[0];
+        return match logits[t as usize].is_nan() {
+            true => Err(nan()),
+            false => Ok(t),
+        };
+    }
+    // No early exit, so it vectorizes.
+    if logits.iter().fold(false, |any, v| any | v.is_nan()) {
+        return Err(nan());
     }
     let penalised;
     let logits = if s.repetition_penalty != 1.0 {
@@ -123,11 +136,7 @@ pub fn sample(
         let v = TensorView::contiguous(logits, &[1, logits.len()])?;
         return Ok(tessera_kernels::ops::argmax::argmax(Isa::best(), &v)?[0]);
     }
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    if s.top_k > 0 {
-        idx.truncate(s.top_k);
-    }
+    let idx = ranked(logits, s.top_k);
     let max = logits[idx[0]];
     let mut probs: Vec<f64> = idx
         .iter()
@@ -160,6 +169,20 @@ pub fn sample(
         }
     }
     Ok(idx[kept - 1] as u32)
+}
+
+/// Token ids by descending logit (ties: lower id first), the first `top_k` of them
+/// (every one for 0). Top-k selects before it sorts: with a full sort, sampling a
+/// 49152-logit row at temperature 1, top-k 40 took 1.42 ms; now 0.16 ms (host C).
+fn ranked(logits: &[f32], top_k: usize) -> Vec<usize> {
+    let order = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    if top_k > 0 && top_k < idx.len() {
+        idx.select_nth_unstable_by(top_k - 1, order);
+        idx.truncate(top_k);
+    }
+    idx.sort_unstable_by(order);
+    idx
 }
 
 /// What to generate.
@@ -398,5 +421,78 @@ impl TextStream {
     /// Whether a stop string was reached.
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random logits with many ties (values on a coarse grid).
+    fn logits(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| rng.random_range(-20i32..20) as f32 * 0.25)
+            .collect()
+    }
+
+    /// Top-k by selection equals the first k of an independent full sort in f64 with
+    /// the same tie rule (lower id first).
+    #[test]
+    fn ranked_is_the_prefix_of_a_full_sort() {
+        for (n, seed) in [(1, 1), (7, 2), (1000, 3), (49152, 4)] {
+            let l = logits(n, seed);
+            let mut want: Vec<(f64, usize)> = l.iter().map(|&v| (-(v as f64), 0)).collect();
+            for (i, w) in want.iter_mut().enumerate() {
+                w.1 = i;
+            }
+            want.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+            let want: Vec<usize> = want.into_iter().map(|(_, i)| i).collect();
+            for k in [0, 1, 2, 40, n.saturating_sub(1), n, n + 5] {
+                let got = ranked(&l, k);
+                let len = if k == 0 { n } else { k.min(n) };
+                assert_eq!(got, want[..len], "n {n} k {k}");
+            }
+        }
+    }
+
+    /// Every sampled token is among the k largest logits, and greedy picks the first
+    /// maximum.
+    #[test]
+    fn samples_stay_in_the_top_k() {
+        let l = logits(5000, 9);
+        let mut sorted: Vec<usize> = (0..l.len()).collect();
+        sorted.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).expect("finite").then(a.cmp(&b)));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let s = Sampling {
+            temperature: 1.5,
+            top_k: 3,
+            top_p: 1.0,
+            ..Sampling::default()
+        };
+        for _ in 0..200 {
+            let t = sample(&l, &[], &s, &mut rng).expect("sample") as usize;
+            assert!(sorted[..3].contains(&t), "{t} outside the top 3");
+        }
+        let greedy = sample(&l, &[], &Sampling::default(), &mut rng).expect("greedy");
+        assert_eq!(greedy as usize, sorted[0]);
+    }
+
+    /// A NaN anywhere in the logits is an error, greedy or not.
+    #[test]
+    fn nan_logits_are_an_error() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        for at in [0, 17, 4999] {
+            let mut l = logits(5000, 11);
+            l[at] = f32::NAN;
+            for temperature in [0.0, 0.8] {
+                let s = Sampling {
+                    temperature,
+                    ..Sampling::default()
+                };
+                let e = sample(&l, &[], &s, &mut rng).expect_err("NaN must fail");
+                assert!(e.to_string().contains("NaN"), "{e}");
+            }
+        }
     }
 }
