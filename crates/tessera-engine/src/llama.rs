@@ -222,8 +222,7 @@ impl<const N: usize> SharedInput<N> {
             }
             SharedInput::Stacked(w, outs) => {
                 let total = w.out_features();
-                buf.resize(n * total, 0.0);
-                linear(stacked_op, &**w, x, buf, n)?;
+                let buf = stacked_rows(&**w, stacked_op, x, buf, n)?;
                 for (i, row) in buf.chunks_exact(total).enumerate() {
                     let mut at = 0;
                     for (y, &o) in ys.iter_mut().zip(outs) {
@@ -235,6 +234,44 @@ impl<const N: usize> SharedInput<N> {
         }
         Ok(())
     }
+
+    /// As [`SharedInput::forward`], but a stacked layer's output stays unsplit in
+    /// `buf` (`[n, width]`, the parts side by side): returns `Some(width)` then, `None`
+    /// when the parts ran separately into `ys`.
+    fn forward_unsplit(
+        &self,
+        ops: ([&'static str; N], &'static str),
+        x: &[f32],
+        ys: [&mut [f32]; N],
+        buf: &mut Vec<f32>,
+        n: usize,
+    ) -> Result<Option<usize>> {
+        match self {
+            SharedInput::Separate(_) => self.forward(ops, x, ys, buf, n).map(|_| None),
+            SharedInput::Stacked(w, _) => {
+                stacked_rows(&**w, ops.1, x, buf, n)?;
+                Ok(Some(w.out_features()))
+            }
+        }
+    }
+}
+
+/// Runs the stacked layer `w` into the first `n·width` floats of `buf`, growing it only
+/// when too short: the step's stacked layers (q/k/v 960 wide, gate/up 3072) share it,
+/// and resizing it down and up again zeroed the difference in every layer.
+fn stacked_rows<'b>(
+    w: &dyn Linear,
+    op: &'static str,
+    x: &[f32],
+    buf: &'b mut Vec<f32>,
+    n: usize,
+) -> Result<&'b mut [f32]> {
+    let len = n * w.out_features();
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    linear(op, w, x, &mut buf[..len], n)?;
+    Ok(&mut buf[..len])
 }
 
 /// A loaded model.

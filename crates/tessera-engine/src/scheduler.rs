@@ -267,6 +267,8 @@ pub struct Scheduler {
     stats: SchedulerStats,
     /// Built on the first request with a grammar (the vocabulary trie takes a while).
     grammars: std::sync::OnceLock<Grammars>,
+    /// The last step's logits, kept so the next step reuses the allocation.
+    logits: Vec<f32>,
 }
 
 impl Scheduler {
@@ -285,6 +287,7 @@ impl Scheduler {
             next_id: 0,
             stats: SchedulerStats::default(),
             grammars: std::sync::OnceLock::new(),
+            logits: Vec::new(),
         })
     }
 
@@ -464,9 +467,11 @@ impl Scheduler {
                 }
             })
             .collect();
-        let result = self.model.forward_batch(&mut self.store, &inputs);
+        let result = self
+            .model
+            .forward_batch_into(&mut self.store, &inputs, &mut self.logits);
         let logits = match result {
-            Ok(l) => l,
+            Ok(()) => std::mem::take(&mut self.logits),
             Err(e) => {
                 // Nothing the scheduler built should fail; if it does, every request of
                 // the step gets the error (none is lost), and the rest go on.
@@ -532,6 +537,7 @@ impl Scheduler {
                 None => self.release(&seq),
             }
         }
+        self.logits = logits;
         Ok(events)
     }
 

@@ -18,7 +18,7 @@ use crate::linear::Linear;
 use crate::profile::{self, OpCost};
 use crate::Error;
 use tessera_core::DType;
-use tessera_core::{Isa, TensorView, TensorViewMut};
+use tessera_core::{Isa, Layout, TensorView, TensorViewMut};
 use tessera_kernels::ops::rms_norm::{rms_norm, rms_norm_residual, RmsNorm, RmsNormResidual};
 use tessera_kernels::ops::rope::{rope, Rope, RopeDesc, RopeStyle};
 use tessera_kernels::ops::rowwise::RowProblem;
@@ -141,6 +141,20 @@ impl Llama {
     /// logits, `[rows, vocab]`, sequences in order. Bad token ids, empty sequences and
     /// block tables that do not cover their positions are errors before anything runs.
     pub fn forward_batch(&self, store: &mut KvStore, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.forward_batch_into(store, seqs, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Llama::forward_batch`] into `logits` (resized to `[rows, vocab]`): a caller that
+    /// keeps it from step to step does not zero ~3 MB of fresh logits per 16-row step
+    /// (145 µs of each batched decode step on host C).
+    pub fn forward_batch_into(
+        &self,
+        store: &mut KvStore,
+        seqs: &[SeqInput<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         let c = &self.cfg;
         if seqs.is_empty() {
             return Err(Error::Model("a step needs at least one sequence".into()));
@@ -218,13 +232,25 @@ impl Llama {
             self.attend(l, store, &step, &mut s, n)?;
             linear("attn_output", &*layer.o, &s.att, &mut s.proj, n)?;
             norm_residual(&s.proj, &mut s.x, &layer.ffn_norm, &mut s.h)?;
-            layer.gate_up.forward(
+            let stacked = layer.gate_up.forward_unsplit(
                 (["ffn_gate", "ffn_up"], "ffn_gate_up"),
                 &s.h,
                 [&mut s.gate, &mut s.up],
                 &mut s.stacked,
                 n,
             )?;
+            // Gate and up as [n, f] views: the stacked output's two column halves where
+            // one matmul made both (no copy), else their own buffers.
+            let (gate, up) = match stacked {
+                Some(width) => {
+                    let half = |at| {
+                        let l = Layout::strided(&[n, f], &[width, 1], at)?;
+                        TensorView::new(&s.stacked[..n * width], l)
+                    };
+                    (half(0)?, half(f)?)
+                }
+                None => (view(&s.gate, &[n, f])?, view(&s.up, &[n, f])?),
+            };
             let act_cost = || {
                 let problem = RowProblem::<SwiGlu>::new(n, f, false);
                 registry_cost(format!("{n}x{f}"), &problem, DType::F32)
@@ -232,18 +258,18 @@ impl Llama {
             profile::record("swiglu", act_cost, || -> Result<()> {
                 Ok(swiglu(
                     Isa::best(),
-                    &view(&s.gate, &[n, f])?,
-                    &view(&s.up, &[n, f])?,
+                    &gate,
+                    &up,
                     &mut TensorViewMut::contiguous(&mut s.act, &[n, f])?,
                 )?)
             })?;
             linear("ffn_down", &*layer.down, &s.act, &mut s.proj, n)?;
         }
-        self.head(seqs, &mut s)
+        self.head(seqs, &mut s, logits)
     }
 
     /// The final residual add, norm and LM head over the rows whose logits are wanted.
-    fn head(&self, seqs: &[SeqInput<'_>], s: &mut Scratch) -> Result<Vec<f32>> {
+    fn head(&self, seqs: &[SeqInput<'_>], s: &mut Scratch, logits: &mut Vec<f32>) -> Result<()> {
         let (d, vocab) = (self.cfg.dim, self.cfg.vocab);
         let mut rows = Vec::new();
         let mut at = 0;
@@ -257,8 +283,9 @@ impl Llama {
             at += n;
         }
         let m = rows.len();
+        logits.resize(m * vocab, 0.0);
         if m == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         // Gather the wanted rows (contiguous in the common cases: one sequence, all rows).
         let (mut proj, mut x) = (vec![0f32; m * d], vec![0f32; m * d]);
@@ -269,9 +296,8 @@ impl Llama {
         let mut h = vec![0f32; m * d];
         norm_residual(&proj, &mut x, &self.norm, &mut h)?;
         let head = self.output.as_deref().unwrap_or(&*self.embed);
-        let mut logits = vec![0f32; m * vocab];
-        linear("lm_head", head, &h, &mut logits, m)?;
-        Ok(logits)
+        linear("lm_head", head, &h, logits, m)?;
+        Ok(())
     }
 
     /// Attention of the step's rows over each sequence's cache (one varlen call).
