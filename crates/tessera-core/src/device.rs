@@ -247,6 +247,14 @@ pub struct PagedCall<'a> {
     pub v: &'a DeviceBuffer,
     /// Output, laid out as the queries.
     pub out: &'a DeviceBuffer,
+    /// The sequences and the call's shape.
+    pub shape: PagedShape<'a>,
+}
+
+/// What a [`PagedCall`] runs besides its buffers: the sequences, their block tables and
+/// the attention's shape. Backends check all of it against the buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedShape<'a> {
     /// Sequence s's block ids are `block_tables[s·max_blocks..][..max_blocks]`.
     pub block_tables: &'a [u32],
     /// Width of a block-table row.

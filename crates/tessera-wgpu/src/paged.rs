@@ -26,8 +26,9 @@ const PAGED: &str = include_str!("shaders/paged_attention.wgsl");
 /// The widest head the shader's workgroup arrays hold.
 pub const MAX_D: usize = 256;
 
-pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()> {
+pub(crate) fn paged_attention(dev: &WgpuDevice, call: &PagedCall<'_>) -> Result<()> {
     const OP: &str = "paged_attention";
+    let c = &call.shape;
     let n = c.context_lens.len();
     if c.q_lens.len() != n {
         return Err(Error::shape(
@@ -61,18 +62,18 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
         ));
     }
     let record = c.block_size * c.kv_heads * c.d;
-    let num_blocks = c.k.len() / record;
-    if c.k.len() != num_blocks * record || c.v.len() != c.k.len() {
+    let num_blocks = call.k.len() / record;
+    if call.k.len() != num_blocks * record || call.v.len() != call.k.len() {
         return Err(Error::shape(
             OP,
             format!(
                 "K/V hold {}/{} elements, not whole blocks of {record}",
-                c.k.len(),
-                c.v.len()
+                call.k.len(),
+                call.v.len()
             ),
         ));
     }
-    u32_of(OP, "cache elements", c.k.len())?;
+    u32_of(OP, "cache elements", call.k.len())?;
     let mut meta = Vec::with_capacity(3 * total_q + c.block_tables.len());
     for (s, (&len, &q_len)) in c.context_lens.iter().zip(c.q_lens).enumerate() {
         let blocks = len.div_ceil(c.block_size);
@@ -108,8 +109,8 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
     }
     meta.extend_from_slice(c.block_tables);
     let rows = total_q * c.heads * c.d;
-    need(OP, "q", c.q, rows)?;
-    need(OP, "out", c.out, rows)?;
+    need(OP, "q", call.q, rows)?;
+    need(OP, "out", call.out, rows)?;
     u32_of(OP, "query elements", rows)?;
     if total_q == 0 || c.heads == 0 {
         return Ok(());
@@ -128,11 +129,11 @@ pub(crate) fn paged_attention(dev: &WgpuDevice, c: &PagedCall<'_>) -> Result<()>
     ];
     let pipeline = dev.pipeline("paged_attention", PAGED)?;
     let bufs = [
-        Some(&c.q.get::<Buf>()?.buffer),
-        Some(&c.k.get::<Buf>()?.buffer),
-        Some(&c.v.get::<Buf>()?.buffer),
+        Some(&call.q.get::<Buf>()?.buffer),
+        Some(&call.k.get::<Buf>()?.buffer),
+        Some(&call.v.get::<Buf>()?.buffer),
         Some(&meta),
-        Some(&c.out.get::<Buf>()?.buffer),
+        Some(&call.out.get::<Buf>()?.buffer),
     ];
     dev.launch(&pipeline, &params, &bufs, folded(OP, total_q * c.heads)?)
 }

@@ -2,7 +2,7 @@
 
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
-use crate::ops::paged_attention::{run_attention_on_device, DeviceAttention};
+use crate::ops::paged_attention::run_attention_on_device;
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -11,6 +11,7 @@ use crate::registry::{
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::PagedShape;
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
@@ -305,7 +306,7 @@ impl<T: Element> AttnInstance<T> {
                 })
                 .collect()
         };
-        let shape = DeviceAttention {
+        let shape = PagedShape {
             block_tables: &[0],
             max_blocks: 1,
             context_lens: &[p.kv_len],
@@ -314,6 +315,7 @@ impl<T: Element> AttnInstance<T> {
             kv_heads: p.kv_heads,
             d: p.d,
             block_size: p.kv_len,
+            scale: self.scale(),
             causal: p.causal,
             window: p.window,
         };

@@ -15,7 +15,7 @@ mod cpu;
 mod lanes_kernel;
 mod spec;
 
-pub(crate) use spec::{run_attention_on_device, DeviceAttention};
+pub(crate) use spec::run_attention_on_device;
 pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32};
 
 use crate::pool::{self, SharedMut};

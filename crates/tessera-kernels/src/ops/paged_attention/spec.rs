@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::device::{DeviceCall, PagedCall};
+use tessera_core::device::{DeviceCall, PagedCall, PagedShape};
 use tessera_core::{AlignedVec, DType, Element, Error, Result, TensorView, TensorViewMut};
 
 /// f32 cache: polynomial exp and f32 sums over the context.
@@ -227,7 +227,7 @@ impl<T: Element> PagedInstance<T> {
     /// The same call on a device ([`run_attention_on_device`]), one query row each.
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
         let p = &self.p;
-        let shape = DeviceAttention {
+        let shape = PagedShape {
             block_tables: &self.tables,
             max_blocks: self.max_blocks,
             context_lens: &p.context_lens,
@@ -236,27 +236,13 @@ impl<T: Element> PagedInstance<T> {
             kv_heads: p.kv_heads,
             d: p.d,
             block_size: p.block_size,
+            scale: self.scale(),
             causal: true,
             window: None,
         };
         let q = &self.q;
         run_attention_on_device(&mut self.dev, v, || q.to_vec(), (&self.k, &self.v), shape)
     }
-}
-
-/// What an attention instance's device run passes besides its buffers: the sequences,
-/// their tables and the call's shape (the fields of [`PagedCall`] that are not buffers).
-pub(crate) struct DeviceAttention<'a> {
-    pub block_tables: &'a [u32],
-    pub max_blocks: usize,
-    pub context_lens: &'a [usize],
-    pub q_lens: &'a [usize],
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub d: usize,
-    pub block_size: usize,
-    pub causal: bool,
-    pub window: Option<usize>,
 }
 
 /// Runs an attention instance (paged, varlen or dense) on device variant `v`: on the
@@ -267,7 +253,7 @@ pub(crate) fn run_attention_on_device<T: Element>(
     v: &Variant,
     q: impl FnOnce() -> Vec<f32>,
     (k, vv): (&[T], &[T]),
-    a: DeviceAttention<'_>,
+    a: PagedShape<'_>,
 ) -> Result<()> {
     let out_len = a.q_lens.iter().sum::<usize>() * a.heads * a.d;
     let widen = |b: &[T]| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
@@ -286,17 +272,7 @@ pub(crate) fn run_attention_on_device<T: Element>(
         k: &b[1],
         v: &b[2],
         out: &b[3],
-        block_tables: a.block_tables,
-        max_blocks: a.max_blocks,
-        context_lens: a.context_lens,
-        q_lens: a.q_lens,
-        heads: a.heads,
-        kv_heads: a.kv_heads,
-        d: a.d,
-        block_size: a.block_size,
-        scale: 1.0 / (a.d as f32).sqrt(),
-        causal: a.causal,
-        window: a.window,
+        shape: a,
     }))?;
     state.ran = true;
     Ok(())

@@ -144,6 +144,7 @@ impl<'a> PanelRows<'a> {
     /// This pass's first record (chunk 0) as bytes, and the byte offset of its first
     /// slot within a record. A pass of M rows reads slots `slot..slot + M` of each
     /// record; the kernel's M may exceed `live` as long as `slot + M ≤ PANEL_SLOTS`.
+    #[inline]
     pub(super) fn first_record(&self) -> (&'a [u8], usize) {
         let words = &self.panels.words[self.panel * self.panels.chunks * RECORD_WORDS..]
             [..self.panels.chunks * RECORD_WORDS];

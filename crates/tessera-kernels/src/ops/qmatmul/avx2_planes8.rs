@@ -57,14 +57,14 @@ pub(super) unsafe fn dots(
 /// [`dots`] with the metadata taken from `w`.
 ///
 /// # Safety
-/// As [`dots`]; `w`'s metadata is [`SplitI8`] (otherwise nothing is written and the
-/// debug build stops).
+/// As [`dots`]; `w`'s metadata is [`SplitI8`] (`IntKernel::reading` picks this kernel
+/// only then).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dots_any(w: &PackedWeights, r0: usize, acts: &[&QuantActs], out: &mut [f32]) {
     match &w.meta {
         // SAFETY: forwarded contract.
         Meta::SplitI8(s) => unsafe { dots(w, s, r0, acts, out) },
-        _ => debug_assert!(false, "avx2_planes8 reads split scales only"),
+        _ => unreachable!("avx2_planes8 reads split scales only"),
     }
 }
 

@@ -5,8 +5,8 @@
 use super::{varlen_attention, VarlenParams, VarlenSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
+use crate::ops::paged_attention::run_attention_on_device;
 use crate::ops::paged_attention::PagedKvCache;
-use crate::ops::paged_attention::{run_attention_on_device, DeviceAttention};
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -16,6 +16,7 @@ use half::f16;
 use rand::seq::SliceRandom;
 use rand::Rng as _;
 use std::fmt;
+use tessera_core::device::PagedShape;
 use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32 cache: the paged kernel's polynomial exp and f32 sums (decode rows) and the flash
@@ -268,7 +269,7 @@ impl<T: Element> VarlenInstance<T> {
                 .collect()
         };
         let (q_lens, context_lens): (Vec<usize>, Vec<usize>) = p.runs.iter().copied().unzip();
-        let shape = DeviceAttention {
+        let shape = PagedShape {
             block_tables: &self.tables,
             max_blocks: self.max_blocks,
             context_lens: &context_lens,
@@ -277,6 +278,7 @@ impl<T: Element> VarlenInstance<T> {
             kv_heads: p.kv_heads,
             d: p.d,
             block_size: p.block_size,
+            scale: self.scale(),
             causal: true,
             window: None,
         };
