@@ -29,6 +29,23 @@ def median_time(f, reps, inner=1):
     return statistics.median(times)
 
 
+def race(contenders, rounds=3, per_round=4):
+    """Median seconds per call of each named function. The contenders take turns, a block
+    of calls each per round, so a noisy neighbour slows every one alike; each block's
+    first call is dropped: OpenBLAS's, torch's (OpenMP) and Tessera's pool threads spin a
+    while after a call, and the first call after a switch shared the cores with the last
+    library's spinners (torch's gemm measured 1.3-1.7x slower in single-call turns)."""
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, f in contenders.items():
+            for i in range(per_round):
+                t = time.perf_counter()
+                f()
+                if i > 0:
+                    times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def cli_median(bin_, args):
     out = subprocess.run([bin_, "bench", *args, "--json"], capture_output=True, text=True, check=True).stdout
     return json.loads(out)["results"][0]["median_s"]
@@ -65,25 +82,26 @@ def main():
     # gemm 2048³ from Python against the CLI bench, and against numpy (OpenBLAS) and torch.
     n = 2048
     A, B, C = (np.random.rand(n, n).astype(np.float32) for _ in range(3))
-    py = median_time(lambda: tessera.gemm(A, B, C), 7)
-    rust = cli_median(a.tessera_bin, ["gemm", "--shape", f"{n}x{n}x{n}"])
-    npy = median_time(lambda: np.matmul(A, B, out=C), 7)
-    g = {"python_s": py, "cli_s": rust, "numpy_s": npy, "gflops_python": 2 * n**3 / py / 1e9}
-    q, k, v = (np.random.rand(1024, h, 64).astype(np.float32) for h in (9, 3, 3))
-    att = {"tessera_s": median_time(lambda: tessera.attention(q, k, v, causal=True), 7),
-           "numpy_s": median_time(lambda: numpy_attention(q, k, v, True), 5)}
     try:
         import torch
-
+    except ImportError:
+        torch = None
+    res["torch"] = torch.__version__ if torch else None
+    gemms = {"python_s": lambda: tessera.gemm(A, B, C), "numpy_s": lambda: np.matmul(A, B, out=C)}
+    q, k, v = (np.random.rand(1024, h, 64).astype(np.float32) for h in (9, 3, 3))
+    atts = {"tessera_s": lambda: tessera.attention(q, k, v, causal=True),
+            "numpy_s": lambda: numpy_attention(q, k, v, True)}
+    if torch:
         tA, tB = torch.from_numpy(A), torch.from_numpy(B)
-        g["torch_s"] = median_time(lambda: torch.matmul(tA, tB), 7)
+        gemms["torch_s"] = lambda: torch.matmul(tA, tB)
         tq, tk, tv = (torch.from_numpy(t).transpose(0, 1) for t in (q, k, v))
         tk, tv = tk.repeat_interleave(3, 0), tv.repeat_interleave(3, 0)
         f = torch.nn.functional.scaled_dot_product_attention
-        att["torch_s"] = median_time(lambda: f(tq, tk, tv, is_causal=True), 7)
-        res["torch"] = torch.__version__
-    except ImportError:
-        res["torch"] = None
+        atts["torch_s"] = lambda: f(tq, tk, tv, is_causal=True)
+    g = race(gemms)
+    g["cli_s"] = cli_median(a.tessera_bin, ["gemm", "--shape", f"{n}x{n}x{n}"])
+    g["gflops_python"] = 2 * n**3 / g["python_s"] / 1e9
+    att = race(atts)
     res["gemm_2048"] = g
     res["attention_1024x9x3x64_causal"] = att
     if a.json:

@@ -72,9 +72,18 @@ fn param_vec(name: &str, obj: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<f32>>
             a.raw.dims
         )));
     }
-    // SAFETY: `a` is alive and float32; nothing writes to it here.
-    let v = unsafe { a.raw.view::<f32>()? };
-    Ok((0..n).map(|i| v.get(&[i]).unwrap_or(0.0)).collect())
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: `a` is alive and float32; nothing writes to it here. Its span ends at
+    // element (n − 1)·stride, so the strided walk below stays inside the slice. (A
+    // per-element `TensorView::get` cost ~1.5 µs of a 1×576 rms_norm call's ~2.9.)
+    let data = unsafe { a.raw.slice::<f32>() };
+    Ok(match a.raw.strides[0] {
+        // A broadcast vector (numpy's zero stride) spans its one element.
+        0 => vec![data[0]; n],
+        step => data.iter().step_by(step).copied().collect(),
+    })
 }
 
 /// The last dimension (0 for a 0-d array).

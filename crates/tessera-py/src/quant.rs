@@ -141,9 +141,11 @@ pub fn quantize(
         let data = match v.as_contiguous() {
             Some(s) => s,
             None => {
+                // SAFETY: as above; the span covers every (r, c) at r·s0 + c·s1.
+                let all = unsafe { raw.slice::<f32>() };
+                let (s0, s1) = (raw.strides[0], raw.strides[1]);
                 gathered = (0..rows)
-                    .flat_map(|r| (0..cols).map(move |c| (r, c)))
-                    .map(|(r, c)| v.get(&[r, c]).unwrap_or(0.0))
+                    .flat_map(|r| (0..cols).map(move |c| all[r * s0 + c * s1]))
                     .collect();
                 &gathered
             }

@@ -197,6 +197,15 @@ def test_rms_norm_and_residual(rows, n):
 def test_rms_norm_strided_and_errors():
     x = rand(8, 64)[::3]
     assert rel_err(tessera.rms_norm(x, np.ones(64, np.float32)), ref_rms_norm(x, 1.0, 1e-6)) < TOL_F32
+    # Strided and broadcast (zero-stride) weight vectors are read element by element.
+    w = rand(3 * 64)[::3]
+    assert rel_err(tessera.rms_norm(x, w), ref_rms_norm(x, w, 1e-6)) < TOL_F32
+    wb = np.broadcast_to(np.float32(0.5), (64,))
+    assert rel_err(tessera.rms_norm(x, wb), ref_rms_norm(x, 0.5, 1e-6)) < TOL_F32
+    b = rand(2 * 64)[::-2]
+    with pytest.raises(ValueError):
+        tessera.layer_norm(x, w, b)
+    assert rel_err(tessera.layer_norm(x, w, b[::-1].copy()), ref_layer_norm(x, w, b[::-1], 1e-5)) < TOL_F32
     with pytest.raises(ValueError):
         tessera.rms_norm(rand(2, 8), rand(7))
     with pytest.raises(TypeError):
@@ -265,6 +274,16 @@ def test_quantize_dequantize_qmatmul(fmt):
     weight_fro = fro_err(deq, w)
     matmul_fro = fro_err(np.concatenate(outs), np.concatenate(refs))
     assert matmul_fro < 1.5 * weight_fro and matmul_fro < QUANT_TOL[fmt], (matmul_fro, weight_fro)
+
+
+def test_quantize_strided_views_equal_their_copies():
+    # A transposed view (strides 1 and 64 elements) and a row-skipping one are gathered
+    # before quantizing: they must quantize to exactly what their contiguous copies do.
+    base = rand(64, 48)
+    for view in (base.T, rand(48, 128)[::2, 32:96]):
+        assert not view.flags["C_CONTIGUOUS"]
+        a, b = tessera.quantize(view, "q8_0"), tessera.quantize(np.ascontiguousarray(view), "q8_0")
+        assert np.array_equal(tessera.dequantize(a), tessera.dequantize(b))
 
 
 def test_quantize_errors_and_from_bytes():

@@ -4,9 +4,11 @@
 rope}``. Inputs are CPU tensors (float32, float16 or bfloat16); results are new float32
 tensors, written by the kernels in place through DLPack (no copy). Each op has a fake
 (meta) implementation, so shapes propagate under ``torch.compile`` tracing too.
-"""
 
-from __future__ import annotations
+The ops' annotations name ``torch.Tensor`` and are evaluated when ``register()`` defines
+them (no ``from __future__ import annotations``): ``custom_op`` infers each schema from
+the annotations, and a string annotation would name a ``torch`` that is only local here.
+"""
 
 import math
 
