@@ -87,6 +87,20 @@ fn knobs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Knobs> {
 }
 
 impl Engine {
+    /// `generate` without streaming: the result dict.
+    fn generate_whole<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        chat: bool,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let req = self.request(prompt, chat, knobs(kwargs)?)?;
+        let inner = &self.inner;
+        let stats = py.detach(|| generate(&inner.model, &inner.tok, &req, |_| {}));
+        result_dict(py, &req, &stats.map_err(engine_err)?)
+    }
+
     /// The request for `prompt` (text, or token ids) with `k`'s knobs; text goes through
     /// the chat template when `chat`.
     fn request(&self, prompt: &Bound<'_, PyAny>, chat: bool, k: Knobs) -> PyResult<Request> {
@@ -206,19 +220,21 @@ impl Engine {
     /// text, ids, prompt_ids, finish ("stop token", "stop string", "length", "context") and rates.
     /// chat: wrap a str prompt in the model's chat template. Keywords: max_tokens (128),
     /// temperature (0 = greedy), top_k (40), top_p (0.95), min_p (0), repetition_penalty
-    /// (1), seed (0), stop (list of str), ignore_eos (False).
-    #[pyo3(signature = (prompt, *, chat=false, **kwargs))]
+    /// (1), seed (0), stop (list of str), ignore_eos (False). stream=True returns what
+    /// `stream` does instead: an iterator of text pieces as they are generated.
+    #[pyo3(signature = (prompt, *, chat=false, stream=false, **kwargs))]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         prompt: &Bound<'py, PyAny>,
         chat: bool,
+        stream: bool,
         kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let req = self.request(prompt, chat, knobs(kwargs)?)?;
-        let inner = &self.inner;
-        let stats = py.detach(|| generate(&inner.model, &inner.tok, &req, |_| {}));
-        result_dict(py, &req, &stats.map_err(engine_err)?)
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if stream {
+            return Ok(Bound::new(py, self.stream(prompt, chat, kwargs)?)?.into_any());
+        }
+        Ok(self.generate_whole(py, prompt, chat, kwargs)?.into_any())
     }
 
     /// As `generate`, but returns an iterator of text pieces as they are generated; its
@@ -275,7 +291,7 @@ impl Engine {
         }
         let text = self.inner.tok.chat_messages(&msgs).map_err(engine_err)?;
         let prompt = PyString::new(py, &text);
-        self.generate(py, prompt.as_any(), false, kwargs)
+        self.generate_whole(py, prompt.as_any(), false, kwargs)
     }
 
     /// Teacher-forced log-probabilities of `text` (a str, raw) or token ids: a dict with

@@ -44,6 +44,10 @@ def test_stream_yields_the_same_text(engine):
     assert len(pieces) > 1
     assert "".join(pieces) == whole["text"]
     assert it.result["ids"] == whole["ids"]
+    # generate(stream=True) is the same iterator
+    it2 = engine.generate(PROMPT, chat=True, max_tokens=24, stream=True)
+    assert isinstance(it2, tessera.TextIter)
+    assert list(it2) == pieces and it2.result["ids"] == whole["ids"]
 
 
 def test_stream_close_stops_early(engine):

@@ -1,7 +1,7 @@
 """Type stubs for tessera (the functions live in the tessera._tessera extension)."""
 
 from os import PathLike
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Literal, Optional, Sequence, Union, overload
 
 ArrayLike = Any  # a numpy array, a CPU tensor with __dlpack__, or a buffer
 
@@ -119,8 +119,16 @@ class Engine:
     def path(self) -> str: ...
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
-    def generate(self, prompt: Union[str, Sequence[int]], *, chat: bool = False, **kwargs: Any) -> dict[str, Any]:
+    @overload
+    def generate(
+        self, prompt: Union[str, Sequence[int]], *, chat: bool = False, stream: Literal[False] = False, **kwargs: Any
+    ) -> dict[str, Any]:
         """Generates; returns text, ids, prompt_ids, finish, prefill_tok_s, decode_tok_s."""
+    @overload
+    def generate(
+        self, prompt: Union[str, Sequence[int]], *, chat: bool = False, stream: Literal[True], **kwargs: Any
+    ) -> TextIter:
+        """With stream=True: the text pieces as they come (as `stream`)."""
     def stream(self, prompt: Union[str, Sequence[int]], *, chat: bool = False, **kwargs: Any) -> TextIter:
         """As generate, yielding text pieces as they come."""
     def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> dict[str, Any]:
