@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Same-run comparison of `tessera bench-model` with llama.cpp's llama-bench on one GGUF.
-#   scripts/engine_vs_llamacpp.sh LLAMA_BENCH MODEL.gguf [ROUNDS]
+#   scripts/engine_vs_llamacpp.sh LLAMA_BENCH MODEL.gguf [ROUNDS [TESSERA_ARGS...]]
+# TESSERA_ARGS go to every `tessera bench-model` (e.g. --int8-acts).
 # LLAMA_BENCH: the llama-bench binary of a llama.cpp build (a peer built for measurement,
 # e.g. from the llama.cpp vendored in the llama-cpp-python source package; never part of
 # this repository). Both use 2 threads; rounds alternate the two so drift hits both.
 set -euo pipefail
 bench=$1 model=$2 rounds=${3:-2}
+shift $(($# < 3 ? $# : 3))
 tessera=${TESSERA:-target/release/tessera}
 peer() {
   "$bench" -m "$model" -t 2 -r 3 -o csv "$@" 2>/dev/null | python3 -c '
@@ -21,6 +23,6 @@ for r in $(seq "$rounds"); do
   echo "== round $r"
   peer -p 512 -n 128
   peer -p 0 -n 128 -d 512
-  echo -n "tessera (decode after 512): " && "$tessera" bench-model --model "$model" --prompt-tokens 512 --gen-tokens 128 --runs 3 2>/dev/null
-  echo -n "tessera (decode after 8):   " && "$tessera" bench-model --model "$model" --prompt-tokens 8 --gen-tokens 128 --runs 3 2>/dev/null
+  echo -n "tessera (decode after 512): " && "$tessera" bench-model --model "$model" --prompt-tokens 512 --gen-tokens 128 --runs 3 "$@" 2>/dev/null
+  echo -n "tessera (decode after 8):   " && "$tessera" bench-model --model "$model" --prompt-tokens 8 --gen-tokens 128 --runs 3 "$@" 2>/dev/null
 done
