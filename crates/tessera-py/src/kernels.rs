@@ -77,7 +77,7 @@ fn param_vec(name: &str, obj: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<f32>>
     }
     // SAFETY: `a` is alive and float32; nothing writes to it here. Its span ends at
     // element (n − 1)·stride, so the strided walk below stays inside the slice. (A
-    // per-element `TensorView::get` cost ~1.5 µs of a 1×576 rms_norm call's ~2.9.)
+    // per-element `TensorView::get` made a 1×576 rms_norm call 2.9 µs instead of 1.1.)
     let data = unsafe { a.raw.slice::<f32>() };
     Ok(match a.raw.strides[0] {
         // A broadcast vector (numpy's zero stride) spans its one element.
