@@ -62,7 +62,8 @@ impl ActPanels {
     pub(super) fn refill(&mut self, acts: &[QuantActs], chunks: usize, threads: usize) {
         let panels = acts.len().div_ceil(PANEL_SLOTS);
         let words = panels * chunks * RECORD_WORDS;
-        self.words.clear();
+        // No clearing: every word of every record is written below (empty slots with
+        // zeros), so the buffer reused from the last call is not zeroed twice.
         self.words.resize(words, 0);
         (self.chunks, self.rows) = (chunks, acts.len());
         let dst = SharedMut(self.words.as_mut_ptr());
@@ -106,9 +107,17 @@ impl ActPanels {
     }
 }
 
-/// Copies up to [`PANEL_SLOTS`] rows into one panel's zeroed records.
+/// Copies up to [`PANEL_SLOTS`] rows into one panel's records and zeroes the slots past
+/// them (the buffer holds an earlier call's records).
 fn fill_panel(panel: &mut [u32], rows: &[QuantActs], chunks: usize) {
     for (c, rec) in panel.chunks_exact_mut(RECORD_WORDS).enumerate() {
+        let live = rows.len();
+        if live < PANEL_SLOTS {
+            rec[live * QK / 4..INIT_AT / 4].fill(0);
+            for at in [INIT_AT, DX_AT, SUMS_AT] {
+                rec[at / 4 + live..at / 4 + PANEL_SLOTS].fill(0);
+            }
+        }
         for (s, a) in rows.iter().enumerate() {
             let q = &a.q[c * QK..][..QK];
             for (w, four) in rec[s * QK / 4..][..QK / 4]
@@ -183,7 +192,13 @@ mod tests {
                 QuantActs::with_scales(&x, 8, ActScales::PerBlock)
             })
             .collect();
+        // A reused buffer: first filled with more rows (and longer ones), so the empty
+        // slots below must have been zeroed by the second refill, not by allocation.
         let mut panels = ActPanels::default();
+        let wider: Vec<QuantActs> = (0..16)
+            .map(|i| QuantActs::with_scales(&[0.25 + i as f32; 2 * 96], 8, ActScales::PerBlock))
+            .collect();
+        panels.refill(&wider, 2 * k / QK, 2);
         panels.refill(&acts, k / QK, 2);
         for (i, a) in acts.iter().enumerate() {
             let (rec0, slot) = panels.rows(i, 1).first_record();
