@@ -339,12 +339,13 @@ fn run_int8(
                 let shape = (n, m, act_block);
                 if kernel == IntKernel::VnniRows8 {
                     const MC: usize = rows8::VNNI_M;
-                    for_weight_rows::<MC, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
+                    for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
                         // SAFETY: `reading` chose it for interleaved weights without
-                        // split scales, `for_isa` for a VNNI CPU; r is a multiple of 8
-                        // below the rows, out 8·mc long; passes start at multiples of
-                        // MC (act_block is one), so MC slots fit in the panel.
-                        unsafe { rows8::dots_vnni(w, r, panels.rows(m0, mc), out) }
+                        // split scales, `for_isa` for a VNNI CPU (AVX-512F/BW/DQ/VL
+                        // with it, `Isa::Avx512`); r is a multiple of 16 below the
+                        // rows, out 16·mc long; passes start at multiples of MC
+                        // (act_block is one), so MC slots fit in the panel.
+                        unsafe { rows8::dots_vnni16(w, r, panels.rows(m0, mc), out) }
                     })
                 } else {
                     for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
