@@ -14,6 +14,7 @@
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
 #[cfg(target_arch = "x86_64")]
+mod act16;
 mod act_panel;
 mod byte_rows;
 mod fp8;
@@ -24,6 +25,7 @@ mod spec_fp8;
 mod spec_int8;
 mod stack;
 
+pub use act16::qmatmul_a16;
 pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
 pub use packed::PackedWeights;
@@ -128,10 +130,39 @@ pub fn qmatmul_packed(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    let (m, _) = check_shapes(x, y, w.rows(), w.cols())?;
     if m <= INT8_BATCH_M || int8_prefill_pays(isa, w) {
         return qmatmul_int8(engine_int8_isa(isa, w), threads, w, x, y);
     }
+    packed_f32(isa, threads, w, x, y)
+}
+
+/// [`qmatmul_packed`] with 16-bit activations ([`qmatmul_a16`]) up to
+/// [`INT8_BATCH_M`] rows, and f32 activations beyond (prefill, where two 8-bit planes
+/// would double the integer path's work and dequantize + GEMM is the faster).
+pub fn qmatmul_packed_a16(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    let (m, _) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m <= INT8_BATCH_M {
+        return qmatmul_a16(engine_int8_isa(isa, w), threads, w, x, y);
+    }
+    packed_f32(isa, threads, w, x, y)
+}
+
+/// Packed weights against f32 activations: dequantize + GEMM.
+fn packed_f32(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    let (_, n) = check_shapes(x, y, w.rows(), w.cols())?;
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }

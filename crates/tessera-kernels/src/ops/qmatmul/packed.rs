@@ -627,8 +627,17 @@ impl QuantActs {
     }
 
     fn refill_on(&mut self, isa: Isa, x: &[f32], offset: i32, act: ActScales) {
-        debug_assert!(x.len().is_multiple_of(QK));
-        let nb = x.len() / QK;
+        self.size_for(x.len());
+        // Per ISA: at decode this runs on one thread before the matmul's threads
+        // start, and the portable build calls libm's `roundf` per value (~5 µs at
+        // K = 1536, a fifth of the matmul).
+        quantize_into(isa, x, offset, act, self);
+    }
+
+    /// Sizes the arrays for a row of `k` values (a multiple of 32).
+    pub(super) fn size_for(&mut self, k: usize) {
+        debug_assert!(k.is_multiple_of(QK));
+        let nb = k / QK;
         let padded = nb.div_ceil(2) * 2;
         // Sized, and only the padding block zeroed (it must read as zeros, and may hold
         // an earlier, longer row's block): the quantizer writes every other element.
@@ -643,10 +652,26 @@ impl QuantActs {
         sized(&mut self.block_init, padded, nb);
         sized(&mut self.block_sums, padded, nb);
         sized(&mut self.half_sums, padded, nb);
-        // Per ISA: at decode this runs on one thread before the matmul's threads
-        // start, and the portable build calls libm's `roundf` per value (~5 µs at
-        // K = 1536, a fifth of the matmul).
-        quantize_into(isa, x, offset, act, self);
+    }
+
+    /// Fills block b's preloaded values from its codes (already in `q`) and scale d
+    /// (NaN for a non-finite block).
+    #[inline(always)]
+    pub(super) fn finish_block(&mut self, b: usize, d: f32, offset: i32) {
+        let q = &self.q[b * QK..(b + 1) * QK];
+        let mut sums = [0i32; 8];
+        for (s, four) in sums.iter_mut().zip(q.chunks_exact(4)) {
+            *s = four.iter().map(|&v| v as i32).sum();
+        }
+        let total: i32 = sums.iter().sum();
+        self.d8[b] = [d; 8];
+        self.init[b] = sums.map(|s| -offset * s);
+        self.lane_sums[b] = sums.map(|s| s as f32);
+        self.block_init[b] = -offset * total;
+        self.block_sums[b] = d * total as f32;
+        // |Σ| ≤ 16·127 fits an i16.
+        let half = |s: &[i32]| i32::from(s.iter().sum::<i32>() as i16 as u16);
+        self.half_sums[b] = half(&sums[..4]) | (half(&sums[4..]) << 16);
     }
 
     /// The values the kernel effectively multiplies by, q·d_x, exactly (f64).
@@ -660,7 +685,7 @@ impl QuantActs {
 /// max |v| over `x` (NaN ignored: the finiteness check catches it) and whether every
 /// value is finite, in 8 lanes the compiler can vectorize.
 #[inline(always)]
-fn amax_finite(x: &[f32]) -> (f32, bool) {
+pub(super) fn amax_finite(x: &[f32]) -> (f32, bool) {
     let (mut m, mut finite) = ([0f32; 8], true);
     for c in x.chunks(8) {
         for (l, &v) in c.iter().enumerate() {
@@ -703,20 +728,7 @@ multiversion! {
                 // to −128 on one side, and every kernel bounds |q_x| by 127.
                 *q = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
-            let d = if finite { d } else { f32::NAN };
-            let mut sums = [0i32; 8];
-            for (s, four) in sums.iter_mut().zip(q.chunks_exact(4)) {
-                *s = four.iter().map(|&v| v as i32).sum();
-            }
-            let total: i32 = sums.iter().sum();
-            a.d8[b] = [d; 8];
-            a.init[b] = sums.map(|s| -offset * s);
-            a.lane_sums[b] = sums.map(|s| s as f32);
-            a.block_init[b] = -offset * total;
-            a.block_sums[b] = d * total as f32;
-            // |Σ| ≤ 16·127 fits an i16.
-            let half = |s: &[i32]| i32::from(s.iter().sum::<i32>() as i16 as u16);
-            a.half_sums[b] = half(&sums[..4]) | (half(&sums[4..]) << 16);
+            a.finish_block(b, if finite { d } else { f32::NAN }, offset);
         }
     }
 }

@@ -89,9 +89,18 @@ fn is_interleaved(v: &Variant) -> bool {
     v.label == INTERLEAVED || v.label == INTERLEAVED_VNNI
 }
 
-/// Whether a variant takes 8-bit activations.
+/// 16-bit activations as two 8-bit planes ([`super::qmatmul_a16`]) over the weights as
+/// the engine packs them (interleaved where the format and CPU allow).
+const A16: Int8Labels = Int8Labels {
+    vnni: "avx512-vnni-a16",
+    avx2: "avx2-a16",
+    scalar: "a16-scalar",
+};
+
+/// Whether a variant takes activations quantized to integers (8-bit, or 16-bit as two
+/// 8-bit planes).
 fn is_int8(v: &Variant) -> bool {
-    INT8.contains(v) || is_interleaved(v)
+    INT8.contains(v) || is_interleaved(v) || A16.contains(v)
 }
 
 /// Whether `dtype`'s weights can be interleaved, and whether the AVX2 kernel reads them
@@ -151,6 +160,9 @@ impl OpSpec for QMatmulOp {
                 v.len() - 1,
                 Variant::labelled(Isa::Avx512, INTERLEAVED_VNNI),
             );
+        }
+        for a16 in A16.variants().into_iter().skip(Isa::available().len()) {
+            v.insert(v.len() - 1, a16);
         }
         v.extend(device_variants("qmatmul", dtype));
         v
@@ -326,6 +338,19 @@ impl Operands {
 
     /// The activation rows a variant multiplies: exactly the f32 values, or their 8-bit
     /// quantization for weights with this offset (`int8`).
+    /// Each row as [`super::qmatmul_a16`] rounds it: its two planes' values summed, exactly.
+    pub fn acts_a16(&self, offset: i32) -> Vec<Vec<f64>> {
+        (0..self.p.m)
+            .map(|i| {
+                let row = &self.x[i * self.ldx..][..self.p.k];
+                let (mut hi, mut lo) = (QuantActs::default(), QuantActs::default());
+                QuantActs::refill_split(&mut hi, &mut lo, row, offset);
+                let (h, l) = (hi.dequantized(self.p.k), lo.dequantized(self.p.k));
+                h.iter().zip(&l).map(|(a, b)| a + b).collect()
+            })
+            .collect()
+    }
+
     pub fn acts(&self, int8: Option<(i32, ActScales)>) -> Vec<Vec<f64>> {
         (0..self.p.m)
             .map(|i| {
@@ -503,7 +528,12 @@ impl<B: BlockFormat> QInstance<B> {
     /// exceed the last-level cache several times, and float64 copies would multiply
     /// their memory by 16 per weight.
     fn operands(&self, v: &Variant) -> (Vec<f64>, Vec<Vec<f64>>) {
-        if is_int8(v) {
+        if A16.contains(v) {
+            (
+                self.exact_weights(),
+                self.ops.acts_a16(self.packed.offset()),
+            )
+        } else if is_int8(v) {
             let acts = self
                 .ops
                 .acts(Some((self.packed.offset(), ActScales::PerBlock)));
@@ -541,11 +571,17 @@ impl<B: BlockFormat> Instance for QInstance<B> {
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
         let interleaved = self.interleaved.as_ref();
+        let engine_packing = match interleaved {
+            Some(w) if PackedWeights::packs_interleaved::<B>() => w,
+            _ => packed,
+        };
         self.ops.call(|x, y| {
             if is_interleaved(v) {
                 let w = interleaved
                     .ok_or_else(|| Error::Unsupported(format!("{} for {}", v.label, B::DTYPE)))?;
                 super::qmatmul_int8(v.isa()?, threads, w, x, y)
+            } else if A16.contains(v) {
+                super::qmatmul_a16(v.isa()?, threads, engine_packing, x, y)
             } else if INT8.contains(v) {
                 super::qmatmul_int8(v.isa()?, threads, packed, x, y)
             } else {

@@ -1,0 +1,180 @@
+//! 16-bit activations for the integer kernels, as two 8-bit planes ([`qmatmul_a16`]).
+//!
+//! Why: with f32 activations a block-format matmul expands every weight to f32 (the
+//! per-block kernels, `simd_rows`), about 3× the integer kernels' time at decode on an
+//! AVX-512 host (Q4_1 1×3072×576: 146–154 µs against 45–48 µs, docs/performance.md),
+//! while 8-bit activations (`qmatmul_int8`) round each value to 1/254 of its block's
+//! largest. Here each 32-block is rounded to q = round(x/d) with |q| ≤ 127·255, a step
+//! of 1/64 770 of the block's largest (finer than the f16 KV cache's 2⁻¹¹ relative), and
+//! split exactly as q = 255·h + l with h and l in [−127, 127]: two int8 rows with
+//! scales 255·d and d. The matmul is linear in the activation row, so y = y_h + y_l:
+//! the integer kernels run 2M rows, unchanged, and each output row adds its pair. At
+//! decode both rows share one pass over the weights, so where weight reads bound the
+//! 8-bit kernel the 16-bit one costs about the same.
+//!
+//! Why 255 and not 256: q/255 is never a half-integer, so rounding it leaves
+//! |l| ≤ 127, the bound every kernel assumes of an activation code (with 256, l could
+//! reach ±128).
+
+use super::packed::{amax_finite, PackedWeights, QuantActs};
+use super::{check_shapes, contiguous_rows, run_int8, ActScales, SMALL_M};
+use crate::multiversion;
+use crate::pool;
+use crate::quant::QK;
+use tessera_core::{Error, Isa, Result, TensorView, TensorViewMut};
+
+/// Largest |q| of a block: 127 in each plane, q = 255·h + l.
+const SPLIT_RANGE: f32 = 127.0 * 255.0;
+
+/// The ratio of the two planes' scales.
+const PLANE_RATIO: f32 = 255.0;
+
+multiversion! {
+    /// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block. A
+    /// non-finite block gets NaN scales in both, so the outputs it reaches are NaN.
+    fn split_into(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let (amax, finite) = amax_finite(xb);
+            let d = amax / SPLIT_RANGE;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let (qh, ql) = (&mut hi.q[b * QK..][..QK], &mut lo.q[b * QK..][..QK]);
+            for ((h, l), &v) in qh.iter_mut().zip(ql.iter_mut()).zip(xb) {
+                // Clamped for a subnormal d, whose 1/d overflows; NaN converts to 0.
+                let q = (v * id).round_ties_even().clamp(-SPLIT_RANGE, SPLIT_RANGE);
+                // q/255 is at least 1/510 from a half-integer, far beyond the product's
+                // rounding error, so this is round(q/255) and |q − 255·hq| ≤ 127.
+                let hq = (q * (1.0 / PLANE_RATIO)).round_ties_even();
+                *h = hq as i8;
+                *l = (q - PLANE_RATIO * hq) as i8; // exact: integers below 2²⁴
+            }
+            let d = if finite { d } else { f32::NAN };
+            hi.finish_block(b, PLANE_RATIO * d, offset);
+            lo.finish_block(b, d, offset);
+        }
+    }
+}
+
+impl QuantActs {
+    /// `x` as its two planes ([`split_into`]), into `hi` and `lo`'s buffers.
+    pub(super) fn refill_split(hi: &mut QuantActs, lo: &mut QuantActs, x: &[f32], offset: i32) {
+        hi.size_for(x.len());
+        lo.size_for(x.len());
+        split_into(Isa::best(), x, offset, hi, lo);
+    }
+}
+
+/// `y = x·Wᵀ` over packed weights with x rounded to 16 bits per 32-block (the module
+/// docs): the integer kernels' speed at about f16's precision. Any M works; the engine
+/// takes it for decode and batching steps, as `qmatmul_int8`.
+pub fn qmatmul_a16(
+    isa: Isa,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let k = w.cols();
+    let (xs, ld) = contiguous_rows(x);
+    let row = |i: usize| &xs[i * ld..][..k];
+    // A decode step makes hundreds of these calls: the planes and the 2M-row product
+    // reuse this thread's buffers (a fresh 2×49152 product for the LM head would fault
+    // in its pages every call).
+    thread_local! {
+        static REUSED: std::cell::RefCell<(Vec<QuantActs>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+    REUSED.with(|cell| {
+        let mut fresh = (Vec::new(), Vec::new());
+        let mut reused = cell.try_borrow_mut().ok();
+        let (acts, pairs) = reused.as_deref_mut().unwrap_or(&mut fresh);
+        if acts.len() < 2 * m {
+            acts.resize_with(2 * m, QuantActs::default);
+        }
+        let split = |i0: usize, c: &mut [QuantActs]| {
+            for (i, p) in c.chunks_exact_mut(2).enumerate() {
+                let [hi, lo] = p else { unreachable!("pairs") };
+                QuantActs::refill_split(hi, lo, row(i0 / 2 + i), w.offset());
+            }
+        };
+        if m <= SMALL_M {
+            split(0, &mut acts[..2 * m]);
+        } else {
+            let per_task = 2 * m.div_ceil(threads.max(1));
+            pool::global().for_each_chunk_mut(&mut acts[..2 * m], per_task, threads, split);
+        }
+        pairs.resize(2 * m * n, 0.0);
+        let mut pv = TensorViewMut::contiguous(&mut pairs[..2 * m * n], &[2 * m, n])?;
+        run_int8(
+            isa,
+            threads,
+            w,
+            ActScales::PerBlock,
+            &acts[..2 * m],
+            &mut pv,
+        );
+        let yl = *y.layout();
+        let (ld, step, origin) = (yl.stride(0), yl.stride(1), yl.offset());
+        let out = y.data_mut();
+        for (i, two) in pairs[..2 * m * n].chunks_exact(2 * n).enumerate() {
+            let (h, l) = two.split_at(n);
+            for (j, (a, b)) in h.iter().zip(l).enumerate() {
+                out[origin + i * ld + j * step] = a + b;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    /// The planes reconstruct the row to within half a step (1/64 770 of each block's
+    /// largest value), every code stays in [−127, 127], and the scales are 255 apart (up
+    /// to f32 rounding).
+    #[test]
+    fn planes_reconstruct_the_row() {
+        let mut rng = rand::rng();
+        for k in [32, 96, 576] {
+            let x: Vec<f32> = (0..k)
+                .map(|i| rng.random_range(-1.0f32..1.0) * if i % 7 == 0 { 30.0 } else { 1.0 })
+                .collect();
+            let (mut hi, mut lo) = (QuantActs::default(), QuantActs::default());
+            QuantActs::refill_split(&mut hi, &mut lo, &x, 8);
+            for (b, xb) in x.chunks_exact(QK).enumerate() {
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                let (dh, dl) = (hi.d8[b][0] as f64, lo.d8[b][0] as f64);
+                // 255·d rounded to f32: within half an f32 ulp of the exact ratio.
+                assert!((dh / dl / 255.0 - 1.0).abs() <= f32::EPSILON as f64);
+                for (i, &v) in xb.iter().enumerate() {
+                    let (h, l) = (hi.q[b * QK + i], lo.q[b * QK + i]);
+                    assert!(h > i8::MIN && l > i8::MIN, "{h} {l}"); // in [−127, 127]
+                    let back = h as f64 * dh + l as f64 * dl;
+                    // Half a step, plus the f32 product v·(1/d)'s rounding.
+                    let bound = amax / 64770.0 * (1.0 + 1e-3);
+                    assert!((back - v as f64).abs() <= bound, "{v}: {back}");
+                }
+            }
+        }
+    }
+
+    /// A non-finite value makes its block's scales NaN in both planes, and leaves the
+    /// other blocks alone.
+    #[test]
+    fn non_finite_blocks_get_nan_scales() {
+        let mut x = vec![1.0f32; 64];
+        x[40] = f32::INFINITY;
+        let (mut hi, mut lo) = (QuantActs::default(), QuantActs::default());
+        QuantActs::refill_split(&mut hi, &mut lo, &x, 0);
+        assert!(hi.d8[0][0].is_finite() && lo.d8[0][0].is_finite());
+        assert!(hi.d8[1][0].is_nan() && lo.d8[1][0].is_nan());
+    }
+}
