@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use tessera_engine::generate::{generate, Request, Sampling};
 use tessera_engine::kv_cache::KvDtype;
+use tessera_engine::linear::Activations;
 use tessera_engine::llama::Llama;
 use tessera_engine::pull;
 use tessera_engine::tokenizer::Tokenizer;
@@ -26,13 +27,17 @@ pub struct ModelArgs {
     /// the formats used.
     #[arg(long)]
     quantize: Option<String>,
-    /// Decode with 8-bit activations and integer dot products, as llama.cpp does: matmuls
-    /// of ≤ 16 rows over block-format weights quantize their input per 32 values, and so
-    /// does prefill where that is faster than f32 (Q4_0, Q4_1, Q4_K, 4-bit groups; AVX2).
-    /// Faster decode where the integer kernel beats the f32 one (every block format on
-    /// AVX2); perplexity moves by about 1%, and greedy text can change where two tokens
-    /// nearly tie (docs/performance.md)
-    #[arg(long)]
+    /// Activations of matmuls up to 64 rows (decode, batching steps) over block-format
+    /// weights: a16 rounds each 32 values to 16 bits (a step of 1/64 770 of their
+    /// largest, finer than the f16 KV cache) and runs the integer kernels on two 8-bit
+    /// planes, about 2.5× faster decode than f32; f32 is exact; int8 is --int8-acts
+    #[arg(long, default_value = "a16", value_parser = ["a16", "f32", "int8"])]
+    acts: String,
+    /// --acts int8: 8-bit activations and integer dot products, as llama.cpp does, also
+    /// for prefill where that is faster than f32 (Q4_0, Q4_1, Q4_K, 4-bit groups).
+    /// The fastest decode; perplexity moves by about 1%, and greedy text can change
+    /// where two tokens nearly tie (docs/performance.md)
+    #[arg(long, conflicts_with = "acts")]
     int8_acts: bool,
 }
 
@@ -158,7 +163,11 @@ pub(crate) fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
     };
     let opts = LoadOptions {
         quantize: a.quantize.as_deref().map(parse_quantize).transpose()?,
-        int8_activations: a.int8_acts,
+        activations: if a.int8_acts {
+            Activations::Int8
+        } else {
+            Activations::parse(&a.acts)?
+        },
     };
     let t = std::time::Instant::now();
     let (model, tok) = tessera_engine::open(&path, &opts)
@@ -350,7 +359,7 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
             "cpu_features": tessera_core::CpuFeatures::get().summary(),
             "isa": tessera_core::Isa::best().name(),
             "threads": tessera_kernels::pool::global().threads(),
-            "int8_activations": model.int8_activations(),
+            "activations": model.activations().name(),
             "kv_cache": format!("{:?}", a.kv_cache).to_lowercase(),
             "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens,

@@ -6,7 +6,7 @@ use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::{
-    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_packed, PackedWeights,
+    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_packed, qmatmul_packed_a16, PackedWeights,
 };
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
 use tessera_kernels::with_block_format;
@@ -31,9 +31,53 @@ pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
     fn dense_weights(&self) -> Option<&[f32]> {
         None
     }
-    /// Switches decode-size matmuls to 8-bit activations and integer dot products where
-    /// the weight format has that path (the block formats); a no-op otherwise.
-    fn enable_int8_activations(&mut self) {}
+    /// Sets how decode- and batch-size matmuls take their activations where the weight
+    /// format has integer paths (the block formats); a no-op otherwise.
+    fn set_activations(&mut self, _: Activations) {}
+}
+
+/// How matmuls of up to `INT8_BATCH_M` rows over block-format weights take their
+/// activations (`--acts`). Prefill (more rows) runs f32 activations through dequantize
+/// + GEMM in every mode but `Int8`, where the integer path is faster for some formats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// f32: each weight expanded to f32 in registers. Exact, and about 3× slower at
+    /// decode than the integer kernels (docs/performance.md).
+    F32,
+    /// 16 bits per value per 32-block, as two 8-bit planes through the integer kernels
+    /// (`qmatmul_a16`): a rounding step of 1/64 770 of each block's largest value, finer
+    /// than the default f16 KV cache's, at close to the integer kernels' speed.
+    #[default]
+    A16,
+    /// 8 bits per 32-block, as llama.cpp: the fastest, about 1% perplexity.
+    Int8,
+}
+
+impl Activations {
+    /// The names `--acts` takes.
+    pub const NAMES: [&'static str; 3] = ["f32", "a16", "int8"];
+
+    /// This mode's name in [`Activations::NAMES`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Activations::F32 => "f32",
+            Activations::A16 => "a16",
+            Activations::Int8 => "int8",
+        }
+    }
+
+    /// Parses one of [`Activations::NAMES`].
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "f32" => Ok(Activations::F32),
+            "a16" => Ok(Activations::A16),
+            "int8" => Ok(Activations::Int8),
+            _ => Err(Error::Model(format!(
+                "unknown activation precision '{name}' (one of: {})",
+                Activations::NAMES.join(", ")
+            ))),
+        }
+    }
 }
 
 /// Errors unless row `r` of a `rows × cols` matrix fits `out`.
@@ -58,12 +102,12 @@ pub struct QuantLinear<B> {
 enum Stored<B> {
     /// As loaded: f32-activation kernels.
     Blocks(QuantMatrix<B>),
-    /// Repacked for 8-bit activations on decode and batch-size matmuls (≤ 64 rows,
-    /// `INT8_BATCH_M`); its
+    /// Repacked for integer activations (16-bit as two planes, or 8-bit) on decode and
+    /// batch-size matmuls (≤ 64 rows, `INT8_BATCH_M`); its
     /// rows are the format's values bit for bit, so prefill (f32 activations through
     /// dequantize + GEMM, except where the integer path is faster: `qmatmul_packed`) and
     /// embedding rows read it too, and the blocks are dropped.
-    Packed(PackedWeights),
+    Packed(PackedWeights, Activations),
 }
 
 impl<B> QuantLinear<B> {
@@ -79,7 +123,7 @@ impl<B: BlockFormat> QuantLinear<B> {
     fn matrix(&self) -> &dyn RowMatrix {
         match &self.w {
             Stored::Blocks(w) => w,
-            Stored::Packed(w) => w,
+            Stored::Packed(w, _) => w,
         }
     }
 }
@@ -92,12 +136,21 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
         self.matrix().rows()
     }
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()> {
-        let pool = tessera_kernels::pool::global();
-        Ok(self.matrix().matmul(pool.threads(), x, y)?)
+        let threads = tessera_kernels::pool::global().threads();
+        Ok(match &self.w {
+            Stored::Packed(w, Activations::A16) => {
+                qmatmul_packed_a16(Isa::best(), threads, w, x, y)
+            }
+            _ => self.matrix().matmul(threads, x, y),
+        }?)
     }
-    fn enable_int8_activations(&mut self) {
-        if let Stored::Blocks(w) = &self.w {
-            self.w = Stored::Packed(PackedWeights::new(w));
+    /// Packs the weights for an integer mode. Packing drops the blocks, so a packed layer
+    /// switches only between the integer modes (the loader sets the mode once).
+    fn set_activations(&mut self, a: Activations) {
+        match (&mut self.w, a) {
+            (_, Activations::F32) => {}
+            (Stored::Blocks(w), a) => self.w = Stored::Packed(PackedWeights::new(w), a),
+            (Stored::Packed(_, mode), a) => *mode = a,
         }
     }
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
@@ -147,12 +200,12 @@ impl<B: BlockFormat> QuantLinear<B> {
                 let stacked = QuantMatrix::from_blocks(rows, first.cols(), blocks.collect());
                 Stored::Blocks(stacked.ok()?)
             }
-            Stored::Packed(_) => {
+            &Stored::Packed(_, acts) => {
                 let packed = all_as(&stored, |w| match w {
-                    Stored::Packed(p) => Some(p),
-                    Stored::Blocks(_) => None,
+                    Stored::Packed(p, a) if *a == acts => Some(p),
+                    _ => None,
                 })?;
-                Stored::Packed(PackedWeights::stack(&packed).ok()?)
+                Stored::Packed(PackedWeights::stack(&packed).ok()?, acts)
             }
         };
         Some(Box::new(QuantLinear { w }))
@@ -352,8 +405,8 @@ impl Linear for Biased {
     fn weight_bytes(&self) -> usize {
         self.inner.weight_bytes() + 4 * self.bias.len()
     }
-    fn enable_int8_activations(&mut self) {
-        self.inner.enable_int8_activations()
+    fn set_activations(&mut self, a: Activations) {
+        self.inner.set_activations(a)
     }
 }
 

@@ -18,7 +18,7 @@ mod forward;
 pub use forward::{LogitRows, SeqInput};
 
 use crate::gguf::Gguf;
-use crate::linear::{Biased, Linear};
+use crate::linear::{Activations, Biased, Linear};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::{load_matrix, LoadOptions, WeightSource};
 use crate::{Error, Result};
@@ -286,8 +286,8 @@ pub struct Llama {
     output: Option<Box<dyn Linear>>,
     /// RoPE frequency of each rotated pair, scaling applied.
     rope_freqs: Vec<f64>,
-    /// Loaded with [`LoadOptions::int8_activations`].
-    int8_activations: bool,
+    /// Loaded with [`LoadOptions::activations`].
+    activations: Activations,
 }
 
 /// A norm's weights, checked against the model width.
@@ -420,14 +420,14 @@ impl Llama {
             layers,
             output,
             rope_freqs,
-            int8_activations: opts.int8_activations,
+            activations: opts.activations,
         })
     }
 
-    /// Whether matmuls of up to [`tessera_kernels::ops::qmatmul::INT8_BATCH_M`] rows run with
-    /// 8-bit activations ([`LoadOptions::int8_activations`]).
-    pub fn int8_activations(&self) -> bool {
-        self.int8_activations
+    /// How matmuls of up to [`tessera_kernels::ops::qmatmul::INT8_BATCH_M`] rows take
+    /// their activations ([`LoadOptions::activations`]).
+    pub fn activations(&self) -> Activations {
+        self.activations
     }
 
     /// How many groups of projections (a layer's q/k/v, its gate/up) run as one stacked

@@ -26,9 +26,9 @@ pub struct Scored {
 }
 
 /// Scores `tokens[1..]` given their prefixes: one prefill over the whole text, or, for a
-/// model with 8-bit activations, windows of `INT8_BATCH_M` tokens, so that every matmul takes
-/// the integer path it takes when generating (a long prefill uses it only where it is
-/// the faster prefill: interleaved 4-bit weights on AVX2).
+/// model with integer activations (16- or 8-bit), windows of `INT8_BATCH_M` tokens, so
+/// that every matmul takes the integer path it takes when generating (a long prefill
+/// uses it only where it is the faster prefill: 8-bit, interleaved 4-bit weights).
 pub fn score(model: &Llama, tokens: &[u32], alternatives: usize) -> Result<Scored> {
     if tokens.len() < 2 {
         return Err(Error::Model("scoring needs at least two tokens".into()));
@@ -42,7 +42,7 @@ pub fn score(model: &Llama, tokens: &[u32], alternatives: usize) -> Result<Score
     }
     let mut cache = KvCache::new(&model.cfg, tokens.len())?;
     let n = tokens.len() - 1;
-    let window = if model.int8_activations() {
+    let window = if model.activations() != crate::linear::Activations::F32 {
         tessera_kernels::ops::qmatmul::INT8_BATCH_M
     } else {
         n

@@ -8,7 +8,7 @@
 //! a K-quant cannot hold gets instead).
 
 use crate::gguf::Gguf;
-use crate::linear::{self, Linear, MatrixLinear, QuantLinear};
+use crate::linear::{self, Activations, Linear, MatrixLinear, QuantLinear};
 use crate::{Error, Result};
 use tessera_core::DType;
 use tessera_kernels::quant::fp8::Fp8;
@@ -55,13 +55,11 @@ pub struct LoadOptions {
     /// Re-encode every float (f32/f16/bf16) matrix in this block format; matrices already
     /// quantized in the file are kept as they are (re-quantizing would only add error).
     pub quantize: Option<DType>,
-    /// Decode-size matmuls (≤ 16 rows) over block-format weights quantize their
-    /// activations to 8 bits per 32 values and use integer dot products, as llama.cpp
-    /// does: faster decode where the integer kernel beats the f32-activation one (every
-    /// block format on AVX2), at the cost of the 8-bit rounding (under 1% perplexity on
-    /// the default model). The weights are repacked at load and held once (prefill
-    /// dequantizes the packed rows, which are the format's values bit for bit).
-    pub int8_activations: bool,
+    /// How decode- and batch-size matmuls over block-format weights take their
+    /// activations ([`Activations`]; default 16 bits as two 8-bit planes). In the integer
+    /// modes the weights are repacked at load and held once (prefill dequantizes the
+    /// packed rows, which are the format's values bit for bit).
+    pub activations: Activations,
 }
 
 /// Formats `--quantize` accepts: every block format but Q8_K (llama.cpp's activation
@@ -111,9 +109,7 @@ pub fn load_matrix(
     opts: &LoadOptions,
 ) -> Result<Box<dyn Linear>> {
     let mut l = reencode(source.matrix(name)?, name, opts)?;
-    if opts.int8_activations {
-        l.enable_int8_activations();
-    }
+    l.set_activations(opts.activations);
     Ok(l)
 }
 

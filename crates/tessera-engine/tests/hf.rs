@@ -15,8 +15,14 @@ use tessera_core::DType;
 use tessera_engine::gguf::{Gguf, Value};
 use tessera_engine::hf::HfCheckpoint;
 use tessera_engine::kv_cache::KvCache;
+use tessera_engine::linear::Activations;
 use tessera_engine::llama::Llama;
 use tessera_engine::weights::LoadOptions;
+
+/// f32 activations: these tests compare loaders through the exact path.
+fn exact_opts() -> LoadOptions {
+    opts_with(Activations::F32)
+}
 
 const VOCAB: usize = 80;
 const DIM: usize = 64;
@@ -309,7 +315,7 @@ fn check_with_reference(
     write(&gpath, &as_gguf(tensors, gguf_dtype, "llama", scaling));
     // The GGUF twin through the engine's GGUF path must agree too.
     let g = Gguf::open(&gpath).expect("gguf");
-    let twin = Llama::load(&g).expect("gguf twin loads");
+    let twin = load_with(&g, Activations::F32);
     let tokens: Vec<u32> = (0..23u32).map(|i| (i * 29 + 3) % VOCAB as u32).collect();
     let want = reference_logits(&g, &tokens);
     for (what, m) in [("hf", &model), ("gguf twin", &twin)] {
@@ -344,7 +350,7 @@ fn rope_scaling_matches_float64_reference() {
         let dir = temp_dir("unscaled");
         write_checkpoint(&dir, &tensors, &config_json(false));
         let ck = HfCheckpoint::open(&dir).expect("opens");
-        let m = Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).unwrap();
+        let m = Llama::from_source(ck.config.clone(), &ck, &exact_opts()).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         m.forward(&tokens, &mut KvCache::new(&m.cfg, 32).unwrap())
             .unwrap()
@@ -352,9 +358,9 @@ fn rope_scaling_matches_float64_reference() {
     for scaling in [Scaling::Linear(4.0), Scaling::Llama3] {
         let dir = temp_dir("scaled");
         write_checkpoint(&dir, &tensors, &config_json_scaled(false, scaling));
-        check_scaled(&dir, &tensors, LoadOptions::default(), DType::F32, scaling);
+        check_scaled(&dir, &tensors, exact_opts(), DType::F32, scaling);
         let ck = HfCheckpoint::open(&dir).expect("opens");
-        let m = Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).unwrap();
+        let m = Llama::from_source(ck.config.clone(), &ck, &exact_opts()).unwrap();
         let scaled = m
             .forward(&tokens, &mut KvCache::new(&m.cfg, 32).unwrap())
             .unwrap();
@@ -373,12 +379,12 @@ fn hf_llama_and_qwen2_match_float64_reference() {
         let dir = temp_dir(if qwen { "qwen2" } else { "llama" });
         let tensors = random_model(qwen);
         write_checkpoint(&dir, &tensors, &config_json(qwen));
-        check(&dir, &tensors, LoadOptions::default(), DType::F32);
+        check(&dir, &tensors, exact_opts(), DType::F32);
         // Quantized at load: row-wise blocks commute with the q/k row permutation, so the
         // reference is the GGUF holding the same blocks.
         let q8 = LoadOptions {
             quantize: Some(DType::Q8_0),
-            ..LoadOptions::default()
+            ..exact_opts()
         };
         check(&dir, &tensors, q8, DType::Q8_0);
         // Formats GGUF cannot hold (per-channel INT8 and FP8, 4-bit groups): the
@@ -387,7 +393,7 @@ fn hf_llama_and_qwen2_match_float64_reference() {
             let defined: Vec<Tensor> = tensors.iter().map(|t| defined_by(t, target)).collect();
             let opts = LoadOptions {
                 quantize: Some(target),
-                ..LoadOptions::default()
+                ..exact_opts()
             };
             check_with_reference(&dir, &defined, opts, DType::F32, Scaling::None);
         }
@@ -410,16 +416,15 @@ fn open_with_tokenizer(dir: &Path) {
     let mut tok = tokenizers::Tokenizer::new(wl);
     tok.with_pre_tokenizer(Some(Whitespace {}));
     tok.save(dir.join("tokenizer.json"), false).expect("save");
-    let (model, tok) =
-        tessera_engine::open(&dir.join("model.safetensors"), &LoadOptions::default())
-            .expect("opens the directory through a file inside it");
+    let (model, tok) = tessera_engine::open(&dir.join("model.safetensors"), &exact_opts())
+        .expect("opens the directory through a file inside it");
     let ids = tok.encode("w3 w17 w42").expect("encodes");
     assert_eq!(ids, [3, 17, 42]);
     let mut cache = KvCache::new(&model.cfg, 8).expect("cache");
     let logits = model.forward(&ids, &mut cache).expect("forward");
     assert_eq!(logits.len(), VOCAB);
     // The same model as opening the directory itself: the same logits, bit for bit.
-    let (by_dir, _) = tessera_engine::open(dir, &LoadOptions::default()).expect("directory");
+    let (by_dir, _) = tessera_engine::open(dir, &exact_opts()).expect("directory");
     let mut cache = KvCache::new(&by_dir.cfg, 8).expect("cache");
     let want = by_dir.forward(&ids, &mut cache).expect("forward");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -437,7 +442,7 @@ fn qwen2_gguf_matches_float64_reference() {
         &as_gguf(&random_model(true), DType::Q8_0, "qwen2", Scaling::None),
     );
     let g = Gguf::open(&path).expect("gguf");
-    let model = Llama::load(&g).expect("loads");
+    let model = load_with(&g, Activations::F32);
     let tokens: Vec<u32> = (0..21u32).map(|i| (i * 13 + 1) % VOCAB as u32).collect();
     let want = reference_logits(&g, &tokens);
     let mut cache = KvCache::new(&model.cfg, 32).expect("cache");
@@ -508,14 +513,14 @@ fn malformed_checkpoints_are_errors() {
     assert!(open(&dir).is_err(), "truncated file accepted");
     // A directory without config.json, and a device, say what they are.
     let empty = temp_dir("empty");
-    let e = tessera_engine::open(&empty, &LoadOptions::default()).unwrap_err();
+    let e = tessera_engine::open(&empty, &exact_opts()).unwrap_err();
     assert!(e.to_string().contains("without config.json"), "{e}");
-    let e = tessera_engine::open(Path::new("/dev/null"), &LoadOptions::default()).unwrap_err();
+    let e = tessera_engine::open(Path::new("/dev/null"), &exact_opts()).unwrap_err();
     assert!(e.to_string().contains("not a regular file"), "{e}");
     // Fewer layers declared than the checkpoint holds: a truncated model must not run.
     write_checkpoint(&dir, &tensors, &cfg(&|j| j["num_hidden_layers"] = 1.into()));
     let loaded = HfCheckpoint::open(&dir)
-        .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()));
+        .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &exact_opts()));
     let e = loaded.expect_err("a layer count below the checkpoint's accepted");
     assert!(e.to_string().contains("more layers"), "{e}");
     // A missing tensor, and an untied model without its head.
@@ -526,7 +531,7 @@ fn malformed_checkpoints_are_errors() {
             .collect();
         write_checkpoint(&dir, &kept, &config_json(false));
         let loaded = HfCheckpoint::open(&dir)
-            .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()));
+            .and_then(|ck| Llama::from_source(ck.config.clone(), &ck, &exact_opts()));
         assert!(loaded.is_err(), "checkpoint without {drop} accepted");
     }
     // A matrix of the wrong shape.
@@ -534,6 +539,6 @@ fn malformed_checkpoints_are_errors() {
     wrong[2].shape = vec![DIM / 2, DIM * 2];
     write_checkpoint(&dir, &wrong, &config_json(false));
     let ck = HfCheckpoint::open(&dir).expect("header is fine");
-    assert!(Llama::from_source(ck.config.clone(), &ck, &LoadOptions::default()).is_err());
+    assert!(Llama::from_source(ck.config.clone(), &ck, &exact_opts()).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }

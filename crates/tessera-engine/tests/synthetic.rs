@@ -161,11 +161,20 @@ fn k_quant_model_logits_match_float64_reference() {
 }
 
 fn check_against_reference(formats: &Formats, label: &str) {
-    for tied in [true, false] {
+    use tessera_engine::linear::Activations;
+    let modes = [
+        (Activations::F32, LOGIT_TOL),
+        (Activations::A16, A16_LOGIT_TOL),
+    ];
+    for (tied, (acts, tol)) in [true, false]
+        .into_iter()
+        .flat_map(|t| modes.map(|m| (t, m)))
+    {
+        let label = format!("{label} {}", acts.name());
         let path = temp(&format!("synthetic-{label}-{tied}.gguf"));
         write(&path, &model_bytes_with(tied, formats));
         let g = Gguf::open(&path).expect("valid file");
-        let model = Llama::load(&g).expect("loads");
+        let model = load_with(&g, acts);
         // A prefill past the batching sizes (the dequantize+GEMM path), then 3
         // single-token steps.
         let prefill = tessera_kernels::ops::qmatmul::F32_BATCH_M + 4;
@@ -178,8 +187,8 @@ fn check_against_reference(formats: &Formats, label: &str) {
             .forward(&tokens[..prefill], &mut cache)
             .expect("prefill");
         assert!(
-            rel(&got, &want[prefill - 1]) < LOGIT_TOL,
-            "prefill: {}",
+            rel(&got, &want[prefill - 1]) < tol,
+            "{label}: prefill: {}",
             rel(&got, &want[prefill - 1])
         );
         for i in prefill..prefill + 3 {
@@ -187,8 +196,8 @@ fn check_against_reference(formats: &Formats, label: &str) {
                 .forward(&tokens[i..i + 1], &mut cache)
                 .expect("decode");
             assert!(
-                rel(&got, &want[i]) < LOGIT_TOL,
-                "decode {i}: {}",
+                rel(&got, &want[i]) < tol,
+                "{label}: decode {i}: {}",
                 rel(&got, &want[i])
             );
         }
@@ -197,7 +206,7 @@ fn check_against_reference(formats: &Formats, label: &str) {
         let got = model
             .forward(&tokens[..5], &mut cache)
             .expect("short prefill");
-        assert!(rel(&got, &want[4]) < LOGIT_TOL);
+        assert!(rel(&got, &want[4]) < tol, "{label}: short prefill");
         // Bad requests are errors, and leave the cache as it was.
         assert!(model.forward(&[VOCAB as u32], &mut cache).is_err());
         assert!(
@@ -256,7 +265,7 @@ const HEAD_ONLY_32: Formats = Formats {
 fn int8_activations_match_float64_reference() {
     use tessera_engine::weights::LoadOptions;
     let opts = LoadOptions {
-        int8_activations: true,
+        activations: tessera_engine::linear::Activations::Int8,
         ..LoadOptions::default()
     };
     // (formats, label, whether every layer's prefill keeps f32 activations on any CPU)

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tessera_engine::chat::Message;
 use tessera_engine::generate::{generate, generate_until, Request, Sampling, Stats};
 use tessera_engine::kv_cache::KvDtype;
+use tessera_engine::linear::Activations;
 use tessera_engine::llama::Llama;
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_engine::weights::{parse_quantize, LoadOptions};
@@ -161,15 +162,19 @@ fn result_dict<'py>(py: Python<'py>, req: &Request, s: &Stats) -> PyResult<Bound
 impl Engine {
     /// Loads `model` (a GGUF file or a Hugging Face checkpoint directory; default: the
     /// default model, downloaded on first use). quantize re-encodes float weights (q4_0,
-    /// q8_0, …); int8_acts decodes with 8-bit activations; kv_cache "f16" or "f32".
+    /// q8_0, …); acts is the activation precision of decode-size matmuls over block
+    /// formats ("a16", the default: 16 bits per 32 values through the integer kernels;
+    /// "f32": exact; "int8": 8 bits, as llama.cpp), int8_acts=True the same as "int8";
+    /// kv_cache "f16" or "f32".
     #[new]
-    #[pyo3(signature = (model=None, *, quantize=None, int8_acts=false, kv_cache="f16"))]
+    #[pyo3(signature = (model=None, *, quantize=None, int8_acts=false, kv_cache="f16", acts=None))]
     fn new(
         py: Python<'_>,
         model: Option<PathBuf>,
         quantize: Option<&str>,
         int8_acts: bool,
         kv_cache: &str,
+        acts: Option<&str>,
     ) -> PyResult<Self> {
         let kv: KvDtype = kv_cache
             .parse()
@@ -179,7 +184,7 @@ impl Engine {
                 .map(parse_quantize)
                 .transpose()
                 .map_err(engine_err)?,
-            int8_activations: int8_acts,
+            activations: activations(acts, int8_acts)?,
         };
         let (inner, path) = py.detach(|| {
             let path = match model {
@@ -400,5 +405,22 @@ impl TextIter {
         g.as_ref()
             .map(|s| result_dict(py, &self.req, s))
             .transpose()
+    }
+}
+
+/// The activation mode from `acts` and the `int8_acts` shorthand (both given must agree).
+pub(crate) fn activations(acts: Option<&str>, int8_acts: bool) -> PyResult<Activations> {
+    let parsed = acts
+        .map(Activations::parse)
+        .transpose()
+        .map_err(|e| PyValueError::new_err(format!("acts: {e}")))?;
+    match (parsed, int8_acts) {
+        (Some(a), true) if a != Activations::Int8 => Err(PyValueError::new_err(format!(
+            "int8_acts=True contradicts acts={:?}",
+            a.name()
+        ))),
+        (_, true) => Ok(Activations::Int8),
+        (Some(a), false) => Ok(a),
+        (None, false) => Ok(Activations::default()),
     }
 }

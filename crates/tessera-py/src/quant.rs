@@ -106,16 +106,22 @@ impl QuantizedMatrix {
 /// q5_1, q8_0), a K-quant (q2_k … q6_k, q8_k), 4-bit groups (int4_g32/64/128), per-channel
 /// INT8 (i8) or FP8 (f8e4m3, f8e5m2; per-channel scales). Rows must be whole blocks.
 ///
-/// int8_acts: qmatmul with up to 64 activation rows quantizes them to 8 bits and runs
-/// integer dot products (block formats), as llama.cpp does.
+/// acts: how qmatmul with up to 64 activation rows takes them over block formats: "f32"
+/// (the default here: exact), "a16" (16 bits per 32 values as two 8-bit planes through
+/// the integer kernels) or "int8" (8 bits, as llama.cpp); int8_acts=True is "int8".
 #[pyfunction]
-#[pyo3(signature = (w, dtype, *, int8_acts=false))]
+#[pyo3(signature = (w, dtype, *, int8_acts=false, acts=None))]
 pub fn quantize(
     py: Python<'_>,
     w: &Bound<'_, PyAny>,
     dtype: &str,
     int8_acts: bool,
+    acts: Option<&str>,
 ) -> PyResult<QuantizedMatrix> {
+    let mode = match (acts, int8_acts) {
+        (None, false) => tessera_engine::linear::Activations::F32,
+        _ => crate::engine::activations(acts, int8_acts)?,
+    };
     let d = parse_format(dtype)?;
     let a = borrow("w", w)?;
     a.raw.expect("w", Elem::F32)?;
@@ -151,9 +157,7 @@ pub fn quantize(
             }
         };
         let mut w = quantize_matrix(d, rows, cols, data).map_err(engine_err)?;
-        if int8_acts {
-            w.enable_int8_activations();
-        }
+        w.set_activations(mode);
         Ok::<_, PyErr>(w)
     })?;
     Ok(QuantizedMatrix { w })

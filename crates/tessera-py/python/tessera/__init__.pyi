@@ -87,8 +87,11 @@ class QuantizedMatrix:
     def from_bytes(dtype: str, rows: int, cols: int, data: bytes) -> "QuantizedMatrix":
         """A block-format matrix from its raw ggml blocks."""
 
-def quantize(w: ArrayLike, dtype: str, *, int8_acts: bool = False) -> QuantizedMatrix:
-    """w float32 [rows, cols] quantized to one of FORMATS."""
+def quantize(
+    w: ArrayLike, dtype: str, *, int8_acts: bool = False, acts: Optional[str] = None
+) -> QuantizedMatrix:
+    """w float32 [rows, cols] quantized to one of FORMATS; acts ("f32" here by default,
+    "a16" or "int8") is how qmatmul of up to 64 rows takes its activations."""
 
 def dequantize(q: QuantizedMatrix, out: Optional[ArrayLike] = None) -> ArrayLike:
     """The matrix's values as float32 [rows, cols]."""
@@ -114,6 +117,7 @@ class Engine:
         quantize: Optional[str] = None,
         int8_acts: bool = False,
         kv_cache: str = "f16",
+        acts: Optional[str] = None,
     ) -> None: ...
     @property
     def path(self) -> str: ...
