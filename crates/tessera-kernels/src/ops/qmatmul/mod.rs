@@ -13,8 +13,8 @@
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
-#[cfg(target_arch = "x86_64")]
 mod act16;
+#[cfg(target_arch = "x86_64")]
 mod act_panel;
 mod byte_rows;
 mod fp8;
