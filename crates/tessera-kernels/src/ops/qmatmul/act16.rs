@@ -17,11 +17,11 @@
 //! reach ±128).
 
 use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{check_shapes, contiguous_rows, run_int8, ActScales, SMALL_M};
+use super::{int_operands, run_int8, ActScales, SMALL_M};
 use crate::multiversion;
 use crate::pool;
 use crate::quant::QK;
-use tessera_core::{Error, Isa, Result, TensorView, TensorViewMut};
+use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
 /// Largest |q| of a block: 127 in each plane, q = 255·h + l.
 const SPLIT_RANGE: f32 = 127.0 * 255.0;
@@ -64,7 +64,7 @@ impl QuantActs {
 }
 
 /// `y = x·Wᵀ` over packed weights with x rounded to 16 bits per 32-block (the module
-/// docs): the integer kernels' speed at about f16's precision. Any M works; the engine
+/// docs): near the integer kernels' speed, with a rounding finer than f16's. Any M works; the engine
 /// takes it for decode and batching steps, as `qmatmul_int8`.
 pub fn qmatmul_a16(
     isa: Isa,
@@ -73,15 +73,10 @@ pub fn qmatmul_a16(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    if !isa.is_available() {
-        return Err(Error::Unsupported(format!("ISA {isa}")));
-    }
-    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m == 0 || n == 0 {
+    let Some((m, n, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
-    }
+    };
     let k = w.cols();
-    let (xs, ld) = contiguous_rows(x);
     let row = |i: usize| &xs[i * ld..][..k];
     // A decode step makes hundreds of these calls: the planes and the 2M-row product
     // reuse this thread's buffers (a fresh 2×49152 product for the LM head would fault

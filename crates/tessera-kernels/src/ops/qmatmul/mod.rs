@@ -227,6 +227,27 @@ pub enum ActScales {
     PerRow,
 }
 
+/// What an integer path quantizes: M, N and x's rows (contiguous, `ld` apart), after
+/// the ISA and the shapes are checked; None when there is nothing to compute.
+type IntOperands<'a> = Option<(usize, usize, std::borrow::Cow<'a, [f32]>, usize)>;
+
+fn int_operands<'a>(
+    isa: Isa,
+    w: &PackedWeights,
+    x: &TensorView<'a, f32>,
+    y: &TensorViewMut<'_, f32>,
+) -> Result<IntOperands<'a>> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
+    if m == 0 || n == 0 {
+        return Ok(None);
+    }
+    let (xs, ld) = contiguous_rows(x);
+    Ok(Some((m, n, xs, ld)))
+}
+
 fn int8_path(
     isa: Isa,
     threads: usize,
@@ -235,15 +256,10 @@ fn int8_path(
     y: &mut TensorViewMut<'_, f32>,
     act: ActScales,
 ) -> Result<()> {
-    if !isa.is_available() {
-        return Err(Error::Unsupported(format!("ISA {isa}")));
-    }
-    let (m, n) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m == 0 || n == 0 {
+    let Some((m, _, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
-    }
+    };
     let k = w.cols();
-    let (xs, ld) = contiguous_rows(x);
     // Rows past m (from an earlier, larger call) are kept for their buffers.
     let quantize = |acts: &mut Vec<QuantActs>| {
         if acts.len() < m {
