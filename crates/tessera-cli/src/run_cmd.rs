@@ -30,7 +30,8 @@ pub struct ModelArgs {
     /// Activations of matmuls up to 64 rows (decode, batching steps) over block-format
     /// weights: a16 rounds each 32 values to 16 bits (a step of 1/64 770 of their
     /// largest, finer than the f16 KV cache) and runs the integer kernels on two 8-bit
-    /// planes, about 2.5× faster decode than f32; f32 is exact; int8 is --int8-acts
+    /// planes (default-model decode 202–212 against f32's 96–98 tok/s on an Intel
+    /// AVX-512 host, docs/performance.md); f32 is exact; int8 is --int8-acts
     #[arg(long, default_value = "a16", value_parser = ["a16", "f32", "int8"])]
     acts: String,
     /// --acts int8: 8-bit activations and integer dot products, as llama.cpp does, also

@@ -2,7 +2,7 @@
 //!
 //! Why: with f32 activations a block-format matmul expands every weight to f32 (the
 //! per-block kernels, `simd_rows`), about 3× the integer kernels' time at decode on an
-//! AVX-512 host (Q4_1 1×3072×576: 146–154 µs against 45–48 µs, docs/performance.md),
+//! Intel AVX-512 host (Q4_1 1×3072×576: 146–154 µs against 45–48 µs, docs/performance.md),
 //! while 8-bit activations (`qmatmul_int8`) round each value to 1/254 of its block's
 //! largest. Here each 32-block is rounded to q = round(x/d) with |q| ≤ 127·255, a step
 //! of 1/64 770 of the block's largest (finer than the f16 KV cache's 2⁻¹¹ relative), and
