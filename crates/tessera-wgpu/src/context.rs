@@ -1,9 +1,9 @@
 //! The adapter, device and queue; buffers; cached pipelines; one launch = one
 //! submission that is waited for (the registry times calls one by one).
 
-use crate::blocks;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
+use tessera_core::device::blocks;
 use tessera_core::device::{Device, DeviceBuffer, DeviceCall, DeviceKind};
 use tessera_core::{DType, Error, Result};
 
@@ -312,10 +312,9 @@ impl Device for WgpuDevice {
         cols: usize,
         raw: &[u8],
     ) -> Result<DeviceBuffer> {
-        let r = blocks::repack(format, rows, cols, raw)?;
+        let r = blocks::repack("wgpu upload_blocks", format, rows, cols, raw)?;
         let scales = self.words(&as_bytes(&r.scales), "block scales")?;
-        let code_bytes: Vec<u8> = r.codes.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let codes = self.words(&code_bytes, "block codes")?;
+        let codes = self.words(&r.codes, "block codes")?;
         Ok(DeviceBuffer::new(
             rows * cols,
             BlockBuf {

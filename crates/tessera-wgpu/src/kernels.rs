@@ -4,7 +4,7 @@
 //! beyond 65535 workgroups per dimension fold into the next dimension.
 
 use crate::context::{BlockBuf, Buf, HalfBuf, WgpuDevice};
-use tessera_core::device::{DeviceBuffer, DeviceCall, DeviceMatrix, RowOp};
+use tessera_core::device::{blocks, checks, DeviceBuffer, DeviceCall, DeviceMatrix, RowOp};
 use tessera_core::{DType, Error, Result};
 
 const ROWS: &str = include_str!("shaders/rows.wgsl");
@@ -17,15 +17,7 @@ pub(crate) fn u32_of(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::shape(op, format!("{what} = {v} exceeds u32 indexing")))
 }
 
-pub(crate) fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Result<()> {
-    if buf.len() < len {
-        return Err(Error::shape(
-            op,
-            format!("{name} holds {} elements, the call needs {len}", buf.len()),
-        ));
-    }
-    Ok(())
-}
+pub(crate) use tessera_core::device::checks::need;
 
 /// A grid of `count` workgroups along x, folded into y past 65535.
 pub(crate) fn folded(op: &'static str, count: usize) -> Result<[u32; 3]> {
@@ -85,44 +77,10 @@ fn rows_call(
     [rows, n]: [usize; 2],
 ) -> Result<()> {
     let name = op.name();
-    let len = rows
-        .checked_mul(n)
-        .ok_or_else(|| Error::Overflow(format!("{rows}x{n}")))?;
+    let plan = checks::rows(op, inputs, gamma, out, [rows, n])?;
+    let (len, second, eps) = (plan.len, plan.second, plan.eps);
     u32_of(name, "rows·n", len)?;
-    if inputs.len() != op.inputs() {
-        return Err(Error::invalid(
-            name,
-            format!("{} inputs, the op takes {}", inputs.len(), op.inputs()),
-        ));
-    }
-    for x in inputs {
-        need(name, "input", x, len)?;
-    }
-    need(name, "out", out, len)?;
-    // The second binding (SwiGLU's up, RMSNorm's γ, RoPE's table), ε, and RoPE's heads.
-    let (second, eps, heads) = match op {
-        RowOp::RmsNorm { eps } => {
-            let g = gamma.ok_or_else(|| Error::invalid(name, "γ missing"))?;
-            need(name, "γ", g, n)?;
-            (g, eps, 0)
-        }
-        RowOp::SwiGlu => (inputs[1], 0.0, 0),
-        RowOp::Softmax => (inputs[0], 0.0, 0),
-        RowOp::Rope { heads, .. } => {
-            if heads == 0 || !rows.is_multiple_of(heads) || !n.is_multiple_of(2) {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "{rows} rows of {n} are not whole tokens of {heads} heads of even width"
-                    ),
-                ));
-            }
-            let table = gamma.ok_or_else(|| Error::invalid(name, "cos/sin table missing"))?;
-            // rows/heads tokens × n/2 cosines, then as many sines.
-            need(name, "cos/sin table", table, rows / heads * n)?;
-            (table, 0.0, u32_of(name, "heads", heads)?)
-        }
-    };
+    let heads = u32_of(name, "heads", plan.heads)?;
     if len == 0 {
         return Ok(());
     }
@@ -195,7 +153,7 @@ fn qmatmul(
     let op = "qmatmul";
     let wb = w.get::<BlockBuf>()?;
     let (n, k) = (wb.rows, wb.cols);
-    let format = crate::blocks::format_code(wb.format).ok_or_else(|| Error::DType {
+    let format = blocks::format_code(wb.format).ok_or_else(|| Error::DType {
         op,
         dtype: wb.format.to_string(),
     })?;
@@ -253,12 +211,7 @@ fn embedding(
     out: &DeviceBuffer,
 ) -> Result<()> {
     let op = "embedding";
-    if let Some((pos, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
-        return Err(Error::invalid(
-            op,
-            format!("token id {id} at position {pos} ≥ vocabulary size {vocab}"),
-        ));
-    }
+    checks::token_ids(op, ids, vocab)?;
     let tp = matrix_params(op, &table, [1, vocab, dim])?;
     let len = ids
         .len()

@@ -11,12 +11,11 @@
 //! - `kernels`: each [`DeviceCall`](tessera_core::device::DeviceCall) as a pipeline, its uniform parameters and its
 //!   workgroup grid (the WGSL sources are in `src/shaders/`).
 //! - `paged`: decode attention over a paged KV cache (block tables shipped per launch).
-//! - `blocks`: ggml blocks repacked for the quantized matmul.
+//! - ggml blocks are split for the quantized matmul by `tessera_core::device::blocks`.
 //! - [`probe`]: the adapter's own ceilings (bandwidth and FMA), for the roofline.
 
 #![warn(missing_docs)]
 
-mod blocks;
 mod context;
 mod kernels;
 mod paged;

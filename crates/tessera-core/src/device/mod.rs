@@ -8,6 +8,9 @@
 //! same inputs the CPU variants see, runs a [`DeviceCall`] (timed) and downloads the
 //! output (untimed), so every backend is verified against the same float64 references.
 
+pub mod blocks;
+pub mod checks;
+
 use crate::{DType, Error, Result};
 use std::any::Any;
 use std::fmt;

@@ -1,12 +1,15 @@
-//! ggml blocks (an f16 scale, an f16 min for Q4_1, then the codes) repacked for the
-//! device: one `(scale, min)` f32 pair per block and the codes as little-endian u32
-//! words, so the shader reads aligned words instead of 18-, 20- or 34-byte records.
+//! ggml blocks (an f16 scale, an f16 min for Q4_1, then the codes) split for a device:
+//! each block's `(scale, min)` and its code bytes apart, so a kernel reads aligned
+//! words instead of 18-, 20- or 34-byte records. Shared by every device backend; each
+//! stores the halves in its own layout (wgpu as f32 pairs and u32 words, CUDA as f16
+//! and bytes).
 
+use crate::{DType, Error, Result};
 use half::f16;
-use tessera_core::{DType, Error, Result};
 
-/// The formats the WGSL matmul reads, with their shader code.
-pub(crate) fn format_code(format: DType) -> Option<u32> {
+/// The block formats the device matmuls read (Q4_0, Q4_1, Q8_0), with a small code
+/// the kernels switch on.
+pub fn format_code(format: DType) -> Option<u32> {
     match format {
         DType::Q4_0 => Some(0),
         DType::Q4_1 => Some(1),
@@ -15,15 +18,25 @@ pub(crate) fn format_code(format: DType) -> Option<u32> {
     }
 }
 
-/// Repacked weights: `scales[2·b..]` = (d, m) of block b, `codes` its words.
-pub(crate) struct Repacked {
+/// Split weights: `scales[2·b..]` = (d, m) of block b (m = 0 but for Q4_1), `codes`
+/// the blocks' code bytes in order (16 nibble bytes, or 32 int8 bytes, per block).
+#[derive(Debug)]
+pub struct Repacked {
+    /// Two per block: scale and min.
     pub scales: Vec<f32>,
-    pub codes: Vec<u32>,
+    /// Code bytes, blocks in order.
+    pub codes: Vec<u8>,
 }
 
-/// Repacks `rows × cols` weights stored as `format` blocks.
-pub(crate) fn repack(format: DType, rows: usize, cols: usize, raw: &[u8]) -> Result<Repacked> {
-    let op = "wgpu upload_blocks";
+/// Splits `rows × cols` weights stored as `format` blocks (`op` names the caller in
+/// errors: wrong format, columns not whole blocks, a byte count that does not match).
+pub fn repack(
+    op: &'static str,
+    format: DType,
+    rows: usize,
+    cols: usize,
+    raw: &[u8],
+) -> Result<Repacked> {
     format_code(format).ok_or_else(|| Error::DType {
         op,
         dtype: format.to_string(),
@@ -50,7 +63,7 @@ pub(crate) fn repack(format: DType, rows: usize, cols: usize, raw: &[u8]) -> Res
         _ => (2, 32),
     };
     let mut scales = Vec::with_capacity(2 * blocks);
-    let mut codes = Vec::with_capacity(blocks * code_bytes / 4);
+    let mut codes = Vec::with_capacity(blocks * code_bytes);
     let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     for b in raw.chunks_exact(size) {
         scales.push(half_at(b, 0));
@@ -59,11 +72,7 @@ pub(crate) fn repack(format: DType, rows: usize, cols: usize, raw: &[u8]) -> Res
         } else {
             0.0
         });
-        codes.extend(
-            b[head..head + code_bytes]
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-        );
+        codes.extend_from_slice(&b[head..head + code_bytes]);
     }
     Ok(Repacked { scales, codes })
 }
