@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one call.
 #
-#   scripts/gpu-check.sh build   # here (Rust machine): builds the x86-64 test and bench
-#                                # binaries into gpu-bin/ (carry it to the device)
-#   scripts/gpu-check.sh         # on the device: CUDA tests, our benchmarks and the
-#                                # PyTorch/cuBLAS peers in the same run; table to $OUT
+#   scripts/gpu-check.sh build   # here (Rust machine): builds the x86-64 tests, the
+#                                # bench example and `tessera --features cuda` into
+#                                # gpu-bin/ (carry it to the device)
+#   scripts/gpu-check.sh         # on the device: CUDA tests, `tessera verify/bench
+#                                # --backend cuda`, our benchmarks and the PyTorch/cuBLAS
+#                                # peers in the same run; table to $OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ "${1:-}" == build ]]; then
   mkdir -p gpu-bin
   cargo build --release -p tessera-cuda --example gpu_bench
-  cp target/release/examples/gpu_bench gpu-bin/
-  bin=$(cargo test --release -p tessera-cuda --test device --no-run --message-format=json \
-        | python3 -c 'import json,sys
+  cargo build --release -p tessera-cli --features cuda
+  cp target/release/examples/gpu_bench target/release/tessera gpu-bin/
+  for t in device registry; do
+    bin=$(cargo test --release -p tessera-cuda --test "$t" --no-run --message-format=json \
+          | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "device":
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["executable"])')
-  cp "$bin" gpu-bin/device-tests
+    cp "$bin" "gpu-bin/$t-tests"
+  done
+  # Debug info stays here: the binaries travel to the device under its size limit.
+  strip gpu-bin/*
   ls -l gpu-bin
   exit 0
 fi
@@ -29,11 +36,16 @@ mkdir -p "$out"
 cuda="${CUDA_HOME:-/usr/local/cuda}"
 export TESSERA_CUDA_INCLUDE="${TESSERA_CUDA_INCLUDE:-$cuda/include}"
 export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TESSERA_CUDA_CACHE="$out/cubin-cache"
+export TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cubin-cache"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi unavailable"; } | tee "$out/gpu.txt"
 
 status=0
 ./gpu-bin/device-tests --test-threads=1 --nocapture 2>&1 | tee "$out/tests.txt" || status=1
+./gpu-bin/registry-tests --test-threads=1 --nocapture 2>&1 | tee -a "$out/tests.txt" || status=1
+# Every CUDA variant through the registry's verify, then its benchmarks against the
+# card's own probed ceilings.
+./gpu-bin/tessera verify --backend cuda 2>&1 | tee "$out/verify.txt" || status=1
+timeout 240 ./gpu-bin/tessera bench --all --backend cuda --budget-ms 300 > "$out/bench.txt" 2> "$out/bench.err" || status=1
 ./gpu-bin/gpu_bench > "$out/ours.jsonl" 2> "$out/ours.err" || status=1
 python3 scripts/gpu_peers.py > "$out/peers.jsonl" 2> "$out/peers.err" || status=1
 

@@ -77,7 +77,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         budget: Duration::from_millis(args.budget_ms),
         cold_read: args.peers,
         in_cache: args.in_cache,
-        device_ceilings: crate::devices::wgpu_ceilings()?,
+        device_ceilings: crate::devices::device_ceilings(args.sel.backend)?,
         ..Default::default()
     };
     let results = jobs::collect(&args.sel, None, &ceilings, &opts, args.json)?;

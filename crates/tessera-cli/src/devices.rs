@@ -1,10 +1,10 @@
 //! `--backend`: which of the registry's backends a command runs, and opening the
 //! devices it names. The CPU is always there; a device backend exists in this binary
-//! only when built with its cargo feature (`wgpu`), and on this machine only when an
-//! adapter opens. Named explicitly, a missing device is an error; under `all` it is a
+//! only when built with its cargo feature (`wgpu`, `cuda`), and on this machine only
+//! when its device opens. Named explicitly, a missing device is an error; under `all` it is a
 //! printed note, so a report says plainly which columns it lacks.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::sync::OnceLock;
 use tessera_kernels::registry::Variant;
 use tessera_perf::calibrate::Ceilings;
@@ -47,13 +47,70 @@ pub fn open(which: BackendArg) -> Result<()> {
             Err(e) => eprintln!("tessera: wgpu variants not run: {e}"),
         }
     }
-    if which == BackendArg::Cuda {
-        bail!(
-            "the CUDA backend is not in the registry yet: tessera-cuda's kernels run only \
-             through its own tests (and no NVIDIA GPU has been available to verify them)"
-        );
+    if matches!(which, BackendArg::Cuda | BackendArg::All) {
+        match open_cuda() {
+            Ok(name) => eprintln!("cuda: {name}"),
+            Err(e) if which == BackendArg::Cuda => return Err(e),
+            Err(e) => eprintln!("tessera: cuda variants not run: {e}"),
+        }
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+static CUDA: OnceLock<std::sync::Arc<tessera_cuda::CudaBackend>> = OnceLock::new();
+static CUDA_CEILINGS: OnceLock<Ceilings> = OnceLock::new();
+
+#[cfg(feature = "cuda")]
+fn open_cuda() -> Result<String> {
+    use tessera_core::device::Device;
+    if let Some(d) = CUDA.get() {
+        return Ok(d.name());
+    }
+    let d = std::sync::Arc::new(tessera_cuda::CudaBackend::new(0)?);
+    tessera_core::device::install(d.clone());
+    let name = d.name();
+    let _ = CUDA.set(d);
+    Ok(name)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda() -> Result<String> {
+    anyhow::bail!("this tessera was built without the CUDA backend (build with --features cuda)")
+}
+
+/// The ceilings device benchmarks are a percentage of: the CUDA device's (copy
+/// bandwidth and CUDA-core FMA rate from its probes) when `which` is `cuda`, else the
+/// wgpu device's; None when that device is not open.
+pub fn device_ceilings(which: BackendArg) -> Result<Option<Ceilings>> {
+    if which == BackendArg::Cuda {
+        return cuda_ceilings();
+    }
+    wgpu_ceilings()
+}
+
+fn cuda_ceilings() -> Result<Option<Ceilings>> {
+    #[cfg(feature = "cuda")]
+    if let Some(d) = CUDA.get() {
+        if let Some(c) = CUDA_CEILINGS.get() {
+            return Ok(Some(*c));
+        }
+        let p = tessera_cuda::probe::measure(d)?;
+        eprintln!(
+            "cuda ceilings: copy {:.1} GB/s (read + written), f32 FMA {:.1} GFLOP/s",
+            p.copy_gbps, p.fma_gflops
+        );
+        let c = Ceilings {
+            threads: 0,
+            fma_gflops: p.fma_gflops,
+            bf16_gflops: p.fma_gflops,
+            int8_gops: p.fma_gflops,
+            dram_gbps: p.copy_gbps,
+        };
+        let _ = CUDA_CEILINGS.set(c);
+        return Ok(Some(c));
+    }
+    Ok(CUDA_CEILINGS.get().copied())
 }
 
 #[cfg(feature = "wgpu")]
@@ -71,12 +128,12 @@ fn open_wgpu() -> Result<String> {
 
 #[cfg(not(feature = "wgpu"))]
 fn open_wgpu() -> Result<String> {
-    bail!("this tessera was built without the wgpu backend (build with --features wgpu)")
+    anyhow::bail!("this tessera was built without the wgpu backend (build with --features wgpu)")
 }
 
 /// The open wgpu device's ceilings from its own probes (measured once, printed), or
 /// None when no wgpu device is open.
-pub fn wgpu_ceilings() -> Result<Option<Ceilings>> {
+fn wgpu_ceilings() -> Result<Option<Ceilings>> {
     #[cfg(feature = "wgpu")]
     if let Some(d) = WGPU.get() {
         if let Some(c) = WGPU_CEILINGS.get() {

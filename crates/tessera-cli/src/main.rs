@@ -79,7 +79,7 @@ enum Command {
     },
     /// List registered ops, their dtypes and variants.
     Ops {
-        /// Also list the variants of the devices that open (wgpu).
+        /// Also list the variants of the devices that open (wgpu, cuda).
         #[arg(long, value_enum, default_value = "cpu")]
         backend: devices::BackendArg,
     },

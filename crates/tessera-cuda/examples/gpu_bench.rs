@@ -4,8 +4,14 @@
 
 use half::bf16;
 use std::time::Instant;
-use tessera_cuda::ops::{self, AttentionShape, BlockFormat, GemmShape, PagedShape};
-use tessera_cuda::{CudaError, Device};
+use tessera_core::device::{Device as _, DeviceCall, DeviceMatrix};
+use tessera_core::DType;
+use tessera_cuda::ops::{self, AttentionShape, GemmShape, PagedShape};
+use tessera_cuda::{CudaBackend, CudaError, Device};
+
+fn core_err(e: tessera_core::Error) -> CudaError {
+    CudaError::NotAvailable(e.to_string())
+}
 
 /// Median seconds of `run` over `reps` timed launches after 3 warm-ups.
 fn time(
@@ -122,28 +128,56 @@ fn main() -> Result<(), CudaError> {
         bytes / t / 1e9
     );
     drop((kc, vc, q, out));
-    // Quantized matvec 4096×4096 (and a large 16384×4096 for the bandwidth figure).
+    // Quantized matmul through the backend (weights split on upload, as the registry
+    // and engine run it): one activation row (decode) and 16 (a batched step), on a
+    // 4096×4096 and a 16384×4096 matrix (the latter for the bandwidth figure). Bytes
+    // are the GGUF blocks' (codes and f16 scales) plus x and y.
+    let backend = CudaBackend::new(0)?;
     for (rows, cols) in [(4096, 4096), (16384, 4096)] {
         let x = dev.upload(&vec![0.5f32; cols])?;
         let mut y = dev.zeros::<f32>(rows)?;
-        for f in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
-            let bytes = rows * cols / 32 * f.block_bytes();
-            let w = dev.upload(&vec![0x11u8; bytes])?;
-            let t = time(&dev, 50, || {
-                ops::qmatvec(&dev, f, &w, &x, &mut y, (rows, cols))
-            })?;
-            println!(
-                r#"{{"kernel":"qmatvec_{:?}","shape":"{rows}x{cols}","ms":{:.4},"gbs":{:.0}}}"#,
-                f,
-                t * 1e3,
-                bytes as f64 / t / 1e9
-            );
+        for f in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+            let bytes = rows * cols / 32 * f.size_bytes();
+            let raw: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
+            let w = backend
+                .upload_blocks(f, rows, cols, &raw)
+                .map_err(core_err)?;
+            for m in [1usize, 16] {
+                let xs = backend.upload(&vec![0.5f32; m * cols]).map_err(core_err)?;
+                let ys = backend.upload(&vec![0.0f32; m * rows]).map_err(core_err)?;
+                let call = DeviceCall::QMatmul {
+                    w: &w,
+                    x: DeviceMatrix {
+                        buf: &xs,
+                        offset: 0,
+                        strides: [0, cols, 1],
+                    },
+                    y: DeviceMatrix {
+                        buf: &ys,
+                        offset: 0,
+                        strides: [0, rows, 1],
+                    },
+                    m,
+                };
+                // 20 launches queued per timed run: the kernel's time, not a launch's
+                // round trip to the host.
+                let t = time(&dev, 20, || {
+                    (0..20).try_for_each(|_| backend.enqueue(&call).map_err(core_err))
+                })? / 20.0;
+                let moved = bytes + 4 * m * (rows + cols);
+                println!(
+                    r#"{{"kernel":"qmatmul_{}_m{m}","shape":"{rows}x{cols}","ms":{:.4},"gbs":{:.0}}}"#,
+                    f.to_string().to_lowercase(),
+                    t * 1e3,
+                    moved as f64 / t / 1e9
+                );
+            }
         }
         let w = dev.upload(&vec![3i8; rows * cols])?;
         let sc = dev.upload(&vec![0.01f32; rows])?;
-        let t = time(&dev, 50, || {
-            ops::qmatvec_i8(&dev, &w, &sc, &x, &mut y, (rows, cols))
-        })?;
+        let t = time(&dev, 20, || {
+            (0..20).try_for_each(|_| ops::qmatvec_i8(&dev, &w, &sc, &x, &mut y, (rows, cols)))
+        })? / 20.0;
         println!(
             r#"{{"kernel":"qmatvec_i8","shape":"{rows}x{cols}","ms":{:.4},"gbs":{:.0}}}"#,
             t * 1e3,

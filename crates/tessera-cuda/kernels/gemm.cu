@@ -114,3 +114,81 @@ extern "C" __global__ void __launch_bounds__(256)
                 int lda, int ldb, int ldc, float alpha) {
   gemm_tn<false>(A, B, C, M, N, K, lda, ldb, ldc, alpha);
 }
+
+// General strided batched GEMM on the CUDA cores, the registry's `gemm` for any layout
+// the tensor-core kernel above cannot take: C = α·A·B + β·C with A [m,k], B [k,n] and
+// C [m,n] rank-3 views (batch, row and column element strides; the view's offset is
+// folded into the pointer by the host). A and B are f32, f16 or bf16 (KIND 0, 1, 2),
+// widened on load; f32 accumulation; β = 0 never reads C (it may hold NaN poison).
+// 64×64 output tiles, 256 threads each owning 4×4 outputs strided by 16 (so a warp's
+// shared-memory reads are consecutive words), K in steps of 16 through shared memory.
+template <int KIND>
+__device__ __forceinline__ float widen(const void* p, long long i) {
+  if (KIND == 0) return static_cast<const float*>(p)[i];
+  unsigned short b = static_cast<const unsigned short*>(p)[i];
+  if (KIND == 1) return __half2float(__ushort_as_half(b));
+  return __uint_as_float((unsigned)b << 16);
+}
+
+template <int KIND>
+__device__ void gemm_strided(const void* __restrict__ A, const void* __restrict__ B,
+                             float* __restrict__ C, int m, int n, int k, long long as0,
+                             long long as1, long long as2, long long bs0, long long bs1,
+                             long long bs2, long long cs0, long long cs1, long long cs2,
+                             float alpha, float beta) {
+  __shared__ float As[16][64 + 1];
+  __shared__ float Bs[16][64 + 1];
+  const long long batch = blockIdx.z;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  for (int k0 = 0; k0 < k; k0 += 16) {
+    for (int e = threadIdx.x; e < 64 * 16; e += 256) {
+      int r = e >> 4, kk = e & 15, gr = m0 + r, gk = k0 + kk;
+      As[kk][r] = gr < m && gk < k ? widen<KIND>(A, batch * as0 + gr * as1 + gk * as2) : 0.f;
+      int kb = e >> 6, c = e & 63, gc = n0 + c, gkb = k0 + kb;
+      Bs[kb][c] = gkb < k && gc < n ? widen<KIND>(B, batch * bs0 + gkb * bs1 + gc * bs2) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = As[kk][ty + 16 * i];
+        b[i] = Bs[kk][tx + 16 * i];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      int r = m0 + ty + 16 * i, c = n0 + tx + 16 * j;
+      if (r < m && c < n) {
+        float* out = C + batch * cs0 + r * cs1 + c * cs2;
+        *out = beta == 0.f ? alpha * acc[i][j] : alpha * acc[i][j] + beta * *out;
+      }
+    }
+}
+
+#define GEMM_STRIDED_ENTRY(NAME, KIND)                                                     \
+  extern "C" __global__ void __launch_bounds__(256)                                        \
+      NAME(const void* A, const void* B, float* C, int m, int n, int k, long long as0,     \
+           long long as1, long long as2, long long bs0, long long bs1, long long bs2,      \
+           long long cs0, long long cs1, long long cs2, float alpha, float beta) {         \
+    gemm_strided<KIND>(A, B, C, m, n, k, as0, as1, as2, bs0, bs1, bs2, cs0, cs1, cs2,      \
+                       alpha, beta);                                                       \
+  }
+GEMM_STRIDED_ENTRY(gemm_strided_f32, 0)
+GEMM_STRIDED_ENTRY(gemm_strided_f16, 1)
+GEMM_STRIDED_ENTRY(gemm_strided_bf16, 2)

@@ -3,7 +3,7 @@
 //! a kernel takes as `int` must fit one, and host-side index data (block tables,
 //! context lengths) is validated before it could reach a kernel.
 
-use crate::ops::{AttentionShape, BlockFormat, GemmShape, PagedShape};
+use crate::ops::{AttentionShape, GemmShape, PagedShape};
 use crate::CudaError;
 
 type Res = Result<(), CudaError>;
@@ -195,24 +195,6 @@ pub fn paged(
         chunk,
         splits,
     })
-}
-
-/// Block-format matvec: K a positive multiple of 32, buffer lengths.
-pub fn qmatvec(f: BlockFormat, (n, k): (usize, usize), w: usize, x: usize, y: usize) -> Res {
-    const OP: &str = "cuda qmatvec";
-    positive(OP, &[("N", n), ("K", k)])?;
-    if !k.is_multiple_of(32) {
-        return Err(CudaError::shape(
-            OP,
-            format!("K = {k} is not a multiple of 32"),
-        ));
-    }
-    need(OP, "W", w, &[n, k / 32, f.block_bytes()])?;
-    need(OP, "x", x, &[k])?;
-    need(OP, "y", y, &[n])?;
-    int(OP, "N", n)?;
-    int(OP, "K", k)?;
-    Ok(())
 }
 
 /// INT8 matvec: K a positive multiple of 4, buffer lengths (`scales` one per row).

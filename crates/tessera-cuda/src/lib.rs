@@ -16,18 +16,21 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 pub mod checks;
 mod device;
 pub mod nvrtc;
 pub mod ops;
+pub mod probe;
 
+pub use backend::{CudaBackend, MAX_HEAD_DIM};
 pub use device::{driver_available, Device};
 pub use nvrtc::{
     compile_cached, compile_cubin, default_cache_dir, nvrtc_available, nvrtc_version, Origin,
 };
 
 /// The kernel sources, by name (one file per op under `kernels/`).
-pub const KERNELS: [(&str, &str); 9] = [
+pub const KERNELS: [(&str, &str); 10] = [
     ("rms_norm", include_str!("../kernels/rms_norm.cu")),
     ("rope", include_str!("../kernels/rope.cu")),
     ("swiglu", include_str!("../kernels/swiglu.cu")),
@@ -43,6 +46,7 @@ pub const KERNELS: [(&str, &str); 9] = [
         include_str!("../kernels/paged_attention.cu"),
     ),
     ("qmatvec", include_str!("../kernels/qmatvec.cu")),
+    ("probe", include_str!("../kernels/probe.cu")),
 ];
 
 /// The header the tensor-core kernels share (`#include "common.cuh"`).

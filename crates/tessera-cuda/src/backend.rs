@@ -1,0 +1,671 @@
+//! [`CudaBackend`]: the CUDA device behind `tessera_core`'s [`Device`] interface, so its
+//! kernels appear in the registry as `cuda` variants and are verified and benchmarked
+//! by the same problems, float64 references and tolerances as the CPU and wgpu ones.
+//!
+//! Every call is checked on the host first, with the checks the wgpu backend uses
+//! ([`tessera_core::device::checks`]): a bad call is an error, never a launch. Views
+//! (offset and strides) reach the kernels as a pointer at the offset plus element
+//! strides. Block-format weights are split on upload into code bytes and f16 scales
+//! ([`tessera_core::device::blocks`]), the layout `kernels/qmatvec.cu` reads.
+//!
+//! GEMM takes the tensor-core kernel (`gemm_*_tn`) when the call fits it — 16-bit A and
+//! B with K contiguous in both (B stored by output column), β = 0, 16-byte aligned rows
+//! — and the strided CUDA-core kernel otherwise, so any view the registry draws runs.
+
+use crate::{CudaError, Device as Gpu};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use half::f16;
+use tessera_core::device::{
+    blocks, checks, Device, DeviceBuffer, DeviceCall, DeviceKind, DeviceMatrix, PagedCall, RowOp,
+};
+use tessera_core::{DType, Error, Result};
+
+/// The widest head `paged_varlen_f32` holds (8 elements per lane).
+pub const MAX_HEAD_DIM: usize = 256;
+
+impl From<CudaError> for Error {
+    fn from(e: CudaError) -> Self {
+        Error::Device(e.to_string())
+    }
+}
+
+/// f32 storage: activations, outputs, KV caches.
+struct F32(CudaSlice<f32>);
+/// 16-bit floats kept at 16 bits (GEMM operands).
+struct Half {
+    dtype: DType,
+    bits: CudaSlice<u16>,
+}
+/// Block-format weights split for `qmatmul_*`: code bytes row-major, f16 scales (two
+/// per block for Q4_1: scale, min).
+struct Blocks {
+    format: DType,
+    rows: usize,
+    cols: usize,
+    scales: CudaSlice<u16>,
+    codes: CudaSlice<u8>,
+}
+
+/// The CUDA device as a registry and engine backend.
+#[derive(Debug)]
+pub struct CudaBackend {
+    gpu: Gpu,
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`, or says why it cannot (no driver, no NVRTC, no
+    /// such device, too old an architecture).
+    pub fn new(ordinal: usize) -> std::result::Result<Self, CudaError> {
+        Ok(CudaBackend {
+            gpu: Gpu::new(ordinal)?,
+        })
+    }
+    /// The underlying device (for the typed launchers in [`crate::ops`]).
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::shape(op, format!("{what} = {v} exceeds 2^31 − 1")))
+}
+
+fn long(op: &'static str, what: &str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::shape(op, format!("{what} = {v} exceeds 2^63 − 1")))
+}
+
+fn f32_view<'a>(buf: &'a DeviceBuffer, offset: usize) -> Result<CudaView<'a, f32>> {
+    let s = &buf.get::<F32>()?.0;
+    if offset > s.len() {
+        return Err(Error::shape(
+            "cuda",
+            format!("offset {offset} past the buffer"),
+        ));
+    }
+    Ok(s.slice(offset..))
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks of `per` threads covering `n`, capped for grid-stride kernels.
+fn stride_grid(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).clamp(1, 1 << 16) as u32
+}
+
+fn launched(what: &str, r: std::result::Result<(), cudarc::driver::DriverError>) -> Result<()> {
+    r.map_err(|e| CudaError::driver(format!("launch {what}"), e).into())
+}
+
+impl Device for CudaBackend {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+    fn name(&self) -> String {
+        format!("{} ({})", self.gpu.name(), self.gpu.arch())
+    }
+    fn supports(&self, op: &str, dtype: DType) -> bool {
+        match op {
+            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" | "embedding" => {
+                dtype == DType::F32
+            }
+            "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            "qmatmul" => blocks::format_code(dtype).is_some(),
+            "attention" | "paged_attention" | "varlen_attention" => dtype == DType::F32,
+            _ => false,
+        }
+    }
+    fn upload(&self, data: &[f32]) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer::new(data.len(), F32(self.gpu.upload(data)?)))
+    }
+    fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer> {
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            return Err(Error::DType {
+                op: "cuda upload_half",
+                dtype: dtype.to_string(),
+            });
+        }
+        let bits = self.gpu.upload(bits)?;
+        Ok(DeviceBuffer::new(bits.len(), Half { dtype, bits }))
+    }
+    fn upload_blocks(
+        &self,
+        format: DType,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Result<DeviceBuffer> {
+        let r = blocks::repack("cuda upload_blocks", format, rows, cols, raw)?;
+        let per_block = if format == DType::Q4_1 { 2 } else { 1 };
+        let scales: Vec<u16> = r
+            .scales
+            .chunks_exact(2)
+            .flat_map(|p| &p[..per_block])
+            .map(|&s| f16::from_f32(s).to_bits())
+            .collect();
+        let b = Blocks {
+            format,
+            rows,
+            cols,
+            scales: self.gpu.upload(&scales)?,
+            codes: self.gpu.upload(&r.codes)?,
+        };
+        Ok(DeviceBuffer::new(rows * cols, b))
+    }
+    fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()> {
+        let s = &buf.get::<F32>()?.0;
+        if data.len() != s.len() {
+            return Err(Error::shape(
+                "cuda write",
+                format!("{} values for a buffer of {}", data.len(), s.len()),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        self.gpu.synchronize()?;
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(s, stream);
+        // SAFETY: `ptr` is this f32 allocation of exactly `data.len()` elements, alive for
+        // the call (borrowed from `buf`); the copy is synchronous and the stream idle.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(ptr, data) }
+            .map_err(|e| CudaError::driver("write", e).into())
+    }
+    fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>> {
+        Ok(self.gpu.download(&buf.get::<F32>()?.0)?)
+    }
+    fn run(&self, call: &DeviceCall<'_>) -> Result<()> {
+        self.enqueue(call)?;
+        Ok(self.gpu.synchronize()?)
+    }
+}
+
+impl CudaBackend {
+    /// Checks `call` and queues its launch on the device's stream without waiting
+    /// ([`Device::run`] is this plus a wait): calls queued back to back run in order,
+    /// so a caller can time many, or overlap its own work, with one synchronisation.
+    pub fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()> {
+        match *call {
+            DeviceCall::Rows {
+                op,
+                inputs,
+                gamma,
+                out,
+                rows,
+                n,
+            } => self.rows(op, inputs, gamma, out, [rows, n]),
+            DeviceCall::Gemm {
+                a,
+                b,
+                c,
+                dims,
+                alpha,
+                beta,
+            } => self.gemm([a, b, c], dims, alpha, beta),
+            DeviceCall::QMatmul { w, x, y, m } => self.qmatmul(w, x, y, m),
+            DeviceCall::PagedAttention(ref p) => self.paged(p),
+            DeviceCall::Embedding {
+                table,
+                vocab,
+                dim,
+                ids,
+                out,
+            } => self.embedding(table, [vocab, dim], ids, out),
+        }
+    }
+}
+
+impl CudaBackend {
+    fn rows(
+        &self,
+        op: RowOp,
+        inputs: &[&DeviceBuffer],
+        gamma: Option<&DeviceBuffer>,
+        out: &DeviceBuffer,
+        [rows, n]: [usize; 2],
+    ) -> Result<()> {
+        let name = op.name();
+        let plan = checks::rows(op, inputs, gamma, out, [rows, n])?;
+        if plan.len == 0 {
+            return Ok(());
+        }
+        let (x, second, o) = (
+            f32_view(inputs[0], 0)?,
+            f32_view(plan.second, 0)?,
+            f32_view(out, 0)?,
+        );
+        let cols = int(name, "row length", n)?;
+        let row_grid = (int(name, "rows", rows)? as u32, 1, 1);
+        let s = self.gpu.stream();
+        match op {
+            RowOp::RmsNorm { eps } => {
+                let f = self.gpu.function("rms_norm", "rms_norm_residual_f32")?;
+                let null: u64 = 0;
+                let mut l = s.launch_builder(&f);
+                l.arg(&x)
+                    .arg(&null)
+                    .arg(&second)
+                    .arg(&o)
+                    .arg(&cols)
+                    .arg(&eps);
+                // SAFETY: matches rms_norm_residual_f32 (a 0 residual pointer: none, so x
+                // is only read); rows × n checked against every buffer.
+                launched(name, unsafe { l.launch(cfg(row_grid, 256)) }.map(|_| ()))
+            }
+            RowOp::Softmax => {
+                let f = self.gpu.function("softmax", "softmax_f32")?;
+                let mut l = s.launch_builder(&f);
+                l.arg(&x).arg(&o).arg(&cols);
+                // SAFETY: matches softmax_f32; one block per checked row.
+                launched(name, unsafe { l.launch(cfg(row_grid, 256)) }.map(|_| ()))
+            }
+            RowOp::SwiGlu => {
+                let f = self.gpu.function("swiglu", "swiglu_f32")?;
+                let len = long(name, "elements", plan.len)?;
+                let mut l = s.launch_builder(&f);
+                l.arg(&x).arg(&second).arg(&o).arg(&len);
+                // SAFETY: matches swiglu_f32 (grid-stride over `len`, checked for all three).
+                launched(name, unsafe {
+                    l.launch(cfg((stride_grid(plan.len, 256), 1, 1), 256))
+                        .map(|_| ())
+                })
+            }
+            RowOp::Rope { heads, half_split } => {
+                let f = self.gpu.function("rope", "rope_f32")?;
+                let tokens = rows / heads;
+                let (cos, sin) = (
+                    f32_view(plan.second, 0)?,
+                    f32_view(plan.second, tokens * n / 2)?,
+                );
+                let (t, h, hs) = (
+                    int(name, "tokens", tokens)?,
+                    int(name, "heads", heads)?,
+                    half_split as i32,
+                );
+                let pairs = plan.len / 2;
+                let grid = u32::try_from(pairs.div_ceil(256))
+                    .map_err(|_| Error::shape(name, format!("{pairs} pairs")))?;
+                let mut l = s.launch_builder(&f);
+                l.arg(&x).arg(&cos).arg(&sin).arg(&o);
+                l.arg(&t).arg(&h).arg(&cols).arg(&hs);
+                // SAFETY: matches rope_f32 (one thread per pair, guarded); the table was
+                // checked to hold tokens × n/2 cosines then as many sines.
+                launched(name, unsafe {
+                    l.launch(cfg((grid, 1, 1), 256)).map(|_| ())
+                })
+            }
+        }
+    }
+
+    /// A GEMM operand: its element kind (0 f32, 1 f16, 2 bf16) and the view at `offset`
+    /// in 32-bit or 16-bit elements.
+    fn operand<'a>(m: &DeviceMatrix<'a>) -> Result<(u32, GemmPtr<'a>)> {
+        if let Ok(h) = m.buf.get::<Half>() {
+            let kind = if h.dtype == DType::F16 { 1 } else { 2 };
+            return Ok((kind, GemmPtr::Half(h.bits.slice(m.offset..))));
+        }
+        Ok((0, GemmPtr::F32(f32_view(m.buf, m.offset)?)))
+    }
+
+    fn gemm(
+        &self,
+        [a, b, c]: [DeviceMatrix<'_>; 3],
+        [batch, m, n, k]: [usize; 4],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        const OP: &str = "gemm";
+        a.check(OP, "A", [batch, m, k])?;
+        b.check(OP, "B", [batch, k, n])?;
+        c.check(OP, "C", [batch, m, n])?;
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        let ((ka, _), (kb, _)) = (Self::operand(&a)?, Self::operand(&b)?);
+        if ka != kb {
+            return Err(Error::invalid(OP, "A and B in different storage types"));
+        }
+        if ka != 0 && self.gemm_tensor_cores([a, b, c], [batch, m, n, k], alpha, beta)? {
+            return Ok(());
+        }
+        if batch > 65535 || m.div_ceil(64) > 65535 {
+            return Err(Error::shape(OP, format!("{batch}x{m}x{n} in one launch")));
+        }
+        let entry = ["gemm_strided_f32", "gemm_strided_f16", "gemm_strided_bf16"][ka as usize];
+        let f = self.gpu.function("gemm", entry)?;
+        let (_, pa) = Self::operand(&a)?;
+        let (_, pb) = Self::operand(&b)?;
+        let pc = f32_view(c.buf, c.offset)?;
+        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
+        let strides = |v: &DeviceMatrix<'_>| -> Result<[i64; 3]> {
+            Ok([
+                long(OP, "stride", v.strides[0])?,
+                long(OP, "stride", v.strides[1])?,
+                long(OP, "stride", v.strides[2])?,
+            ])
+        };
+        let (sa, sb, sc) = (strides(&a)?, strides(&b)?, strides(&c)?);
+        let mut l = self.gpu.stream().launch_builder(&f);
+        pa.push(&mut l);
+        pb.push(&mut l);
+        l.arg(&pc).arg(&mi).arg(&ni).arg(&ki);
+        for s in sa.iter().chain(&sb).chain(&sc) {
+            l.arg(s);
+        }
+        l.arg(&alpha).arg(&beta);
+        let grid = (n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32);
+        // SAFETY: matches gemm_strided_* (operands of the entry's element type); every
+        // view was checked to lie inside its buffer for these dims and strides.
+        launched(OP, unsafe { l.launch(cfg(grid, 256)).map(|_| ()) })
+    }
+
+    /// The tensor-core path when the views fit it (see the module docs); false when
+    /// they do not, and the caller runs the strided kernel.
+    fn gemm_tensor_cores(
+        &self,
+        [a, b, c]: [DeviceMatrix<'_>; 3],
+        [batch, m, n, k]: [usize; 4],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<bool> {
+        let aligned = |v: usize| v.is_multiple_of(8);
+        let fits = beta == 0.0
+            && a.strides[2] == 1
+            && b.strides[1] == 1
+            && c.strides[2] == 1
+            && k > 0
+            && aligned(k)
+            && aligned(a.strides[1])
+            && aligned(b.strides[2])
+            && (batch == 1 || (aligned(a.strides[0]) && aligned(b.strides[0])))
+            && aligned(a.offset)
+            && aligned(b.offset)
+            && [m, n, k, a.strides[1], b.strides[2], c.strides[1]]
+                .iter()
+                .all(|&v| i32::try_from(v).is_ok());
+        if !fits {
+            return Ok(false);
+        }
+        let (ha, hb) = (a.buf.get::<Half>()?, b.buf.get::<Half>()?);
+        let entry = if ha.dtype == DType::F16 {
+            "gemm_f16_tn"
+        } else {
+            "gemm_bf16_tn"
+        };
+        let f = self.gpu.function("gemm", entry)?;
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        let (lda, ldb, ldc) = (
+            a.strides[1] as i32,
+            b.strides[2] as i32,
+            c.strides[1] as i32,
+        );
+        let grid = (n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1);
+        for i in 0..batch {
+            let pa = ha.bits.slice(a.offset + i * a.strides[0]..);
+            let pb = hb.bits.slice(b.offset + i * b.strides[0]..);
+            let pc = f32_view(c.buf, c.offset + i * c.strides[0])?;
+            let mut l = self.gpu.stream().launch_builder(&f);
+            l.arg(&pa).arg(&pb).arg(&pc).arg(&mi).arg(&ni).arg(&ki);
+            l.arg(&lda).arg(&ldb).arg(&ldc).arg(&alpha);
+            // SAFETY: matches gemm_*_tn; the views were checked to lie in their buffers,
+            // K, lda and ldb are multiples of 8 and the offsets 16-byte aligned.
+            launched("gemm", unsafe { l.launch(cfg(grid, 256)).map(|_| ()) })?;
+        }
+        Ok(true)
+    }
+
+    fn qmatmul(
+        &self,
+        w: &DeviceBuffer,
+        x: DeviceMatrix<'_>,
+        y: DeviceMatrix<'_>,
+        m: usize,
+    ) -> Result<()> {
+        const OP: &str = "qmatmul";
+        let wb = w.get::<Blocks>()?;
+        let (n, k) = (wb.rows, wb.cols);
+        x.check(OP, "x", [1, m, k])?;
+        y.check(OP, "y", [1, m, n])?;
+        if m > 1 && x.strides[2] != 1 {
+            return Err(Error::shape(
+                OP,
+                "activation rows must be contiguous (column stride 1)",
+            ));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        // Activation rows per warp: each group re-reads W (from L2 after the first), so
+        // wider groups for more rows; 8 keeps the x registers (8 × 8) under the limit.
+        let rows_per_group = match m {
+            1 => 1,
+            2..=4 => 4,
+            _ => 8,
+        };
+        let fmt = match wb.format {
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            _ => "q8_0",
+        };
+        let groups = m.div_ceil(rows_per_group);
+        if groups > 65535 {
+            return Err(Error::shape(
+                OP,
+                format!("{m} activation rows in one launch"),
+            ));
+        }
+        // float4 activation loads when every x row starts 16-byte aligned.
+        let vec = x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4));
+        let entry = format!(
+            "qmatmul_{fmt}_m{rows_per_group}{}",
+            if vec { "_v4" } else { "" }
+        );
+        let f = self.gpu.function("qmatvec", &entry)?;
+        let (xv, yv) = (f32_view(x.buf, x.offset)?, f32_view(y.buf, y.offset)?);
+        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
+        let (x_row, y_row, y_col) = (
+            long(OP, "x stride", x.strides[1])?,
+            long(OP, "y stride", y.strides[1])?,
+            long(OP, "y stride", y.strides[2])?,
+        );
+        if x.strides[2] != 1 {
+            return Err(Error::shape(OP, "activation columns must be contiguous"));
+        }
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&wb.codes).arg(&wb.scales).arg(&xv).arg(&yv);
+        l.arg(&mi)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&x_row)
+            .arg(&y_row)
+            .arg(&y_col);
+        // 4 warps × 4 weight rows per block.
+        let grid = (n.div_ceil(16) as u32, groups as u32, 1);
+        // SAFETY: matches qmatmul_*; the codes and scales were split for exactly n × k
+        // weights, and x/y were checked to hold m rows of k and n.
+        launched(OP, unsafe { l.launch(cfg(grid, 128)).map(|_| ()) })
+    }
+
+    fn paged(&self, call: &PagedCall<'_>) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let plan = checks::paged(call, MAX_HEAD_DIM)?;
+        let c = &call.shape;
+        if plan.total_q == 0 || c.heads == 0 {
+            return Ok(());
+        }
+        let meta = self.gpu.upload(&plan.meta)?;
+        let (splits, chunk) = split_plan(&plan.meta[..3 * plan.total_q], c.heads);
+        let f = self.gpu.function("paged_attention", "paged_varlen_f32")?;
+        let (q, k, v, o) = (
+            f32_view(call.q, 0)?,
+            f32_view(call.k, 0)?,
+            f32_view(call.v, 0)?,
+            f32_view(call.out, 0)?,
+        );
+        // The split workspace: (m, l) and an unnormalised row per split (a 1-element
+        // stand-in when one split writes the output directly).
+        let parts = if splits > 1 {
+            plan.total_q * c.heads * splits
+        } else {
+            1
+        };
+        let part_ml = self.gpu.zeros::<f32>(2 * parts)?;
+        let part_acc = self.gpu.zeros::<f32>(parts * c.d)?;
+        let args = [
+            int(OP, "query rows", plan.total_q)?,
+            int(OP, "heads", c.heads)?,
+            int(OP, "kv heads", c.kv_heads)?,
+            int(OP, "head width", c.d)?,
+            int(OP, "block size", c.block_size)?,
+            int(OP, "max blocks", c.max_blocks)?,
+            int(OP, "chunk", chunk)?,
+        ];
+        if c.heads > 65535 {
+            return Err(Error::shape(OP, format!("{} heads", c.heads)));
+        }
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&meta)
+            .arg(&o)
+            .arg(&part_ml)
+            .arg(&part_acc);
+        for a in &args {
+            l.arg(a);
+        }
+        l.arg(&c.scale);
+        let grid = (plan.total_q as u32, c.heads as u32, splits as u32);
+        // SAFETY: matches paged_varlen_f32; the plan checked every block id a row reaches,
+        // each visible range, and q/out against total_q × heads × d; the workspace holds
+        // every split's (m, l) and row when there are several.
+        launched(OP, unsafe { l.launch(cfg(grid, 128)).map(|_| ()) })?;
+        if splits == 1 {
+            return Ok(());
+        }
+        let combine = self
+            .gpu
+            .function("paged_attention", "paged_attention_combine")?;
+        let (heads, d, n_splits) = (args[1], args[3], splits as i32);
+        let mut l = self.gpu.stream().launch_builder(&combine);
+        l.arg(&part_ml)
+            .arg(&part_acc)
+            .arg(&o)
+            .arg(&heads)
+            .arg(&d)
+            .arg(&n_splits);
+        let block = (c.d.div_ceil(32) * 32) as u32;
+        // SAFETY: matches paged_attention_combine over (heads, rows) with the workspace
+        // the first launch wrote; split plans keep rows below 65536 (split_plan).
+        launched(OP, unsafe {
+            l.launch(cfg((c.heads as u32, plan.total_q as u32, 1), block))
+                .map(|_| ())
+        })
+    }
+
+    fn embedding(
+        &self,
+        table: DeviceMatrix<'_>,
+        [vocab, dim]: [usize; 2],
+        ids: &[u32],
+        out: &DeviceBuffer,
+    ) -> Result<()> {
+        const OP: &str = "embedding";
+        checks::token_ids(OP, ids, vocab)?;
+        table.check(OP, "table", [1, vocab, dim])?;
+        if dim > 1 && table.strides[2] != 1 {
+            return Err(Error::shape(OP, "table rows must be contiguous"));
+        }
+        let len = ids
+            .len()
+            .checked_mul(dim)
+            .ok_or_else(|| Error::Overflow(format!("{}x{dim}", ids.len())))?;
+        checks::need(OP, "out", out, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let d_ids = self.gpu.upload(ids)?;
+        let f = self.gpu.function("embedding", "embedding_f32")?;
+        let (tv, o) = (f32_view(table.buf, table.offset)?, f32_view(out, 0)?);
+        let (tokens, d) = (int(OP, "tokens", ids.len())?, int(OP, "dim", dim)?);
+        let vocab32 = u32::try_from(vocab).unwrap_or(u32::MAX);
+        let row = long(OP, "row stride", table.strides[1])?;
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&tv)
+            .arg(&d_ids)
+            .arg(&o)
+            .arg(&tokens)
+            .arg(&d)
+            .arg(&vocab32)
+            .arg(&row);
+        // SAFETY: matches embedding_f32 (grid-stride over tokens × dim); ids were checked
+        // below vocab and the table view to hold vocab rows of dim.
+        launched(OP, unsafe {
+            l.launch(cfg((stride_grid(len, 256), 1, 1), 256))
+                .map(|_| ())
+        })
+    }
+}
+
+/// How many splits each row's visible positions are cut into, and the positions per
+/// split: enough blocks (rows × heads × splits) to fill the GPU several times over,
+/// splits of at least 64 positions, one split when the rows alone fill it. `rows` is
+/// the plan's `(sequence, start, end)` per query row.
+fn split_plan(rows: &[u32], heads: usize) -> (usize, usize) {
+    const TARGET_BLOCKS: usize = 1024;
+    const MIN_CHUNK: usize = 64;
+    let longest = rows
+        .chunks_exact(3)
+        .map(|r| (r[2] - r[1]) as usize)
+        .max()
+        .unwrap_or(0);
+    let base = rows.len() / 3 * heads;
+    if base == 0 || base >= TARGET_BLOCKS / 2 || rows.len() / 3 > 65535 {
+        return (1, longest.max(1));
+    }
+    let splits = TARGET_BLOCKS
+        .div_ceil(base)
+        .min(longest.div_ceil(MIN_CHUNK))
+        .max(1);
+    (splits, longest.div_ceil(splits).max(1))
+}
+
+/// A GEMM operand view in its storage type.
+enum GemmPtr<'a> {
+    F32(CudaView<'a, f32>),
+    Half(CudaView<'a, u16>),
+}
+
+impl GemmPtr<'_> {
+    fn push<'b>(&'b self, l: &mut cudarc::driver::LaunchArgs<'b>) {
+        match self {
+            GemmPtr::F32(v) => l.arg(v),
+            GemmPtr::Half(v) => l.arg(v),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_plan;
+
+    #[test]
+    fn split_plan_fills_the_gpu_only_when_rows_do_not() {
+        // One decode row over 2048 positions, 9 heads: 32 splits of 64.
+        assert_eq!(split_plan(&[0, 0, 2048], 9), (32, 64));
+        // 16 decode rows: 144 blocks, 8 splits (1024 / 144 rounded up) of 256.
+        let rows: Vec<u32> = (0..16).flat_map(|s| [s, 0, 2048]).collect();
+        assert_eq!(split_plan(&rows, 9), (8, 256));
+        // A short context gets at most one split per 64 positions.
+        assert_eq!(split_plan(&[0, 0, 100], 9), (2, 50));
+        assert_eq!(split_plan(&[0, 10, 40], 9), (1, 30));
+        // A prefill chunk of 512 rows fills the GPU on its own.
+        let rows: Vec<u32> = (0..512).flat_map(|i| [0, 0, i + 1]).collect();
+        assert_eq!(split_plan(&rows, 9), (1, 512));
+    }
+}

@@ -1,0 +1,78 @@
+//! The GPU's own ceilings, measured with `kernels/probe.cu`: streaming copy bandwidth
+//! (bytes read plus bytes written, as METHOD.md counts a device-to-device copy) and the
+//! f32 FMA rate of the CUDA cores, so device benchmarks report % of what this card
+//! does rather than of a datasheet.
+
+use crate::{CudaBackend, CudaError};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::time::Instant;
+
+/// Measured ceilings of one GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuCeilings {
+    /// Copy bandwidth of a 1 GiB buffer, read + written bytes, GB/s (best of 5).
+    pub copy_gbps: f64,
+    /// f32 FMA throughput on the CUDA cores, GFLOP/s (an FMA counts 2; best of 5).
+    pub fma_gflops: f64,
+}
+
+fn best_of(
+    backend: &CudaBackend,
+    mut run: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    run()?;
+    backend.gpu().synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        run()?;
+        backend.gpu().synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Runs both probes (well under a second on a data-centre GPU).
+pub fn measure(backend: &CudaBackend) -> Result<GpuCeilings, CudaError> {
+    let gpu = backend.gpu();
+    let launch_err = |e| CudaError::driver("launch probe", e);
+    // Copy: 1 GiB as float4s.
+    let n4 = (1usize << 30) / 16;
+    let src = gpu.zeros::<f32>(4 * n4)?;
+    let dst = gpu.zeros::<f32>(4 * n4)?;
+    let copy = gpu.function("probe", "probe_copy")?;
+    let n = n4 as i64;
+    let secs = best_of(backend, || {
+        let mut l = gpu.stream().launch_builder(&copy);
+        l.arg(&src).arg(&dst).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (65536, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches probe_copy; both buffers hold n float4s.
+        unsafe { l.launch(cfg) }.map(|_| ()).map_err(launch_err)
+    })?;
+    let copy_gbps = 2.0 * (n4 * 16) as f64 / secs / 1e9;
+    // FMA: 1M threads × 4096 iterations × 8 chains.
+    let (blocks, threads, iters) = (4096u32, 256u32, 4096i32);
+    let out = gpu.zeros::<f32>((blocks * threads) as usize)?;
+    let fma = gpu.function("probe", "probe_fma")?;
+    let (a, b) = (0.999f32, 1e-3f32);
+    let secs = best_of(backend, || {
+        let mut l = gpu.stream().launch_builder(&fma);
+        l.arg(&out).arg(&iters).arg(&a).arg(&b);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches probe_fma; `out` holds one float per thread.
+        unsafe { l.launch(cfg) }.map(|_| ()).map_err(launch_err)
+    })?;
+    let flops = 2.0 * 8.0 * iters as f64 * (blocks * threads) as f64;
+    Ok(GpuCeilings {
+        copy_gbps,
+        fma_gflops: flops / secs / 1e9,
+    })
+}
