@@ -42,32 +42,43 @@ export TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cubin-cache"
 status=0
 ./gpu-bin/device-tests --test-threads=1 --nocapture 2>&1 | tee "$out/tests.txt" || status=1
 ./gpu-bin/registry-tests --test-threads=1 --nocapture 2>&1 | tee -a "$out/tests.txt" || status=1
+# The registry's CUDA problems under compute-sanitizer: out-of-bounds or misaligned
+# accesses (memcheck) and shared-memory hazards (racecheck) fail the run.
+san="$cuda/bin/compute-sanitizer"
+if [[ -x "$san" ]]; then
+  for tool in memcheck racecheck; do
+    timeout 150 "$san" --tool "$tool" --error-exitcode 9 ./gpu-bin/registry-tests \
+      --test-threads=1 every_cuda_kernel 2>&1 | tail -4 | tee -a "$out/tests.txt" || status=1
+  done
+fi
 # Every CUDA variant through the registry's verify, then its benchmarks against the
 # card's own probed ceilings.
 ./gpu-bin/tessera verify --backend cuda 2>&1 | tee "$out/verify.txt" || status=1
-timeout 240 ./gpu-bin/tessera bench --all --backend cuda --budget-ms 300 > "$out/bench.txt" 2> "$out/bench.err" || status=1
-./gpu-bin/gpu_bench > "$out/ours.jsonl" 2> "$out/ours.err" || status=1
-python3 scripts/gpu_peers.py > "$out/peers.jsonl" 2> "$out/peers.err" || status=1
+# Their stderr (progress, the probed ceilings) goes to one file: the device tool
+# returns at most 8 files.
+timeout 240 ./gpu-bin/tessera bench --all --backend cuda --budget-ms 300 > "$out/bench.txt" 2>> "$out/stderr.txt" || status=1
+./gpu-bin/gpu_bench > "$out/ours.jsonl" 2>> "$out/stderr.txt" || status=1
+python3 scripts/gpu_peers.py > "$out/peers.jsonl" 2>> "$out/stderr.txt" || status=1
 
 python3 - "$out" <<'PY' | tee "$out/table.md"
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-rows = {}
+rows = []
 for f in ("ours.jsonl", "peers.jsonl"):
     p = out / f
     if p.exists():
-        for line in p.read_text().splitlines():
-            r = json.loads(line)
-            rows[r["kernel"]] = r
+        rows += [json.loads(line) for line in p.read_text().splitlines()]
+by_name = {r["kernel"]: r for r in rows}
 print("| kernel | shape | ms | TFLOP/s or GB/s | vs peer |")
 print("|---|---|---|---|---|")
 peer = {"gemm_bf16": "cublas_gemm_bf16", "flash_attention_bf16": "torch_sdpa_bf16"}
-hbm = rows.get("hbm_copy", {}).get("gbs")
-for name, r in rows.items():
+hbm = by_name.get("hbm_copy", {}).get("gbs")
+for r in rows:
+    name = r["kernel"]
     rate = r.get("tflops", r.get("gbs"))
     vs = ""
-    if name in peer and peer[name] in rows:
-        vs = f'{rows[peer[name]]["ms"] / r["ms"]:.2f}× {peer[name]}'
+    if name in peer and peer[name] in by_name:
+        vs = f'{by_name[peer[name]]["ms"] / r["ms"]:.2f}× {peer[name]}'
     elif "gbs" in r and hbm and name != "hbm_copy":
         vs = f'{100 * r["gbs"] / hbm:.0f}% of HBM copy'
     print(f'| {name} | {r["shape"]} | {r["ms"]:.3f} | {rate:.1f} | {vs} |')
