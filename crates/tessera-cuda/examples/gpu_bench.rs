@@ -135,7 +135,13 @@ fn main() -> Result<(), CudaError> {
     let backend = CudaBackend::new(0)?;
     // The default model's decode shapes come first: its LM head (49152×576), MLP
     // up (1536×576) and down (576×1536).
-    for (rows, cols) in [(49152, 576), (1536, 576), (576, 1536), (4096, 4096), (16384, 4096)] {
+    for (rows, cols) in [
+        (49152, 576),
+        (1536, 576),
+        (576, 1536),
+        (4096, 4096),
+        (16384, 4096),
+    ] {
         let x = dev.upload(&vec![0.5f32; cols])?;
         let mut y = dev.zeros::<f32>(rows)?;
         for f in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {

@@ -15,7 +15,6 @@
 // nibbles are weights 4j..4j+3, high nibbles 16+4j..16+4j+3 (GGUF's order).
 #include <cuda_fp16.h>
 
-#define ROWS 4   // weight rows per warp
 #define WARPS 4  // warps per block
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -29,7 +28,11 @@ __device__ __forceinline__ float f16_bits(unsigned short b) { return __half2floa
 // FMT: 0 Q4_0, 1 Q4_1, 2 Q8_0. MG activation rows per warp. VEC: x rows 16-byte
 // aligned, so a word's activations (runs of 4) come in float4 loads, a quarter of the
 // load instructions (at 8 activation rows these otherwise bound the kernel).
-template <int FMT, int MG, bool VEC>
+//
+// ROWS: 4 weight rows per warp for large matrices; 1 for small ones (the default model's
+// 576–3072 rows), where four rows per warp would leave most multiprocessors without a
+// block (1536 rows: 96 blocks for 132 multiprocessors).
+template <int FMT, int MG, bool VEC, int ROWS>
 __device__ void block_matmul(const unsigned* __restrict__ codes, const unsigned short* __restrict__ scales,
                              const float* __restrict__ x, float* __restrict__ y, int m, int n, int k,
                              long long x_row, long long y_row, long long y_col) {
@@ -107,19 +110,21 @@ __device__ void block_matmul(const unsigned* __restrict__ codes, const unsigned 
     }
 }
 
-#define QMATMUL_ENTRY(NAME, FMT, MG, VEC)                                                        \
+#define QMATMUL_ENTRY(NAME, FMT, MG, VEC, ROWS)                                                  \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                       \
       NAME(const unsigned* codes, const unsigned short* scales, const float* x, float* y, int m, \
            int n, int k, long long x_row, long long y_row, long long y_col) {                    \
-    block_matmul<FMT, MG, VEC>(codes, scales, x, y, m, n, k, x_row, y_row, y_col);               \
+    block_matmul<FMT, MG, VEC, ROWS>(codes, scales, x, y, m, n, k, x_row, y_row, y_col);         \
   }
-#define QMATMUL_ENTRIES(FMT_NAME, FMT)                          \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1, FMT, 1, false)         \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m4, FMT, 4, false)         \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m8, FMT, 8, false)         \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1_v4, FMT, 1, true)       \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m4_v4, FMT, 4, true)       \
-  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m8_v4, FMT, 8, true)
+#define QMATMUL_ENTRIES(FMT_NAME, FMT)                               \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1, FMT, 1, false, 4)           \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m4, FMT, 4, false, 4)           \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m8, FMT, 8, false, 4)           \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1_v4, FMT, 1, true, 4)         \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m4_v4, FMT, 4, true, 4)         \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m8_v4, FMT, 8, true, 4)         \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1_r1, FMT, 1, false, 1)        \
+  QMATMUL_ENTRY(qmatmul_##FMT_NAME##_m1_v4_r1, FMT, 1, true, 1)
 QMATMUL_ENTRIES(q4_0, 0)
 QMATMUL_ENTRIES(q4_1, 1)
 QMATMUL_ENTRIES(q8_0, 2)

@@ -12,13 +12,19 @@
 //! B with K contiguous in both (B stored by output column), β = 0, 16-byte aligned rows
 //! — and the strided CUDA-core kernel otherwise, so any view the registry draws runs.
 
+use crate::ops::cfg;
 use crate::{CudaError, Device as Gpu};
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use half::f16;
 use tessera_core::device::{
     blocks, checks, Device, DeviceBuffer, DeviceCall, DeviceKind, DeviceMatrix, PagedCall, RowOp,
 };
 use tessera_core::{DType, Error, Result};
+
+/// Below this many weight rows the one-row quantized matmul gives each warp one row
+/// instead of four: 8192 rows at four per warp and four warps per block are 512
+/// blocks, about four per multiprocessor of an H100.
+const SMALL_MATRIX_ROWS: usize = 8192;
 
 /// The widest head `paged_varlen_f32` holds (8 elements per lane).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -85,14 +91,6 @@ fn f32_view<'a>(buf: &'a DeviceBuffer, offset: usize) -> Result<CudaView<'a, f32
     Ok(s.slice(offset..))
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: grid,
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 /// Blocks of `per` threads covering `n`, capped for grid-stride kernels.
 fn stride_grid(n: usize, per: usize) -> u32 {
     n.div_ceil(per).clamp(1, 1 << 16) as u32
@@ -124,12 +122,7 @@ impl Device for CudaBackend {
         Ok(DeviceBuffer::new(data.len(), F32(self.gpu.upload(data)?)))
     }
     fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer> {
-        if !matches!(dtype, DType::F16 | DType::BF16) {
-            return Err(Error::DType {
-                op: "cuda upload_half",
-                dtype: dtype.to_string(),
-            });
-        }
+        checks::half_dtype("cuda upload_half", dtype)?;
         let bits = self.gpu.upload(bits)?;
         Ok(DeviceBuffer::new(bits.len(), Half { dtype, bits }))
     }
@@ -461,9 +454,17 @@ impl CudaBackend {
         }
         // float4 activation loads when every x row starts 16-byte aligned.
         let vec = x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4));
+        // One weight row per warp where four would leave the GPU short of blocks (see
+        // qmatvec.cu); only the one-row kernel has that form.
+        let weight_rows = if m == 1 && n < SMALL_MATRIX_ROWS {
+            1
+        } else {
+            4
+        };
         let entry = format!(
-            "qmatmul_{fmt}_m{rows_per_group}{}",
-            if vec { "_v4" } else { "" }
+            "qmatmul_{fmt}_m{rows_per_group}{}{}",
+            if vec { "_v4" } else { "" },
+            if weight_rows == 1 { "_r1" } else { "" }
         );
         let f = self.gpu.function("qmatvec", &entry)?;
         let (xv, yv) = (f32_view(x.buf, x.offset)?, f32_view(y.buf, y.offset)?);
@@ -484,8 +485,8 @@ impl CudaBackend {
             .arg(&x_row)
             .arg(&y_row)
             .arg(&y_col);
-        // 4 warps × 4 weight rows per block.
-        let grid = (n.div_ceil(16) as u32, groups as u32, 1);
+        // 4 warps × `weight_rows` weight rows per block.
+        let grid = (n.div_ceil(4 * weight_rows) as u32, groups as u32, 1);
         // SAFETY: matches qmatmul_*; the codes and scales were split for exactly n × k
         // weights, and x/y were checked to hold m rows of k and n.
         launched(OP, unsafe { l.launch(cfg(grid, 128)).map(|_| ()) })

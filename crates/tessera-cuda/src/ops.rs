@@ -27,7 +27,8 @@ fn launch(what: &str, r: Result<Option<impl Sized>, cudarc::driver::DriverError>
         .map_err(|e| CudaError::driver(format!("launch {what}"), e))
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+/// A 1-D block of `block` threads over `grid`, no dynamic shared memory.
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
@@ -158,14 +159,22 @@ pub fn paged_attention(
     let lengths = (q.len(), k_cache.len(), v_cache.len(), out.len());
     let plan = checks::paged(&s, tables, lens, lengths)?;
     let (seqs, splits) = (plan.seqs, plan.splits);
-    // Every length was checked to fit an int.
-    let lens32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-    let d_tables = dev.upload(tables)?;
-    let d_lens = dev.upload(&lens32)?;
-    let parts = seqs * s.heads * splits;
+    // The kernel's row table: each sequence's one query row sees its whole context
+    // (every length was checked to fit the table and an int), then the block tables.
+    let meta: Vec<u32> = (0..seqs)
+        .flat_map(|r| [r as u32, 0, lens[r] as u32])
+        .chain(tables.iter().copied())
+        .collect();
+    let d_meta = dev.upload(&meta)?;
+    let parts = if splits > 1 {
+        seqs * s.heads * splits
+    } else {
+        1
+    };
     let mut part_ml = dev.zeros::<f32>(2 * parts)?;
     let mut part_acc = dev.zeros::<f32>(parts * s.d)?;
-    let (heads, kvh, d) = (
+    let (rows, heads, kvh, d) = (
+        int(OP, "sequences", seqs)?,
         int(OP, "heads", s.heads)?,
         int(OP, "kv heads", s.kv_heads)?,
         int(OP, "d", s.d)?,
@@ -175,24 +184,26 @@ pub fn paged_attention(
         int(OP, "blocks", plan.max_blocks)?,
         int(OP, "chunk", plan.chunk)?,
     );
-    let f = dev.function("paged_attention", "paged_attention_partial")?;
+    let f = dev.function("paged_attention", "paged_varlen_bf16")?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(q)
         .arg(k_cache)
         .arg(v_cache)
-        .arg(&d_tables)
-        .arg(&d_lens);
+        .arg(&d_meta)
+        .arg(&mut *out);
     l.arg(&mut part_ml)
         .arg(&mut part_acc)
-        .arg(&heads)
-        .arg(&kvh)
-        .arg(&d);
-    l.arg(&bs).arg(&mb).arg(&ch).arg(&s.scale);
-    let grid = (s.heads as u32, seqs as u32, splits as u32);
-    // SAFETY: types and order match paged_attention_partial; the cache, q and the
+        .arg(&rows)
+        .arg(&heads);
+    l.arg(&kvh).arg(&d).arg(&bs).arg(&mb).arg(&ch).arg(&s.scale);
+    let grid = (seqs as u32, s.heads as u32, splits as u32);
+    // SAFETY: types and order match paged_varlen_bf16; the cache, q, out and the
     // workspace hold what the shape implies; every table entry a length reaches was
     // checked to be a valid block id.
     launch(OP, unsafe { l.launch(cfg(grid, 128)) })?;
+    if splits == 1 {
+        return Ok(());
+    }
     let f = dev.function("paged_attention", "paged_attention_combine")?;
     let mut l = dev.stream().launch_builder(&f);
     let splits32 = int(OP, "splits", splits)?;

@@ -3,8 +3,9 @@
 //! f32 FMA rate of the CUDA cores, so device benchmarks report % of what this card
 //! does rather than of a datasheet.
 
+use crate::ops::cfg;
 use crate::{CudaBackend, CudaError};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use std::time::Instant;
 
 /// Measured ceilings of one GPU.
@@ -45,13 +46,10 @@ pub fn measure(backend: &CudaBackend) -> Result<GpuCeilings, CudaError> {
     let secs = best_of(backend, || {
         let mut l = gpu.stream().launch_builder(&copy);
         l.arg(&src).arg(&dst).arg(&n);
-        let cfg = LaunchConfig {
-            grid_dim: (65536, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: matches probe_copy; both buffers hold n float4s.
-        unsafe { l.launch(cfg) }.map(|_| ()).map_err(launch_err)
+        unsafe { l.launch(cfg((65536, 1, 1), 256)) }
+            .map(|_| ())
+            .map_err(launch_err)
     })?;
     let copy_gbps = 2.0 * (n4 * 16) as f64 / secs / 1e9;
     // FMA: 1M threads × 4096 iterations × 8 chains.
@@ -62,13 +60,10 @@ pub fn measure(backend: &CudaBackend) -> Result<GpuCeilings, CudaError> {
     let secs = best_of(backend, || {
         let mut l = gpu.stream().launch_builder(&fma);
         l.arg(&out).arg(&iters).arg(&a).arg(&b);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: matches probe_fma; `out` holds one float per thread.
-        unsafe { l.launch(cfg) }.map(|_| ()).map_err(launch_err)
+        unsafe { l.launch(cfg((blocks, 1, 1), threads)) }
+            .map(|_| ())
+            .map_err(launch_err)
     })?;
     let flops = 2.0 * 8.0 * iters as f64 * (blocks * threads) as f64;
     Ok(GpuCeilings {

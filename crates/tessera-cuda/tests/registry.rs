@@ -24,39 +24,22 @@ fn every_cuda_kernel_matches_float64() {
     let Some(dev) = device() else { return };
     eprintln!("CUDA device: {}", dev.name());
     device::install(dev.clone());
-    let mut checked = 0;
-    let mut failures = String::new();
-    for name in [
-        "rms_norm",
-        "softmax",
-        "swiglu",
-        "rope",
-        "rope_neox",
-        "gemm",
-        "qmatmul",
-        "attention",
-        "paged_attention",
-        "varlen_attention",
-        "embedding",
-    ] {
-        let op = tessera_kernels::ops::find(name).expect("registered");
-        let reports = verify::verify_op_where(op, 0xc0da + name.len() as u64, &|v| {
-            v.backend == Backend::Cuda
-        });
-        assert!(!reports.is_empty(), "{name}: no cuda variant");
-        for r in &reports {
-            checked += r.cases.len();
-            for c in r.failures() {
-                failures += &format!(
-                    "{name}/{}/{} {}: rel_err {:.3e} (tol {:.1e}) non-finite {} nan {:?} error {:?}\n",
-                    r.variant, r.dtype, c.problem, c.rel_err, r.tolerance, c.non_finite,
-                    c.nan_propagates, c.error
-                );
-            }
-        }
+    let check = verify::verify_backend(Backend::Cuda, 0x9e0);
+    eprintln!(
+        "cuda: {} cases over {} ops: {}",
+        check.cases,
+        check.ops.len(),
+        check.ops.join(", ")
+    );
+    assert!(
+        check.failures.is_empty(),
+        "cuda failures:\n{}",
+        check.failures.join("\n")
+    );
+    for op in verify::DEVICE_OPS {
+        assert!(check.ops.contains(&op), "{op}: no cuda variant");
     }
-    assert!(failures.is_empty(), "cuda failures:\n{failures}");
-    assert!(checked > 40, "only {checked} cases ran");
+    assert!(check.cases > 40, "only {} cases ran", check.cases);
 }
 
 #[test]

@@ -293,12 +293,7 @@ impl Device for WgpuDevice {
         Ok(DeviceBuffer::new(data.len(), Buf { buffer }))
     }
     fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer> {
-        if !matches!(dtype, DType::F16 | DType::BF16) {
-            return Err(Error::DType {
-                op: "wgpu upload_half",
-                dtype: dtype.to_string(),
-            });
-        }
+        tessera_core::device::checks::half_dtype("wgpu upload_half", dtype)?;
         // Whole words: an odd count ends with a zero half no view reaches.
         let mut bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
         bytes.resize(bytes.len().next_multiple_of(4), 0);

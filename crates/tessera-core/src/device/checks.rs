@@ -17,6 +17,17 @@ pub fn need(op: &'static str, name: &str, buf: &DeviceBuffer, len: usize) -> Res
     Ok(())
 }
 
+/// An error unless `dtype` is a 16-bit float an `upload_half` keeps (F16, BF16).
+pub fn half_dtype(op: &'static str, dtype: crate::DType) -> Result<()> {
+    if !matches!(dtype, crate::DType::F16 | crate::DType::BF16) {
+        return Err(Error::DType {
+            op,
+            dtype: dtype.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// A checked row-wise call: its element count and the parameters its kernel takes.
 #[derive(Debug)]
 pub struct RowsPlan<'a> {

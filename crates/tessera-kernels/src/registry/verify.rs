@@ -165,6 +165,65 @@ impl VariantReport {
     }
 }
 
+/// The ops every device backend implements: the set a model forward needs, which the
+/// backends' tests require them to keep claiming.
+pub const DEVICE_OPS: [&str; 11] = [
+    "rms_norm",
+    "softmax",
+    "swiglu",
+    "rope",
+    "rope_neox",
+    "gemm",
+    "qmatmul",
+    "attention",
+    "paged_attention",
+    "varlen_attention",
+    "embedding",
+];
+
+/// What [`verify_backend`] found: the ops that had a variant on the backend, the cases
+/// run, and one line per failed case (op, variant, dtype, problem, error, tolerance).
+#[derive(Debug, Default)]
+pub struct BackendCheck {
+    /// Ops with at least one variant on the backend.
+    pub ops: Vec<&'static str>,
+    /// Cases run.
+    pub cases: usize,
+    /// The failed cases, one line each.
+    pub failures: Vec<String>,
+}
+
+/// Every op's variants on `backend` (a device's, say), on each op's test problems: how
+/// a device backend's tests check all it claims without listing the ops themselves.
+pub fn verify_backend(backend: super::Backend, seed: u64) -> BackendCheck {
+    let mut out = BackendCheck::default();
+    for op in crate::ops::all() {
+        let reports = verify_op_where(op, seed ^ op.name().len() as u64, &|v| v.backend == backend);
+        if reports.is_empty() {
+            continue;
+        }
+        out.ops.push(op.name());
+        for r in &reports {
+            out.cases += r.cases.len();
+            out.failures.extend(r.failures().iter().map(|c| {
+                format!(
+                    "{}/{}/{} {}: rel_err {:.3e} (tol {:.1e}) non-finite {} nan {:?} error {:?}",
+                    r.op,
+                    r.variant,
+                    r.dtype,
+                    c.problem,
+                    c.rel_err,
+                    r.tolerance,
+                    c.non_finite,
+                    c.nan_propagates,
+                    c.error
+                )
+            }));
+        }
+    }
+    out
+}
+
 /// Checks every dtype × variant of `op` on its random test problems.
 pub fn verify_op(op: &dyn OpSpec, seed: u64) -> Vec<VariantReport> {
     verify_op_where(op, seed, &|_| true)

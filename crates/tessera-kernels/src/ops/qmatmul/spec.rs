@@ -217,6 +217,10 @@ pub(super) fn test_shapes(rng: &mut Rng) -> Vec<QMatmulProblem> {
         (2, 33, 768, true),
         (7, 17, 512, false),
         (19, 40, 256, false),
+        // One row over a tall matrix: the CUDA kernel gives each warp four weight rows
+        // from 8192 rows up (fewer per warp below), ragged at the end.
+        (1, 8195, 64, false),
+        (1, 8194, 96, true),
     ];
     v.push((
         rng.random_range(1..24),
