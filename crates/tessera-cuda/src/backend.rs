@@ -424,7 +424,7 @@ impl CudaBackend {
         let (n, k) = (wb.rows, wb.cols);
         x.check(OP, "x", [1, m, k])?;
         y.check(OP, "y", [1, m, n])?;
-        if m > 1 && x.strides[2] != 1 {
+        if x.strides[2] != 1 {
             return Err(Error::shape(
                 OP,
                 "activation rows must be contiguous (column stride 1)",
@@ -474,9 +474,6 @@ impl CudaBackend {
             long(OP, "y stride", y.strides[1])?,
             long(OP, "y stride", y.strides[2])?,
         );
-        if x.strides[2] != 1 {
-            return Err(Error::shape(OP, "activation columns must be contiguous"));
-        }
         let mut l = self.gpu.stream().launch_builder(&f);
         l.arg(&wb.codes).arg(&wb.scales).arg(&xv).arg(&yv);
         l.arg(&mi)

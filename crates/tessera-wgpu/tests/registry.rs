@@ -27,22 +27,7 @@ fn every_wgpu_kernel_matches_float64() {
     let Some(dev) = device() else { return };
     eprintln!("adapter: {}", dev.name());
     device::install(dev.clone());
-    let check = verify::verify_backend(Backend::Wgpu, 0x9e0);
-    eprintln!(
-        "wgpu: {} cases over {} ops: {}",
-        check.cases,
-        check.ops.len(),
-        check.ops.join(", ")
-    );
-    assert!(
-        check.failures.is_empty(),
-        "wgpu failures:\n{}",
-        check.failures.join("\n")
-    );
-    for op in verify::DEVICE_OPS {
-        assert!(check.ops.contains(&op), "{op}: no wgpu variant");
-    }
-    assert!(check.cases > 40, "only {} cases ran", check.cases);
+    verify::verify_backend(Backend::Wgpu, 0x9e0).assert_complete("wgpu", 40);
 }
 
 #[test]

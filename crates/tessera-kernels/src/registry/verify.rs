@@ -193,6 +193,28 @@ pub struct BackendCheck {
     pub failures: Vec<String>,
 }
 
+impl BackendCheck {
+    /// Prints what ran and panics unless every case passed, every op of [`DEVICE_OPS`]
+    /// had a variant, and more than `min_cases` cases ran: the device backends' test.
+    pub fn assert_complete(&self, backend: &str, min_cases: usize) {
+        eprintln!(
+            "{backend}: {} cases over {} ops: {}",
+            self.cases,
+            self.ops.len(),
+            self.ops.join(", ")
+        );
+        assert!(
+            self.failures.is_empty(),
+            "{backend} failures:\n{}",
+            self.failures.join("\n")
+        );
+        for op in DEVICE_OPS {
+            assert!(self.ops.contains(&op), "{op}: no {backend} variant");
+        }
+        assert!(self.cases > min_cases, "only {} cases ran", self.cases);
+    }
+}
+
 /// Every op's variants on `backend` (a device's, say), on each op's test problems: how
 /// a device backend's tests check all it claims without listing the ops themselves.
 pub fn verify_backend(backend: super::Backend, seed: u64) -> BackendCheck {
