@@ -109,7 +109,7 @@ impl Device for CudaBackend {
     }
     fn supports(&self, op: &str, dtype: DType) -> bool {
         match op {
-            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" | "embedding" => {
+            "rms_norm" | "softmax" | "swiglu" | "add" | "rope" | "rope_neox" | "embedding" => {
                 dtype == DType::F32
             }
             "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
@@ -176,6 +176,9 @@ impl Device for CudaBackend {
         self.enqueue(call)?;
         Ok(self.gpu.synchronize()?)
     }
+    fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()> {
+        CudaBackend::enqueue(self, call)
+    }
 }
 
 impl CudaBackend {
@@ -189,9 +192,10 @@ impl CudaBackend {
                 inputs,
                 gamma,
                 out,
+                out_offset,
                 rows,
                 n,
-            } => self.rows(op, inputs, gamma, out, [rows, n]),
+            } => self.rows(op, inputs, gamma, (out, out_offset), [rows, n]),
             DeviceCall::Gemm {
                 a,
                 b,
@@ -219,18 +223,18 @@ impl CudaBackend {
         op: RowOp,
         inputs: &[&DeviceBuffer],
         gamma: Option<&DeviceBuffer>,
-        out: &DeviceBuffer,
+        (out, out_offset): (&DeviceBuffer, usize),
         [rows, n]: [usize; 2],
     ) -> Result<()> {
         let name = op.name();
-        let plan = checks::rows(op, inputs, gamma, out, [rows, n])?;
+        let plan = checks::rows(op, inputs, gamma, (out, out_offset), [rows, n])?;
         if plan.len == 0 {
             return Ok(());
         }
         let (x, second, o) = (
             f32_view(inputs[0], 0)?,
             f32_view(plan.second, 0)?,
-            f32_view(out, 0)?,
+            f32_view(out, out_offset)?,
         );
         let cols = int(name, "row length", n)?;
         let row_grid = (int(name, "rows", rows)? as u32, 1, 1);
@@ -257,12 +261,16 @@ impl CudaBackend {
                 // SAFETY: matches softmax_f32; one block per checked row.
                 launched(name, unsafe { l.launch(cfg(row_grid, 256)) }.map(|_| ()))
             }
-            RowOp::SwiGlu => {
-                let f = self.gpu.function("swiglu", "swiglu_f32")?;
+            RowOp::SwiGlu | RowOp::Add => {
+                let f = match op {
+                    RowOp::Add => self.gpu.function("add", "add_f32")?,
+                    _ => self.gpu.function("swiglu", "swiglu_f32")?,
+                };
                 let len = long(name, "elements", plan.len)?;
                 let mut l = s.launch_builder(&f);
                 l.arg(&x).arg(&second).arg(&o).arg(&len);
-                // SAFETY: matches swiglu_f32 (grid-stride over `len`, checked for all three).
+                // SAFETY: matches swiglu_f32 and add_f32 (grid-stride over `len`, checked
+                // for all three).
                 launched(name, unsafe {
                     l.launch(cfg((stride_grid(plan.len, 256), 1, 1), 256))
                         .map(|_| ())

@@ -30,10 +30,11 @@ pub use nvrtc::{
 };
 
 /// The kernel sources, by name (one file per op under `kernels/`).
-pub const KERNELS: [(&str, &str); 10] = [
+pub const KERNELS: [(&str, &str); 11] = [
     ("rms_norm", include_str!("../kernels/rms_norm.cu")),
     ("rope", include_str!("../kernels/rope.cu")),
     ("swiglu", include_str!("../kernels/swiglu.cu")),
+    ("add", include_str!("../kernels/add.cu")),
     ("softmax", include_str!("../kernels/softmax.cu")),
     ("embedding", include_str!("../kernels/embedding.cu")),
     ("gemm", include_str!("../kernels/gemm.cu")),

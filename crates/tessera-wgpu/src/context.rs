@@ -279,7 +279,7 @@ impl Device for WgpuDevice {
     }
     fn supports(&self, op: &str, dtype: DType) -> bool {
         match op {
-            "rms_norm" | "softmax" | "swiglu" | "rope" | "rope_neox" => dtype == DType::F32,
+            "rms_norm" | "softmax" | "swiglu" | "add" | "rope" | "rope_neox" => dtype == DType::F32,
             "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
             "qmatmul" => blocks::format_code(dtype).is_some(),
             "attention" | "paged_attention" | "varlen_attention" | "embedding" => {

@@ -45,9 +45,10 @@ pub(crate) fn run(dev: &WgpuDevice, call: &DeviceCall<'_>) -> Result<()> {
             inputs,
             gamma,
             out,
+            out_offset,
             rows,
             n,
-        } => rows_call(dev, op, inputs, gamma, out, [rows, n]),
+        } => rows_call(dev, op, inputs, gamma, (out, out_offset), [rows, n]),
         DeviceCall::Gemm {
             a,
             b,
@@ -73,13 +74,14 @@ fn rows_call(
     op: RowOp,
     inputs: &[&DeviceBuffer],
     gamma: Option<&DeviceBuffer>,
-    out: &DeviceBuffer,
+    (out, out_offset): (&DeviceBuffer, usize),
     [rows, n]: [usize; 2],
 ) -> Result<()> {
     let name = op.name();
-    let plan = checks::rows(op, inputs, gamma, out, [rows, n])?;
+    let plan = checks::rows(op, inputs, gamma, (out, out_offset), [rows, n])?;
     let (len, second, eps) = (plan.len, plan.second, plan.eps);
     u32_of(name, "rows·n", len)?;
+    u32_of(name, "output end", out_offset + len)?;
     let heads = u32_of(name, "heads", plan.heads)?;
     if len == 0 {
         return Ok(());
@@ -87,11 +89,17 @@ fn rows_call(
     let pipeline = dev.pipeline(name, ROWS)?;
     let grid = match op {
         // Elementwise: 256 elements (RoPE: pairs) per workgroup.
-        RowOp::SwiGlu => folded(name, len.div_ceil(256))?,
+        RowOp::SwiGlu | RowOp::Add => folded(name, len.div_ceil(256))?,
         RowOp::Rope { .. } => folded(name, (len / 2).div_ceil(256))?,
         _ => folded(name, rows)?,
     };
-    let params = [rows as u32, n as u32, eps.to_bits(), heads];
+    let params = [
+        rows as u32,
+        n as u32,
+        eps.to_bits(),
+        heads,
+        out_offset as u32,
+    ];
     let bufs = [
         Some(&inputs[0].get::<Buf>()?.buffer),
         // Softmax reads one input: its entry point has no binding 2.

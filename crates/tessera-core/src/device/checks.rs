@@ -44,12 +44,12 @@ pub struct RowsPlan<'a> {
 
 /// Checks a [`DeviceCall::Rows`](super::DeviceCall::Rows): input count, every buffer's
 /// length, γ or the RoPE table present and long enough, RoPE rows whole tokens of even
-/// width.
+/// width. `out` must hold `out_offset + rows·n`.
 pub fn rows<'a>(
     op: RowOp,
     inputs: &[&'a DeviceBuffer],
     gamma: Option<&'a DeviceBuffer>,
-    out: &DeviceBuffer,
+    (out, out_offset): (&DeviceBuffer, usize),
     [rows, n]: [usize; 2],
 ) -> Result<RowsPlan<'a>> {
     let name = op.name();
@@ -65,14 +65,17 @@ pub fn rows<'a>(
     for x in inputs {
         need(name, "input", x, len)?;
     }
-    need(name, "out", out, len)?;
+    let out_end = len
+        .checked_add(out_offset)
+        .ok_or_else(|| Error::Overflow(format!("{out_offset} + {len}")))?;
+    need(name, "out", out, out_end)?;
     let (second, eps, heads) = match op {
         RowOp::RmsNorm { eps } => {
             let g = gamma.ok_or_else(|| Error::invalid(name, "γ missing"))?;
             need(name, "γ", g, n)?;
             (g, eps, 0)
         }
-        RowOp::SwiGlu => (inputs[1], 0.0, 0),
+        RowOp::SwiGlu | RowOp::Add => (inputs[1], 0.0, 0),
         RowOp::Softmax => (inputs[0], 0.0, 0),
         RowOp::Rope { heads, .. } => {
             if heads == 0 || !rows.is_multiple_of(heads) || !n.is_multiple_of(2) {

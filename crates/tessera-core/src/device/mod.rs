@@ -94,6 +94,8 @@ pub enum RowOp {
     Softmax,
     /// `silu(gate)·up` (two inputs).
     SwiGlu,
+    /// `a + b` (two inputs): the residual stream's add.
+    Add,
     /// Rotary position embedding of rows `[tokens·heads, d]` (row r is head r % heads of
     /// token r / heads). The parameter buffer holds the table: every token's `d/2`
     /// cosines, then every token's `d/2` sines (angles computed in f64 by the host).
@@ -112,6 +114,7 @@ impl RowOp {
             RowOp::RmsNorm { .. } => "rms_norm",
             RowOp::Softmax => "softmax",
             RowOp::SwiGlu => "swiglu",
+            RowOp::Add => "add",
             RowOp::Rope {
                 half_split: false, ..
             } => "rope",
@@ -123,7 +126,7 @@ impl RowOp {
     /// Input streams the op reads.
     pub fn inputs(self) -> usize {
         match self {
-            RowOp::SwiGlu => 2,
+            RowOp::SwiGlu | RowOp::Add => 2,
             _ => 1,
         }
     }
@@ -182,8 +185,11 @@ pub enum DeviceCall<'a> {
         inputs: &'a [&'a DeviceBuffer],
         /// The op's parameter buffer: γ of `n` for RMSNorm, the cos/sin table for RoPE.
         gamma: Option<&'a DeviceBuffer>,
-        /// `rows·n` f32 out.
+        /// `rows·n` f32 out, from element `out_offset` on.
         out: &'a DeviceBuffer,
+        /// Where in `out` the rows start (0 but for an engine writing rotated keys
+        /// straight into its cache at their positions).
+        out_offset: usize,
         /// Rows.
         rows: usize,
         /// Row length.
@@ -310,6 +316,12 @@ pub trait Device: Send + Sync {
     fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>>;
     /// Launches one call and waits until it has finished.
     fn run(&self, call: &DeviceCall<'_>) -> Result<()>;
+    /// Checks and launches one call without waiting for it where the backend can queue
+    /// (calls run in order; [`Device::download`] waits for those before it): what a
+    /// forward pass of many calls uses. By default, [`Device::run`].
+    fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()> {
+        self.run(call)
+    }
 }
 
 static INSTALLED: RwLock<Vec<Arc<dyn Device>>> = RwLock::new(Vec::new());

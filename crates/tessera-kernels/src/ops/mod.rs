@@ -1,6 +1,7 @@
 //! Every op: one module each, holding its public API, float64 reference, CPU
 //! implementations and registry entry.
 
+pub mod add;
 pub mod argmax;
 pub mod attention;
 pub mod common;
@@ -38,6 +39,7 @@ pub fn all() -> Vec<&'static dyn OpSpec> {
         const { &RowOpSpec::<silu::Silu>::new() },
         const { &RowOpSpec::<gelu::Gelu>::new() },
         const { &RowOpSpec::<swiglu::SwiGlu>::new() },
+        const { &RowOpSpec::<add::Add>::new() },
         &embedding::EmbeddingOp,
         &qmatmul::QMatmulOp,
         &qmatmul::QMatmulI8Op,

@@ -54,6 +54,12 @@ pub fn base_frequencies(d: usize, theta: f64) -> Vec<f64> {
 }
 
 impl Rope {
+    /// Every token's `d/2` cosines, then every token's `d/2` sines: the parameter row
+    /// of a device's [`RowOp::Rope`].
+    pub fn table(&self) -> &[f32] {
+        &self.table
+    }
+
     /// The table for `positions` (one per token), `heads` heads of dim `d` (even).
     pub fn new(
         style: RopeStyle,

@@ -167,10 +167,11 @@ impl VariantReport {
 
 /// The ops every device backend implements: the set a model forward needs, which the
 /// backends' tests require them to keep claiming.
-pub const DEVICE_OPS: [&str; 11] = [
+pub const DEVICE_OPS: [&str; 12] = [
     "rms_norm",
     "softmax",
     "swiglu",
+    "add",
     "rope",
     "rope_neox",
     "gemm",

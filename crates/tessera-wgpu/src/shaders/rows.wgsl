@@ -7,11 +7,13 @@ struct Params {
     eps: f32,
     // RoPE's heads per token (0 for the other ops).
     heads: u32,
+    // Where in `out` the rows start.
+    out_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x0: array<f32>;
-// The second input: SwiGLU's up, RMSNorm's gamma, RoPE's cos/sin table (unused by softmax).
+// The second input: SwiGLU's up, add's b, RMSNorm's gamma, RoPE's cos/sin table (unused by softmax).
 @group(0) @binding(2) var<storage, read> x1: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
@@ -61,7 +63,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) 
     let ms = reduce_sum(lid.x, s) / f32(p.n);
     let r = 1.0 / sqrt(ms + p.eps);
     for (var i = lid.x; i < p.n; i = i + WG) {
-        out[base + i] = x0[base + i] * r * x1[i];
+        out[p.out_off + base + i] = x0[base + i] * r * x1[i];
     }
 }
 
@@ -80,12 +82,12 @@ fn softmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     var s = 0.0;
     for (var i = lid.x; i < p.n; i = i + WG) {
         let e = exp(x0[base + i] - m);
-        out[base + i] = e;
+        out[p.out_off + base + i] = e;
         s = s + e;
     }
     let inv = 1.0 / reduce_sum(lid.x, s);
     for (var i = lid.x; i < p.n; i = i + WG) {
-        out[base + i] = out[base + i] * inv;
+        out[p.out_off + base + i] = out[p.out_off + base + i] * inv;
     }
 }
 
@@ -96,7 +98,16 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let g = x0[i];
-    out[i] = g / (1.0 + exp(-g)) * x1[i];
+    out[p.out_off + i] = g / (1.0 + exp(-g)) * x1[i];
+}
+
+@compute @workgroup_size(256)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * 65535u * WG;
+    if (i >= p.rows * p.n) {
+        return;
+    }
+    out[p.out_off + i] = x0[i] + x1[i];
 }
 
 // RoPE: one invocation per rotated pair. Row r is head r % heads of token r / heads; the
@@ -117,8 +128,8 @@ fn rope_pair(q: u32, half_split: bool) {
     }
     let xa = x0[a];
     let xb = x0[b];
-    out[a] = xa * c - xb * s;
-    out[b] = xa * s + xb * c;
+    out[p.out_off + a] = xa * c - xb * s;
+    out[p.out_off + b] = xa * s + xb * c;
 }
 
 @compute @workgroup_size(256)

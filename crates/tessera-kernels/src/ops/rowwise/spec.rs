@@ -227,6 +227,7 @@ impl<D: RowOpDesc, T: Element> RowInstance<D, T> {
             inputs: &inputs,
             gamma: gamma.map(|_| &state.bufs[k]),
             out: &state.bufs[k + 1],
+            out_offset: 0,
             rows,
             n,
         })?;
