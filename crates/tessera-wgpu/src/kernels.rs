@@ -200,11 +200,13 @@ fn qmatmul(
         Some(&x.buf.get::<Buf>()?.buffer),
         Some(&y.buf.get::<Buf>()?.buffer),
     ];
-    // Weight rows along x (folded into z past 65535), groups of 4 activation rows along y.
+    // Groups of 64 weight rows along x (folded into z past 65535), groups of 4
+    // activation rows along y.
+    let groups = n.div_ceil(64);
     let grid = [
-        n.min(MAX_GRID) as u32,
+        groups.min(MAX_GRID) as u32,
         m.div_ceil(4) as u32,
-        n.div_ceil(MAX_GRID) as u32,
+        groups.div_ceil(MAX_GRID) as u32,
     ];
     dev.launch(&pipeline, &params, &bufs, grid)
 }
