@@ -2,7 +2,7 @@
 //! sampling greedily or with temperature / top-k / top-p, streaming text as it forms.
 
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::llama::Llama;
+use crate::llama::{Config, Llama};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use rand::{Rng as _, SeedableRng};
@@ -203,10 +203,53 @@ pub struct Request {
     pub kv_dtype: KvDtype,
 }
 
+/// What [`generate`] drives: a model that runs one sequence through a cache of its
+/// own (the CPU [`Llama`], or its copy on a device, [`crate::llama::DeviceLlama`]).
+pub trait Decoder {
+    /// The model's configuration.
+    fn config(&self) -> &Config;
+    /// A new, empty sequence with room for `capacity` positions, its keys and values
+    /// stored as `kv_dtype` (an error where the model cannot store them so).
+    fn sequence(&self, capacity: usize, kv_dtype: KvDtype) -> Result<Box<dyn Sequence + '_>>;
+}
+
+/// One sequence of a [`Decoder`]: its cache and the forward pass that extends it.
+pub trait Sequence {
+    /// Runs `tokens` at the next positions and returns the logits after the last one.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Positions cached so far.
+    fn cached(&self) -> usize;
+}
+
+/// The CPU model's sequence: a contiguous [`KvCache`].
+struct HostSequence<'a> {
+    model: &'a Llama,
+    cache: KvCache,
+}
+
+impl Sequence for HostSequence<'_> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.model.forward(tokens, &mut self.cache)
+    }
+    fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+impl Decoder for Llama {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+    fn sequence(&self, capacity: usize, kv_dtype: KvDtype) -> Result<Box<dyn Sequence + '_>> {
+        let cache = KvCache::with_dtype(&self.cfg, capacity, kv_dtype)?;
+        Ok(Box::new(HostSequence { model: self, cache }))
+    }
+}
+
 /// Generates for `req`, calling `on_text` with each new piece of text: whole UTF-8
 /// characters only, and never text that might still turn into a stop string.
-pub fn generate(
-    model: &Llama,
+pub fn generate<M: Decoder + ?Sized>(
+    model: &M,
     tok: &Tokenizer,
     req: &Request,
     mut on_text: impl FnMut(&str),
@@ -219,8 +262,8 @@ pub fn generate(
 
 /// [`generate`] whose consumer can stop it: `on_text` returning false ends generation
 /// after that piece, with finish "cancelled" (a stream whose reader went away).
-pub fn generate_until(
-    model: &Llama,
+pub fn generate_until<M: Decoder + ?Sized>(
+    model: &M,
     tok: &Tokenizer,
     req: &Request,
     mut on_text: impl FnMut(&str) -> bool,
@@ -239,15 +282,15 @@ pub fn generate_until(
     let capacity = prompt
         .len()
         .saturating_add(req.max_tokens)
-        .min(model.cfg.context);
+        .min(model.config().context);
     if prompt.len() >= capacity {
         return Err(Error::Model(format!(
             "prompt of {} tokens does not fit the {}-token context",
             prompt.len(),
-            model.cfg.context
+            model.config().context
         )));
     }
-    let mut cache = KvCache::with_dtype(&model.cfg, capacity, req.kv_dtype)?;
+    let mut seq = model.sequence(capacity, req.kv_dtype)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(sampling.seed);
     let mut stats = Stats {
         prompt_tokens: prompt.len(),
@@ -256,12 +299,12 @@ pub fn generate_until(
     };
     let mut history = prompt.to_vec();
     let t0 = Instant::now();
-    let mut logits = model.forward(prompt, &mut cache)?;
+    let mut logits = seq.forward(prompt)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut text = TextStream::new(&req.stop);
     let mut detok = Detok::default();
-    while stats.generated.len() < req.max_tokens && cache.len() < capacity {
+    while stats.generated.len() < req.max_tokens && seq.cached() < capacity {
         let next = sample(&logits, &history, sampling, &mut rng)?;
         if !req.ignore_eos && tok.stop.contains(&next) {
             stats.finish = "stop token";
@@ -282,8 +325,8 @@ pub fn generate_until(
             stats.decode_s = t1.elapsed().as_secs_f64();
             return Ok(stats);
         }
-        if stats.generated.len() < req.max_tokens && cache.len() < capacity {
-            logits = model.forward(&[next], &mut cache)?;
+        if stats.generated.len() < req.max_tokens && seq.cached() < capacity {
+            logits = seq.forward(&[next])?;
         }
     }
     if stats.finish == "length" && stats.generated.len() < req.max_tokens {

@@ -34,6 +34,16 @@ pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
     /// Sets how decode- and batch-size matmuls take their activations where the weight
     /// format has integer paths (the block formats); a no-op otherwise.
     fn set_activations(&mut self, _: Activations) {}
+    /// The weights as ggml blocks, row-major in their GGUF bytes, with their format:
+    /// what a device's block-format matmul uploads. None for other formats and for
+    /// layers repacked for integer activations (which no longer hold the blocks).
+    fn ggml_blocks(&self) -> Option<(DType, &[u8])> {
+        None
+    }
+    /// The vector added to every output row, if the layer has one.
+    fn bias(&self) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// How matmuls of up to `INT8_BATCH_M` rows over block-format weights take their
@@ -162,6 +172,12 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
     fn dtype(&self) -> DType {
         B::DTYPE
+    }
+    fn ggml_blocks(&self) -> Option<(DType, &[u8])> {
+        match &self.w {
+            Stored::Blocks(w) => Some((B::DTYPE, w.as_bytes())),
+            Stored::Packed(..) => None,
+        }
     }
     fn weight_bytes(&self) -> usize {
         self.matrix().size_bytes()
@@ -408,6 +424,12 @@ impl Linear for Biased {
     }
     fn set_activations(&mut self, a: Activations) {
         self.inner.set_activations(a)
+    }
+    fn ggml_blocks(&self) -> Option<(DType, &[u8])> {
+        self.inner.ggml_blocks()
+    }
+    fn bias(&self) -> Option<&[f32]> {
+        Some(&self.bias)
     }
 }
 

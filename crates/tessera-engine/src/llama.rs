@@ -13,8 +13,10 @@
 //! already rotated, in paged blocks ([`crate::kv_cache`]). The forward pass itself, over
 //! a batch of sequences, is in `forward`.
 
+mod device;
 mod forward;
 
+pub use device::DeviceLlama;
 pub use forward::{LogitRows, SeqInput};
 
 use crate::gguf::Gguf;

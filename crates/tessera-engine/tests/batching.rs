@@ -495,6 +495,6 @@ fn bad_limits_and_requests_are_clear_errors() {
         max_tokens: 0,
         ..Default::default()
     };
-    let e = tessera_engine::generate::generate(&f.model, &f.tok, &req, |_| {}).unwrap_err();
+    let e = tessera_engine::generate::generate(&*f.model, &f.tok, &req, |_| {}).unwrap_err();
     assert!(e.to_string().contains("max_tokens"), "{e}");
 }
