@@ -5,7 +5,8 @@
 //! printed note, so a report says plainly which columns it lacks.
 
 use anyhow::Result;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use tessera_core::device::{Device, DeviceKind};
 use tessera_kernels::registry::Variant;
 use tessera_perf::calibrate::Ceilings;
 
@@ -34,8 +35,41 @@ impl BackendArg {
     }
 }
 
+/// Where `tessera run` runs the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU kernels.
+    Cpu,
+    /// The wgpu device (Vulkan, Metal, DX12; Mesa's lavapipe without a GPU).
+    Wgpu,
+    /// The CUDA device.
+    Cuda,
+}
+
+impl DeviceArg {
+    /// The device kind, None for the CPU.
+    pub fn kind(self) -> Option<DeviceKind> {
+        match self {
+            DeviceArg::Cpu => None,
+            DeviceArg::Wgpu => Some(DeviceKind::Wgpu),
+            DeviceArg::Cuda => Some(DeviceKind::Cuda),
+        }
+    }
+}
+
+/// Opens (once) and returns the device of `kind`, or the error saying why it cannot.
+pub fn open_device(kind: DeviceKind) -> Result<Arc<dyn Device>> {
+    let name = match kind {
+        DeviceKind::Wgpu => open_wgpu()?,
+        DeviceKind::Cuda => open_cuda()?,
+    };
+    eprintln!("{kind}: {name}");
+    tessera_core::device::get(kind)
+        .ok_or_else(|| anyhow::anyhow!("the {kind} device opened but is not installed"))
+}
+
 #[cfg(feature = "wgpu")]
-static WGPU: OnceLock<std::sync::Arc<tessera_wgpu::WgpuDevice>> = OnceLock::new();
+static WGPU: OnceLock<Arc<tessera_wgpu::WgpuDevice>> = OnceLock::new();
 static WGPU_CEILINGS: OnceLock<Ceilings> = OnceLock::new();
 
 /// Opens and installs the devices `which` needs.
@@ -58,16 +92,15 @@ pub fn open(which: BackendArg) -> Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-static CUDA: OnceLock<std::sync::Arc<tessera_cuda::CudaBackend>> = OnceLock::new();
+static CUDA: OnceLock<Arc<tessera_cuda::CudaBackend>> = OnceLock::new();
 static CUDA_CEILINGS: OnceLock<Ceilings> = OnceLock::new();
 
 #[cfg(feature = "cuda")]
 fn open_cuda() -> Result<String> {
-    use tessera_core::device::Device;
     if let Some(d) = CUDA.get() {
         return Ok(d.name());
     }
-    let d = std::sync::Arc::new(tessera_cuda::CudaBackend::new(0)?);
+    let d = Arc::new(tessera_cuda::CudaBackend::new(0)?);
     tessera_core::device::install(d.clone());
     let name = d.name();
     let _ = CUDA.set(d);
@@ -115,11 +148,10 @@ fn cuda_ceilings() -> Result<Option<Ceilings>> {
 
 #[cfg(feature = "wgpu")]
 fn open_wgpu() -> Result<String> {
-    use tessera_core::device::Device;
     if let Some(d) = WGPU.get() {
         return Ok(d.name());
     }
-    let d = std::sync::Arc::new(tessera_wgpu::WgpuDevice::new()?);
+    let d = Arc::new(tessera_wgpu::WgpuDevice::new()?);
     tessera_core::device::install(d.clone());
     let name = d.name();
     let _ = WGPU.set(d);

@@ -32,8 +32,9 @@ pub struct ModelArgs {
     /// largest, finer than the f16 KV cache) and runs the integer kernels on two 8-bit
     /// planes (default-model decode 202–212 against f32's 96–98 tok/s on an Intel
     /// AVX-512 host, docs/performance.md); f32 is exact; int8 is --int8-acts
-    #[arg(long, default_value = "a16", value_parser = ["a16", "f32", "int8"])]
-    acts: String,
+    /// [default: a16]
+    #[arg(long, value_parser = ["a16", "f32", "int8"])]
+    acts: Option<String>,
     /// --acts int8: 8-bit activations and integer dot products, as llama.cpp does, also
     /// for prefill where that is faster than f32 (Q4_0, Q4_1, Q4_K, 4-bit groups).
     /// The fastest decode; perplexity moves by about 1%, and greedy text can change
@@ -82,12 +83,17 @@ pub struct RunArgs {
     /// Generate past end-of-sequence tokens (for measurements).
     #[arg(long)]
     ignore_eos: bool,
-    /// KV cache storage: f16 (half the attention traffic) or f32 (exact).
-    #[arg(long, default_value = "f16")]
-    kv_cache: KvDtype,
+    /// KV cache storage: f16 (half the attention traffic) or f32 (exact) [default: f16;
+    /// on a --device, f32, the one it holds]
+    #[arg(long)]
+    kv_cache: Option<KvDtype>,
     /// Record every kernel call: Chrome trace JSON to this file, per-op table to stderr.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// Where the forward pass runs: the CPU, or a device the binary was built for
+    /// (weights uploaded once, KV cache on the device, logits back for sampling).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: crate::devices::DeviceArg,
 }
 
 #[derive(Args, Debug)]
@@ -158,17 +164,34 @@ pub fn pull(a: PullArgs) -> Result<()> {
 
 /// Opens a model (the default one, pulled on first use, when no path is given).
 pub(crate) fn load(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
+    let activations = match (a.int8_acts, &a.acts) {
+        (true, _) => Activations::Int8,
+        (false, Some(name)) => Activations::parse(name)?,
+        (false, None) => Activations::default(),
+    };
+    load_with(a, activations)
+}
+
+/// [`load`] for a device forward: the matmuls run on the device with f32 activations,
+/// so the blocks stay as stored (an integer mode would repack them for the CPU).
+fn load_for_device(a: ModelArgs) -> Result<(Llama, Tokenizer)> {
+    if a.int8_acts || a.acts.is_some() {
+        anyhow::bail!(
+            "--acts and --int8-acts choose the CPU kernels' activations; the device \
+             kernels take f32 activations"
+        );
+    }
+    load_with(a, Activations::F32)
+}
+
+fn load_with(a: ModelArgs, activations: Activations) -> Result<(Llama, Tokenizer)> {
     let path = match a.model {
         Some(p) => p,
         None => pull::pull(&pull::DEFAULT_MODEL, log).context("pulling the default model")?,
     };
     let opts = LoadOptions {
         quantize: a.quantize.as_deref().map(parse_quantize).transpose()?,
-        activations: if a.int8_acts {
-            Activations::Int8
-        } else {
-            Activations::parse(&a.acts)?
-        },
+        activations,
     };
     let t = std::time::Instant::now();
     let (model, tok) = tessera_engine::open(&path, &opts)
@@ -197,7 +220,41 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(path) = &a.profile {
         crate::profile_cmd::check_writable(path)?;
     }
-    let (model, tok) = load(a.model)?;
+    let on_device = a.device.kind();
+    if on_device.is_some() && a.profile.is_some() {
+        anyhow::bail!("--profile records the CPU kernels' calls; it does not run with --device");
+    }
+    let kv_dtype = match (on_device, a.kv_cache) {
+        (None, kv) => kv.unwrap_or(KvDtype::F16),
+        (Some(_), None | Some(KvDtype::F32)) => KvDtype::F32,
+        (Some(kind), Some(kv)) => {
+            anyhow::bail!("the {kind} KV cache holds f32; --kv-cache {kv:?} is CPU-only")
+        }
+    };
+    let (model, tok) = match on_device {
+        None => load(a.model)?,
+        Some(_) => load_for_device(a.model)?,
+    };
+    let device_model = match on_device {
+        None => None,
+        Some(kind) => {
+            let dev = crate::devices::open_device(kind)?;
+            let t = std::time::Instant::now();
+            let m = tessera_engine::llama::DeviceLlama::new(&model, dev)?;
+            let (blocks, dense) = m.matmul_paths();
+            log(&format!(
+                "uploaded to {} ({}) in {:.2} s: {blocks} matrices as blocks, {dense} as f32",
+                kind,
+                m.device().name(),
+                t.elapsed().as_secs_f64()
+            ));
+            Some(m)
+        }
+    };
+    let decoder: &dyn tessera_engine::generate::Decoder = match &device_model {
+        Some(m) => m,
+        None => &model,
+    };
     let text = if a.raw {
         a.prompt.clone()
     } else {
@@ -217,11 +274,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         },
         stop: a.stop,
         ignore_eos: a.ignore_eos,
-        kv_dtype: a.kv_cache,
+        kv_dtype,
     };
     tessera_engine::profile::enable(a.profile.is_some());
     let mut out = std::io::stdout();
-    let stats = generate(&model, &tok, &req, |piece| {
+    let stats = generate(decoder, &tok, &req, |piece| {
         if !a.json {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
