@@ -1,5 +1,10 @@
-//! The adapter, device and queue; buffers; cached pipelines; one launch = one
-//! submission that is waited for (the registry times calls one by one).
+//! The adapter, device and queue; buffers; cached pipelines; launches recorded into one
+//! pending command encoder. [`Device::run`] submits the call and waits for it (the
+//! registry times calls one by one); [`Device::enqueue`] leaves it pending, and the
+//! encoder goes to the queue every [`PASSES_PER_SUBMIT`] dispatches, before a `write`
+//! (whose staged copy would otherwise run before the dispatches recorded ahead of it)
+//! and before a download, which waits for all of it. A forward pass of ~15 calls per
+//! layer thus makes one submission per few layers, not one wait per call.
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
@@ -28,6 +33,9 @@ pub(crate) struct BlockBuf {
     pub codes: wgpu::Buffer,
 }
 
+/// Queued dispatches per submission: a default-model layer makes ~15.
+pub(crate) const PASSES_PER_SUBMIT: usize = 64;
+
 /// A `wgpu` adapter opened for compute.
 pub struct WgpuDevice {
     pub(crate) device: wgpu::Device,
@@ -35,6 +43,8 @@ pub struct WgpuDevice {
     info: wgpu::AdapterInfo,
     pub(crate) max_binding: u64,
     pipelines: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    /// Recorded dispatches not yet submitted, and how many.
+    pending: Mutex<Option<(wgpu::CommandEncoder, usize)>>,
 }
 
 pub(crate) fn device_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -88,6 +98,7 @@ impl WgpuDevice {
             info: adapter.get_info(),
             max_binding: limits.max_storage_buffer_binding_size,
             pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(None),
         })
     }
 
@@ -164,7 +175,8 @@ impl WgpuDevice {
 
     /// Binds `params` (as a uniform) and `buffers` (bindings 1..; None for a binding
     /// the entry point does not use, which its derived layout then lacks) to
-    /// `pipeline`, dispatches `grid` workgroups and waits for completion.
+    /// `pipeline` and records a dispatch of `grid` workgroups into the pending encoder
+    /// ([`WgpuDevice::submit`] sends it).
     pub(crate) fn launch(
         &self,
         pipeline: &wgpu::ComputePipeline,
@@ -183,6 +195,7 @@ impl WgpuDevice {
         });
         let mut bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
         bytes.resize(bytes.len().next_multiple_of(16), 0);
+        // A fresh buffer: its staged write lands before the submission that reads it.
         self.queue.write_buffer(&uniform, 0, &bytes);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut entries = vec![wgpu::BindGroupEntry {
@@ -200,20 +213,49 @@ impl WgpuDevice {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let (encoder, passes) = pending.get_or_insert_with(|| {
+                let desc = wgpu::CommandEncoderDescriptor { label: None };
+                (self.device.create_command_encoder(&desc), 0)
+            });
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &group, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            *passes += 1;
         }
-        self.queue.submit([encoder.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(device_err("launch", e));
         }
-        self.wait()
+        Ok(())
+    }
+
+    /// Submits the recorded dispatches, if any; with `wait`, waits until the queue has
+    /// run everything submitted.
+    pub(crate) fn submit(&self, wait: bool) -> Result<()> {
+        let taken = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((encoder, _)) = taken {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            self.queue.submit([encoder.finish()]);
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                return Err(device_err("submit", e));
+            }
+        }
+        if wait {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Dispatches recorded and not yet submitted.
+    fn pending_passes(&self) -> usize {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.as_ref().map_or(0, |p| p.1)
     }
 
     pub(crate) fn wait(&self) -> Result<()> {
@@ -224,6 +266,7 @@ impl WgpuDevice {
     }
 
     fn read_back(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<f32>> {
+        self.submit(false)?;
         let bytes = (len * 4) as u64;
         if bytes == 0 {
             return Ok(Vec::new());
@@ -328,16 +371,27 @@ impl Device for WgpuDevice {
                 format!("{} values for a buffer of {}", data.len(), buf.len()),
             ));
         }
+        // Dispatches recorded before the write must read the old contents: they go to
+        // the queue first (a staged write runs before the next submission).
+        self.submit(false)?;
         if !data.is_empty() {
             self.queue
                 .write_buffer(&buf.get::<Buf>()?.buffer, 0, &as_bytes(data));
         }
-        self.wait()
+        Ok(())
     }
     fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>> {
         self.read_back(&buf.get::<Buf>()?.buffer, buf.len())
     }
     fn run(&self, call: &DeviceCall<'_>) -> Result<()> {
-        crate::kernels::run(self, call)
+        crate::kernels::run(self, call)?;
+        self.submit(true)
+    }
+    fn enqueue(&self, call: &DeviceCall<'_>) -> Result<()> {
+        crate::kernels::run(self, call)?;
+        if self.pending_passes() >= PASSES_PER_SUBMIT {
+            self.submit(false)?;
+        }
+        Ok(())
     }
 }

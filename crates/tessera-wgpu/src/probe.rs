@@ -30,7 +30,12 @@ pub fn measure(dev: &WgpuDevice) -> Result<DeviceCeilings> {
     let per = (len / threads) as u32;
     let params = [len as u32, per, threads as u32, 0];
     let grid = [(threads / 64) as u32, 1, 1];
-    dev.launch(&read, &params, &[Some(s), Some(o)], grid)?;
+    // Each timed launch is submitted and waited for on its own.
+    let go = |pipeline, params: &[u32]| -> Result<()> {
+        dev.launch(pipeline, params, &[Some(s), Some(o)], grid)?;
+        dev.submit(true)
+    };
+    go(&read, &params)?;
     let best = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
         let mut best = f64::MAX;
         for _ in 0..5 {
@@ -40,12 +45,12 @@ pub fn measure(dev: &WgpuDevice) -> Result<DeviceCeilings> {
         }
         Ok(best)
     };
-    let t_read = best(&|| dev.launch(&read, &params, &[Some(s), Some(o)], grid))?;
+    let t_read = best(&|| go(&read, &params))?;
     let fma = dev.pipeline("fma_chain", PROBE)?;
     let iters = 4096u32;
     let fparams = [0, iters, threads as u32, 0];
-    dev.launch(&fma, &fparams, &[Some(s), Some(o)], grid)?;
-    let t_fma = best(&|| dev.launch(&fma, &fparams, &[Some(s), Some(o)], grid))?;
+    go(&fma, &fparams)?;
+    let t_fma = best(&|| go(&fma, &fparams))?;
     // 8 independent chains of `iters` FMAs per invocation.
     let flops = 2.0 * 8.0 * iters as f64 * threads as f64;
     Ok(DeviceCeilings {
