@@ -11,6 +11,12 @@
 //! GEMM takes the tensor-core kernel (`gemm_*_tn`) when the call fits it — 16-bit A and
 //! B with K contiguous in both (B stored by output column), β = 0, 16-byte aligned rows
 //! — and the strided CUDA-core kernel otherwise, so any view the registry draws runs.
+//!
+//! Paged attention keeps its device-side table and split workspace between calls
+//! ([`PagedScratch`]): a forward pass makes the same call with the same tables in every
+//! layer, and a fresh upload plus two zeroed allocations per layer cost more than the
+//! decode kernel itself. Reuse is safe because the calls run in stream order and a
+//! replaced buffer is freed in stream order too.
 
 use crate::ops::cfg;
 use crate::{CudaError, Device as Gpu};
@@ -52,10 +58,41 @@ struct Blocks {
     codes: CudaSlice<u8>,
 }
 
+/// What paged-attention calls reuse: the last table (host copy to compare, device copy
+/// to read) and the split workspace, grown as needed.
+#[derive(Default)]
+struct PagedScratch {
+    meta_host: Vec<u32>,
+    meta: Option<CudaSlice<u32>>,
+    part_ml: Option<CudaSlice<f32>>,
+    part_acc: Option<CudaSlice<f32>>,
+}
+
+/// A buffer of at least `len` elements in `slot`, allocated only when the one there is
+/// shorter. Its contents are whatever the last call left: every kernel that reads it
+/// writes its part first.
+fn at_least<'a>(
+    gpu: &Gpu,
+    slot: &'a mut Option<CudaSlice<f32>>,
+    len: usize,
+) -> Result<&'a CudaSlice<f32>> {
+    if slot.as_ref().is_none_or(|s| s.len() < len) {
+        *slot = None;
+        *slot = Some(gpu.zeros::<f32>(len)?);
+    }
+    Ok(slot.as_ref().expect("allocated above"))
+}
+
 /// The CUDA device as a registry and engine backend.
-#[derive(Debug)]
 pub struct CudaBackend {
     gpu: Gpu,
+    paged: std::sync::Mutex<PagedScratch>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend").field("gpu", &self.gpu).finish()
+    }
 }
 
 impl CudaBackend {
@@ -64,6 +101,7 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> std::result::Result<Self, CudaError> {
         Ok(CudaBackend {
             gpu: Gpu::new(ordinal)?,
+            paged: Default::default(),
         })
     }
     /// The underlying device (for the typed launchers in [`crate::ops`]).
@@ -504,7 +542,14 @@ impl CudaBackend {
         if plan.total_q == 0 || c.heads == 0 {
             return Ok(());
         }
-        let meta = self.gpu.upload(&plan.meta)?;
+        let mut scratch = self.paged.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *scratch;
+        if scratch.meta.is_none() || scratch.meta_host != plan.meta {
+            scratch.meta = None;
+            scratch.meta = Some(self.gpu.upload(&plan.meta)?);
+            scratch.meta_host.clone_from(&plan.meta);
+        }
+        let meta = scratch.meta.as_ref().expect("uploaded above");
         let (splits, chunk) = split_plan(&plan.meta[..3 * plan.total_q], c.heads);
         let f = self.gpu.function("paged_attention", "paged_varlen_f32")?;
         let (q, k, v, o) = (
@@ -520,8 +565,8 @@ impl CudaBackend {
         } else {
             1
         };
-        let part_ml = self.gpu.zeros::<f32>(2 * parts)?;
-        let part_acc = self.gpu.zeros::<f32>(parts * c.d)?;
+        let part_ml = at_least(&self.gpu, &mut scratch.part_ml, 2 * parts)?;
+        let part_acc = at_least(&self.gpu, &mut scratch.part_acc, parts * c.d)?;
         let args = [
             int(OP, "query rows", plan.total_q)?,
             int(OP, "heads", c.heads)?,
@@ -538,10 +583,10 @@ impl CudaBackend {
         l.arg(&q)
             .arg(&k)
             .arg(&v)
-            .arg(&meta)
+            .arg(meta)
             .arg(&o)
-            .arg(&part_ml)
-            .arg(&part_acc);
+            .arg(part_ml)
+            .arg(part_acc);
         for a in &args {
             l.arg(a);
         }
@@ -559,8 +604,8 @@ impl CudaBackend {
             .function("paged_attention", "paged_attention_combine")?;
         let (heads, d, n_splits) = (args[1], args[3], splits as i32);
         let mut l = self.gpu.stream().launch_builder(&combine);
-        l.arg(&part_ml)
-            .arg(&part_acc)
+        l.arg(part_ml)
+            .arg(part_acc)
             .arg(&o)
             .arg(&heads)
             .arg(&d)
