@@ -1,7 +1,10 @@
 //! `tessera roofline`: this machine's ceilings (measured once, cached per machine) and an
 //! SVG roofline with kernels placed on it, from a fresh benchmark run of the named ops or
-//! from a saved `tessera bench --json` file.
+//! from a saved `tessera bench --json` file. With `--backend wgpu|cuda` the ceilings are
+//! that device's own probes (memory bandwidth, f32 FMA rate) and the points its
+//! variants, run on the same registry problems as the CPU's.
 
+use crate::devices::BackendArg;
 use crate::jobs::{self, Selection};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -60,7 +63,55 @@ fn points_from_json(path: &PathBuf) -> Result<Vec<Point>> {
         .collect()
 }
 
+/// The device's roofline from its probes: one memory ceiling and its f32 FMA rate.
+fn device_roofline(backend: BackendArg) -> Result<Roofline> {
+    crate::devices::open(backend)?;
+    let c = crate::devices::device_ceilings(backend)?
+        .context("the device opened but measured no ceilings")?;
+    let label = format!("{backend:?}").to_lowercase();
+    let name = tessera_core::device::installed()
+        .iter()
+        .find(|d| d.kind().name() == label)
+        .map(|d| d.name())
+        .unwrap_or_default();
+    Ok(Roofline {
+        fingerprint: format!("{name} ({label})"),
+        threads: 0,
+        fma_gflops: c.fma_gflops,
+        bf16_gflops: 0.0,
+        int8_gops: 0.0,
+        dram_gbps: c.dram_gbps,
+        l3_gbps: 0.0,
+        l2_gbps: 0.0,
+    })
+}
+
 pub fn run(a: RooflineArgs) -> Result<()> {
+    let backend = a.sel.backend;
+    match backend {
+        BackendArg::Cpu => run_on(a, None),
+        BackendArg::Wgpu | BackendArg::Cuda => {
+            let r = device_roofline(backend)?;
+            let rows = vec![
+                vec!["f32 FMA".into(), format!("{:.0} GFLOP/s", r.fma_gflops)],
+                vec!["memory".into(), format!("{:.1} GB/s", r.dram_gbps)],
+            ];
+            print!("{}\n{}", r.fingerprint, table(&["ceiling", "rate"], &rows));
+            let label = format!("{backend:?}").to_lowercase();
+            run_on(a, Some((r, label)))
+        }
+        BackendArg::All => {
+            anyhow::bail!("a roofline plots one machine's ceilings: --backend cpu, wgpu or cuda")
+        }
+    }
+}
+
+/// Places the points on the CPU's roofline, or on `device`'s (its roofline and its
+/// variants' label).
+fn run_on(a: RooflineArgs, device: Option<(Roofline, String)>) -> Result<()> {
+    if let Some((r, variant)) = device {
+        return place(&a, &r, &variant);
+    }
     let threads = tessera_kernels::pool::global().threads();
     let cache = tessera_engine::pull::cache_dir()?.join("roofline.json");
     eprintln!(
@@ -82,6 +133,12 @@ pub fn run(a: RooflineArgs) -> Result<()> {
         vec!["DRAM read".into(), format!("{:.1} GB/s", r.dram_gbps)],
     ];
     print!("{}\n{}", r.fingerprint, table(&["ceiling", "rate"], &rows));
+    place(&a, &r, tessera_core::Isa::best().name())
+}
+
+/// Benchmarks the selection's `variant` (unless `--from` names saved results) and
+/// writes the SVG of `r` with them placed.
+fn place(a: &RooflineArgs, r: &Roofline, variant: &str) -> Result<()> {
     let points = match &a.from {
         Some(path) => points_from_json(path)?,
         None if a.sel.is_empty() => Vec::new(),
@@ -89,10 +146,10 @@ pub fn run(a: RooflineArgs) -> Result<()> {
             let ceilings = jobs::calibrate();
             let opts = BenchOptions {
                 budget: Duration::from_millis(a.budget_ms),
+                device_ceilings: crate::devices::device_ceilings(a.sel.backend)?,
                 ..Default::default()
             };
-            let best = tessera_core::Isa::best().name();
-            jobs::collect(&a.sel, Some(best), &ceilings, &opts, false)?
+            jobs::collect(&a.sel, Some(variant), &ceilings, &opts, false)?
                 .iter()
                 .map(|b| Point {
                     label: format!("{} {} {}", b.op, b.problem, b.dtype),
@@ -102,7 +159,7 @@ pub fn run(a: RooflineArgs) -> Result<()> {
                 .collect()
         }
     };
-    std::fs::write(&a.out, svg(&r, &points))
+    std::fs::write(&a.out, svg(r, &points))
         .with_context(|| format!("writing {}", a.out.display()))?;
     println!("{} kernels placed; wrote {}", points.len(), a.out.display());
     Ok(())

@@ -105,9 +105,10 @@ pub struct Point {
     pub gflops: f64,
 }
 
-/// Log-log axes: intensity 1/64 … 1024 FLOP/B, rate 1/4 … 4096 GFLOP/s.
+/// Log-log axes: intensity 1/64 … 1024 FLOP/B; rate over 14 octaves, 1/4 … 4096 GFLOP/s
+/// unless a ceiling or a point is higher (a GPU's), then up to the octave above it.
 const X_RANGE: (f64, f64) = (-6.0, 10.0);
-const Y_RANGE: (f64, f64) = (-2.0, 12.0);
+const Y_OCTAVES: f64 = 14.0;
 const W: f64 = 900.0;
 const H: f64 = 620.0;
 const MARGIN: (f64, f64, f64, f64) = (70.0, 30.0, 40.0, 60.0); // left, right, top, bottom
@@ -122,8 +123,8 @@ fn px(intensity: f64) -> f64 {
     MARGIN.0 + t.clamp(0.0, 1.0) * (W - MARGIN.0 - MARGIN.1)
 }
 
-fn py(gflops: f64) -> f64 {
-    let t = (gflops.max(1e-9).log2() - Y_RANGE.0) / (Y_RANGE.1 - Y_RANGE.0);
+fn py_in(y_range: (f64, f64), gflops: f64) -> f64 {
+    let t = (gflops.max(1e-9).log2() - y_range.0) / (y_range.1 - y_range.0);
     H - MARGIN.3 - t.clamp(0.0, 1.0) * (H - MARGIN.2 - MARGIN.3)
 }
 
@@ -133,8 +134,14 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// The roofline as a standalone SVG document.
+/// The roofline as a standalone SVG document. Ceilings of 0 (a device has no L2/L3
+/// probe, a CPU without AVX512_BF16 no bf16 dot) are left out.
 pub fn svg(r: &Roofline, points: &[Point]) -> String {
+    let top = r.fma_gflops.max(r.bf16_gflops).max(r.int8_gops);
+    let highest = points.iter().map(|p| p.gflops).fold(top, f64::max);
+    let y_hi = (highest.max(1.0).log2() + 1.0).ceil().max(12.0);
+    let y_range = (y_hi - Y_OCTAVES, y_hi);
+    let py = |gflops: f64| py_in(y_range, gflops);
     // The legend column needs room for one line per point.
     let (width, height) = (
         W + LEGEND_W,
@@ -144,10 +151,13 @@ pub fn svg(r: &Roofline, points: &[Point]) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
     s += &format!(
-        "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">Roofline: {} ({} threads)</text>\n",
+        "<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">Roofline: {}{}</text>\n",
         W / 2.0,
         esc(&r.fingerprint),
-        r.threads
+        match r.threads {
+            0 => String::new(),
+            t => format!(" ({t} threads)"),
+        }
     );
     // Grid and axis labels at powers of two (every other one labelled).
     for e in (X_RANGE.0 as i32)..=(X_RANGE.1 as i32) {
@@ -165,7 +175,7 @@ pub fn svg(r: &Roofline, points: &[Point]) -> String {
             );
         }
     }
-    for e in (Y_RANGE.0 as i32)..=(Y_RANGE.1 as i32) {
+    for e in (y_range.0 as i32)..=(y_range.1 as i32) {
         let y = py(2f64.powi(e));
         s += &format!(
             "<line x1=\"{}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#eee\"/>\n",
@@ -192,13 +202,17 @@ pub fn svg(r: &Roofline, points: &[Point]) -> String {
         H / 2.0
     );
     // Ceilings: each bandwidth rises until it meets the top compute roof.
-    let top = r.fma_gflops.max(r.bf16_gflops).max(r.int8_gops);
     let xmin = 2f64.powf(X_RANGE.0);
-    for (name, bw, color) in [
+    let bandwidths = [
         ("L2", r.l2_gbps, "#2a9d8f"),
         ("L3", r.l3_gbps, "#e9c46a"),
         ("DRAM", r.dram_gbps, "#e76f51"),
-    ] {
+    ];
+    let fastest = bandwidths.iter().map(|b| b.1).fold(0.0, f64::max);
+    for (name, bw, color) in bandwidths {
+        if bw <= 0.0 {
+            continue;
+        }
         let ridge = top / bw;
         s += &format!(
             "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>\n",
@@ -219,7 +233,7 @@ pub fn svg(r: &Roofline, points: &[Point]) -> String {
         if peak <= 0.0 {
             continue;
         }
-        let x0 = px(peak / r.l2_gbps);
+        let x0 = px(peak / fastest.max(1e-9));
         s += &format!(
             "<line x1=\"{x0:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{color}\" stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{color}\">{name} {peak:.0}</text>\n",
             W - MARGIN.1,
@@ -275,6 +289,33 @@ mod tests {
         }
     }
 
+    /// A device's roofline: one memory ceiling, no cache probes, rates far above a
+    /// CPU's; the axis reaches them and nothing is drawn for the absent ceilings.
+    #[test]
+    fn device_svg_skips_absent_ceilings_and_reaches_gpu_rates() {
+        let r = Roofline {
+            fingerprint: "NVIDIA H100 (cuda)".into(),
+            threads: 0,
+            fma_gflops: 60_000.0,
+            bf16_gflops: 0.0,
+            int8_gops: 0.0,
+            dram_gbps: 2968.0,
+            l3_gbps: 0.0,
+            l2_gbps: 0.0,
+        };
+        let pts = [Point {
+            label: "gemm 4096³ bf16 cuda".into(),
+            intensity: 683.0,
+            gflops: 254_000.0,
+        }];
+        let s = svg(&r, &pts);
+        assert!(s.contains("DRAM 2968 GB/s") && s.contains("f32 FMA 60000"));
+        assert!(!s.contains("L2 ") && !s.contains("L3 ") && !s.contains("bf16 dot"));
+        assert!(!s.contains("threads") && !s.contains("NaN") && !s.contains("inf"));
+        // 254 TFLOP/s is below the top of the axis (2^19 = 524288 GFLOP/s labelled).
+        assert!(s.contains(">262144<"), "the rate axis reaches 2^18");
+    }
+
     #[test]
     fn svg_is_well_formed_and_labelled() {
         let pts = [Point {
@@ -301,6 +342,7 @@ mod tests {
 
     #[test]
     fn axes_are_monotone_and_clamped() {
+        let py = |g| py_in((-2.0, 12.0), g);
         assert!(px(1.0) < px(2.0) && py(10.0) > py(100.0));
         assert_eq!(px(1e-9), MARGIN.0);
         assert_eq!(py(1e9), MARGIN.2);

@@ -47,7 +47,13 @@ pub fn measure(dev: &WgpuDevice) -> Result<DeviceCeilings> {
     };
     let t_read = best(&|| go(&read, &params))?;
     let fma = dev.pipeline("fma_chain", PROBE)?;
-    let iters = 4096u32;
+    // Chains long enough for ~50 ms a launch: 4096 steps ran 7 s a launch on lavapipe.
+    let t_short = {
+        let t = Instant::now();
+        go(&fma, &[0, 64, threads as u32, 0])?;
+        t.elapsed().as_secs_f64()
+    };
+    let iters = ((64.0 * 0.05 / t_short.max(1e-6)) as u32).clamp(64, 4096);
     let fparams = [0, iters, threads as u32, 0];
     go(&fma, &fparams)?;
     let t_fma = best(&|| go(&fma, &fparams))?;
