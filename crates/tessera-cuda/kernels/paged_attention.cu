@@ -15,6 +15,7 @@
 // paged_attention_combine merges them with the log-sum-exp rule.
 // q and out [rows, heads, d] f32; K and V [num_blocks, block_size, kv_heads, d].
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -41,6 +42,7 @@ extern "C" __global__ void paged_attention_combine(const float* __restrict__ par
 #define MAX_PER_LANE 8
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
 template <typename T>
 __device__ void paged_varlen(
@@ -125,3 +127,4 @@ __device__ void paged_varlen(
   }
 PAGED_VARLEN_ENTRY(paged_varlen_f32, float)
 PAGED_VARLEN_ENTRY(paged_varlen_bf16, __nv_bfloat16)
+PAGED_VARLEN_ENTRY(paged_varlen_f16, __half)

@@ -58,6 +58,13 @@ struct Blocks {
     codes: CudaSlice<u8>,
 }
 
+/// A paged call's K/V cache as its kernel reads it.
+enum Cache<'a> {
+    F32(CudaView<'a, f32>, CudaView<'a, f32>),
+    /// bf16 or f16 bit patterns.
+    Half(&'a CudaSlice<u16>, &'a CudaSlice<u16>),
+}
+
 /// What paged-attention calls reuse: the last table (host copy to compare, device copy
 /// to read) and the split workspace, grown as needed.
 #[derive(Default)]
@@ -91,7 +98,9 @@ pub struct CudaBackend {
 
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaBackend").field("gpu", &self.gpu).finish()
+        f.debug_struct("CudaBackend")
+            .field("gpu", &self.gpu)
+            .finish()
     }
 }
 
@@ -152,7 +161,10 @@ impl Device for CudaBackend {
             }
             "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
             "qmatmul" => blocks::format_code(dtype).is_some(),
-            "attention" | "paged_attention" | "varlen_attention" => dtype == DType::F32,
+            // K/V caches of f32, or kept at 16 bits (bf16, f16) as uploaded.
+            "attention" | "paged_attention" | "varlen_attention" => {
+                matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+            }
             _ => false,
         }
     }
@@ -551,13 +563,28 @@ impl CudaBackend {
         }
         let meta = scratch.meta.as_ref().expect("uploaded above");
         let (splits, chunk) = split_plan(&plan.meta[..3 * plan.total_q], c.heads);
-        let f = self.gpu.function("paged_attention", "paged_varlen_f32")?;
-        let (q, k, v, o) = (
-            f32_view(call.q, 0)?,
-            f32_view(call.k, 0)?,
-            f32_view(call.v, 0)?,
-            f32_view(call.out, 0)?,
-        );
+        // The cache's storage picks the kernel: f32, or bf16/f16 kept at 16 bits.
+        let (kernel, cache) = match (call.k.get::<Half>().ok(), call.v.get::<Half>().ok()) {
+            (None, None) => (
+                "paged_varlen_f32",
+                Cache::F32(f32_view(call.k, 0)?, f32_view(call.v, 0)?),
+            ),
+            (Some(k), Some(v)) if k.dtype == v.dtype => (
+                match k.dtype {
+                    DType::BF16 => "paged_varlen_bf16",
+                    _ => "paged_varlen_f16",
+                },
+                Cache::Half(&k.bits, &v.bits),
+            ),
+            _ => {
+                return Err(Error::invalid(
+                    OP,
+                    "keys and values must share one storage type",
+                ))
+            }
+        };
+        let f = self.gpu.function("paged_attention", kernel)?;
+        let (q, o) = (f32_view(call.q, 0)?, f32_view(call.out, 0)?);
         // The split workspace: (m, l) and an unnormalised row per split (a 1-element
         // stand-in when one split writes the output directly).
         let parts = if splits > 1 {
@@ -580,19 +607,19 @@ impl CudaBackend {
             return Err(Error::shape(OP, format!("{} heads", c.heads)));
         }
         let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(meta)
-            .arg(&o)
-            .arg(part_ml)
-            .arg(part_acc);
+        l.arg(&q);
+        match &cache {
+            Cache::F32(k, v) => l.arg(k).arg(v),
+            Cache::Half(k, v) => l.arg(*k).arg(*v),
+        };
+        l.arg(meta).arg(&o).arg(part_ml).arg(part_acc);
         for a in &args {
             l.arg(a);
         }
         l.arg(&c.scale);
         let grid = (plan.total_q as u32, c.heads as u32, splits as u32);
-        // SAFETY: matches paged_varlen_f32; the plan checked every block id a row reaches,
+        // SAFETY: matches paged_varlen_{f32,bf16,f16} for the cache's storage (16-bit
+        // patterns for the half kernels); the plan checked every block id a row reaches,
         // each visible range, and q/out against total_q × heads × d; the workspace holds
         // every split's (m, l) and row when there are several.
         launched(OP, unsafe { l.launch(cfg(grid, 128)).map(|_| ()) })?;

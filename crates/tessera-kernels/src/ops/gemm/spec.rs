@@ -169,6 +169,16 @@ impl OpSpec for GemmOp {
                 ..GemmProblem::square(m, n, k)
             }));
         }
+        // A linear layer's form, x·Wᵀ with β = 0 and K a multiple of 8: the views the
+        // CUDA backend's tensor-core kernel takes, at ragged M and N and batched.
+        for (batch, m, n, k) in [(1, 1, 7, 8), (1, 33, 127, 40), (2, 130, 257, 72)] {
+            out.push(Box::new(GemmProblem {
+                batch,
+                trans_b: true,
+                alpha: 0.5,
+                ..GemmProblem::square(m, n, k)
+            }));
+        }
         out
     }
     fn bench_problems(&self) -> Vec<BenchProblem> {

@@ -245,9 +245,15 @@ impl<T: Element> PagedInstance<T> {
     }
 }
 
+/// The 16-bit patterns of `b` (whose values `encode` holds exactly).
+fn bits<T: Element>(b: &[T], encode: impl Fn(f32) -> u16) -> Vec<u16> {
+    b.iter().map(|x| encode(x.to_f32())).collect()
+}
+
 /// Runs an attention instance (paged, varlen or dense) on device variant `v`: on the
-/// first run the queries (`q()`, contiguous `[rows, heads, d]`), K and V (widened to f32)
-/// and a NaN output are uploaded into `slot`; every run then only launches.
+/// first run the queries (`q()`, contiguous `[rows, heads, d]`), K and V (kept at 16
+/// bits for a bf16/f16 cache, the form a device reads such a cache in; else f32) and a
+/// NaN output are uploaded into `slot`; every run then only launches.
 pub(crate) fn run_attention_on_device<T: Element>(
     slot: &mut Option<OnDevice>,
     v: &Variant,
@@ -258,10 +264,15 @@ pub(crate) fn run_attention_on_device<T: Element>(
     let out_len = a.q_lens.iter().sum::<usize>() * a.heads * a.d;
     let widen = |b: &[T]| b.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
     let state = OnDevice::ensure(slot, v, |dev| {
+        let cache = |b: &[T]| match T::DTYPE {
+            DType::BF16 => dev.upload_half(DType::BF16, &bits(b, |x| bf16::from_f32(x).to_bits())),
+            DType::F16 => dev.upload_half(DType::F16, &bits(b, |x| f16::from_f32(x).to_bits())),
+            _ => dev.upload(&widen(b)),
+        };
         let bufs = vec![
             dev.upload(&q())?,
-            dev.upload(&widen(k))?,
-            dev.upload(&widen(vv))?,
+            cache(k)?,
+            cache(vv)?,
             dev.upload(&vec![f32::NAN; out_len])?,
         ];
         Ok((bufs, 3))
