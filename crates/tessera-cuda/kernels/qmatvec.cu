@@ -130,19 +130,42 @@ QMATMUL_ENTRIES(q4_1, 1)
 QMATMUL_ENTRIES(q8_0, 2)
 
 // INT8: rows of k int8 (k a multiple of 4, rows 4-byte aligned), lanes take 4 bytes.
-extern "C" __global__ void __launch_bounds__(256)
-    qmatvec_i8(const signed char* __restrict__ w, const float* __restrict__ scales,
-               const float* __restrict__ x, float* __restrict__ y, int n, int k) {
+// y[r, :] = scale ⊙ (W · x[r, :]) with per-channel INT8 weights (K a multiple of 4): a
+// warp per weight row, blockIdx.y the activation row; x rows at x_sr, y elements at
+// (y_sr, y_sc); float4 activation loads when every x row is 16-byte aligned (VEC).
+template <bool VEC>
+__device__ void qmatmul_i8_body(const signed char* __restrict__ w, const float* __restrict__ scales,
+                                const float* __restrict__ x, float* __restrict__ y, int n, int k,
+                                long x_sr, long y_sr, long y_sc) {
   int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= n) return;
+  const float* xr = x + (size_t)blockIdx.y * x_sr;
   const char4* wr = reinterpret_cast<const char4*>(w + (size_t)row * k);
-  const float4* x4 = reinterpret_cast<const float4*>(x);
   float s = 0.f;
   for (int i = lane; i < k / 4; i += 32) {
     char4 q = wr[i];
-    float4 v = __ldg(&x4[i]);
+    float4 v;
+    if (VEC) {
+      v = __ldg(reinterpret_cast<const float4*>(xr) + i);
+    } else {
+      v = make_float4(xr[4 * i], xr[4 * i + 1], xr[4 * i + 2], xr[4 * i + 3]);
+    }
     s += q.x * v.x + q.y * v.y + q.z * v.z + q.w * v.w;
   }
   s = warp_sum(s);
-  if (lane == 0) y[row] = s * scales[row];
+  if (lane == 0) y[(size_t)blockIdx.y * y_sr + (size_t)row * y_sc] = s * scales[row];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    qmatmul_i8_v4(const signed char* __restrict__ w, const float* __restrict__ scales,
+                  const float* __restrict__ x, float* __restrict__ y, int n, int k, long x_sr,
+                  long y_sr, long y_sc) {
+  qmatmul_i8_body<true>(w, scales, x, y, n, k, x_sr, y_sr, y_sc);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    qmatmul_i8(const signed char* __restrict__ w, const float* __restrict__ scales,
+               const float* __restrict__ x, float* __restrict__ y, int n, int k, long x_sr,
+               long y_sr, long y_sc) {
+  qmatmul_i8_body<false>(w, scales, x, y, n, k, x_sr, y_sr, y_sc);
 }

@@ -58,6 +58,14 @@ struct Blocks {
     codes: CudaSlice<u8>,
 }
 
+/// Per-channel INT8 weights for `qmatmul_i8`: codes row-major, one f32 scale per row.
+struct Int8W {
+    rows: usize,
+    cols: usize,
+    codes: CudaSlice<i8>,
+    scales: CudaSlice<f32>,
+}
+
 /// A paged call's K/V cache as its kernel reads it.
 enum Cache<'a> {
     F32(CudaView<'a, f32>, CudaView<'a, f32>),
@@ -161,6 +169,7 @@ impl Device for CudaBackend {
             }
             "gemm" => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
             "qmatmul" => blocks::format_code(dtype).is_some(),
+            "qmatmul_i8" => dtype == DType::I8,
             // K/V caches of f32, or kept at 16 bits (bf16, f16) as uploaded.
             "attention" | "paged_attention" | "varlen_attention" => {
                 matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
@@ -183,7 +192,19 @@ impl Device for CudaBackend {
         cols: usize,
         raw: &[u8],
     ) -> Result<DeviceBuffer> {
-        let r = blocks::repack("cuda upload_blocks", format, rows, cols, raw)?;
+        const OP: &str = "cuda upload_blocks";
+        if format == DType::I8 {
+            let (q, scales) = blocks::split_int8(OP, rows, cols, raw)?;
+            let codes: Vec<i8> = q.iter().map(|&b| b as i8).collect();
+            let w = Int8W {
+                rows,
+                cols,
+                codes: self.gpu.upload(&codes)?,
+                scales: self.gpu.upload(&scales)?,
+            };
+            return Ok(DeviceBuffer::new(rows * cols, w));
+        }
+        let r = blocks::repack(OP, format, rows, cols, raw)?;
         let per_block = if format == DType::Q4_1 { 2 } else { 1 };
         let scales: Vec<u16> = r
             .scales
@@ -478,6 +499,9 @@ impl CudaBackend {
         m: usize,
     ) -> Result<()> {
         const OP: &str = "qmatmul";
+        if let Ok(iw) = w.get::<Int8W>() {
+            return self.qmatmul_i8(iw, x, y, m);
+        }
         let wb = w.get::<Blocks>()?;
         let (n, k) = (wb.rows, wb.cols);
         x.check(OP, "x", [1, m, k])?;
@@ -545,6 +569,55 @@ impl CudaBackend {
         // SAFETY: matches qmatmul_*; the codes and scales were split for exactly n × k
         // weights, and x/y were checked to hold m rows of k and n.
         launched(OP, unsafe { l.launch(cfg(grid, 128)).map(|_| ()) })
+    }
+
+    /// `y = x·Wᵀ` over per-channel INT8 weights: a warp per weight row, a grid row per
+    /// activation row.
+    fn qmatmul_i8(
+        &self,
+        w: &Int8W,
+        x: DeviceMatrix<'_>,
+        y: DeviceMatrix<'_>,
+        m: usize,
+    ) -> Result<()> {
+        const OP: &str = "qmatmul_i8";
+        let (n, k) = (w.rows, w.cols);
+        x.check(OP, "x", [1, m, k])?;
+        y.check(OP, "y", [1, m, n])?;
+        if x.strides[2] != 1 {
+            return Err(Error::shape(
+                OP,
+                "activation rows must be contiguous (column stride 1)",
+            ));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if m > 65535 {
+            return Err(Error::shape(
+                OP,
+                format!("{m} activation rows in one launch"),
+            ));
+        }
+        let vec = x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4));
+        let entry = if vec { "qmatmul_i8_v4" } else { "qmatmul_i8" };
+        let f = self.gpu.function("qmatvec", entry)?;
+        let (xv, yv) = (f32_view(x.buf, x.offset)?, f32_view(y.buf, y.offset)?);
+        let (ni, ki) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        let (x_row, y_row, y_col) = (
+            long(OP, "x row stride", x.strides[1])?,
+            long(OP, "y row stride", y.strides[1])?,
+            long(OP, "y column stride", y.strides[2])?,
+        );
+        let mut l = self.gpu.stream().launch_builder(&f);
+        l.arg(&w.codes).arg(&w.scales).arg(&xv).arg(&yv);
+        l.arg(&ni).arg(&ki).arg(&x_row).arg(&y_row).arg(&y_col);
+        let grid = (n.div_ceil(8) as u32, m as u32, 1);
+        // SAFETY: matches qmatmul_i8[_v4]; codes and scales were uploaded for exactly
+        // n × k weights (k a multiple of 4, so each row's char4 reads stay in it), x and y
+        // were checked to hold m rows of k and n through their strides, and the float4
+        // form runs only when every x row starts 16-byte aligned.
+        launched(OP, unsafe { l.launch(cfg(grid, 256)).map(|_| ()) })
     }
 
     fn paged(&self, call: &PagedCall<'_>) -> Result<()> {

@@ -232,9 +232,12 @@ pub fn qmatvec_i8(
     const OP: &str = "cuda qmatvec_i8";
     checks::qmatvec_i8((n, k), w.len(), scales.len(), x.len(), y.len())?;
     let (n32, k32) = (n as i32, k as i32);
-    let f = dev.function("qmatvec", "qmatvec_i8")?;
+    let (x_sr, y_sr, y_sc) = (k as i64, n as i64, 1i64);
+    let f = dev.function("qmatvec", "qmatmul_i8_v4")?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(w).arg(scales).arg(x).arg(y).arg(&n32).arg(&k32);
-    // SAFETY: types and order match qmatvec_i8; lengths checked.
+    l.arg(&x_sr).arg(&y_sr).arg(&y_sc);
+    // SAFETY: types and order match qmatmul_i8_v4 (one activation row: grid y = 1, x a
+    // whole allocation, so 16-byte aligned); lengths checked.
     launch(OP, unsafe { l.launch(cfg((blocks(n, 8), 1, 1), 256)) })
 }

@@ -92,4 +92,9 @@ fn bad_calls_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("not whole 32-weight blocks"), "{err}");
+    let err = dev
+        .upload_blocks(tessera_core::DType::I8, 2, 8, &[0; 20])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("20 bytes for 2x8 INT8 codes"), "{err}");
 }

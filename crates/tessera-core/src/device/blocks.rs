@@ -76,3 +76,61 @@ pub fn repack(
     }
     Ok(Repacked { scales, codes })
 }
+
+/// Per-channel INT8 weights as [`Device::upload_blocks`](super::Device::upload_blocks)
+/// takes them (`format` I8): the `rows × cols` codes row-major, then each row's f32 scale
+/// (little-endian). Returns the codes and the scales, or an error naming the mismatch.
+pub fn split_int8<'a>(
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    raw: &'a [u8],
+) -> Result<(&'a [u8], Vec<f32>)> {
+    if cols == 0 || !cols.is_multiple_of(4) {
+        return Err(Error::shape(
+            op,
+            format!("{cols} columns are not a positive multiple of 4"),
+        ));
+    }
+    let codes = rows
+        .checked_mul(cols)
+        .ok_or_else(|| Error::Overflow(format!("{rows}x{cols} weights")))?;
+    if raw.len() != codes + 4 * rows {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{} bytes for {rows}x{cols} INT8 codes and {rows} f32 scales",
+                raw.len()
+            ),
+        ));
+    }
+    let (q, s) = raw.split_at(codes);
+    let scales = s
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok((q, scales))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_upload_layout_splits_codes_and_scales() {
+        let mut raw: Vec<u8> = (0..8).map(|i| (i as i8 - 4) as u8).collect();
+        raw.extend(0.5f32.to_le_bytes());
+        raw.extend((-2.0f32).to_le_bytes());
+        let (q, s) = split_int8("t", 2, 4, &raw).unwrap();
+        assert_eq!(q.len(), 8);
+        assert_eq!(q[0] as i8, -4);
+        assert_eq!(s, [0.5, -2.0]);
+        let e = split_int8("t", 2, 4, &raw[..15]).unwrap_err().to_string();
+        assert!(
+            e.contains("15 bytes for 2x4 INT8 codes and 2 f32 scales"),
+            "{e}"
+        );
+        let e = split_int8("t", 2, 6, &raw).unwrap_err().to_string();
+        assert!(e.contains("not a positive multiple of 4"), "{e}");
+    }
+}

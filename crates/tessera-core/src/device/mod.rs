@@ -302,7 +302,8 @@ pub trait Device: Send + Sync {
     /// kept at 16 bits: operands of the calls that read half-precision storage (GEMM).
     fn upload_half(&self, dtype: DType, bits: &[u16]) -> Result<DeviceBuffer>;
     /// Uploads a `[rows, cols]` matrix stored in the ggml block format `format` (its
-    /// raw blocks, row-major), in whatever layout the backend's matmul reads.
+    /// raw blocks, row-major), in whatever layout the backend's matmul reads. `format`
+    /// I8 is per-channel INT8 in the layout [`blocks::split_int8`] reads.
     fn upload_blocks(
         &self,
         format: DType,

@@ -7,9 +7,10 @@ use super::spec::{Operands, QMatmulProblem};
 use super::{qmatmul_i8, qmatmul_w8a8, ActScales, PackedWeights, TOL};
 use crate::pool;
 use crate::quant::Int8Matrix;
+use crate::registry::on_device::OnDevice;
 use crate::registry::{
-    BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
-    TuneSpace, Variant,
+    device_variants, BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng,
+    Tolerance, TuneConfig, TuneSpace, Variant,
 };
 use rand::Rng as _;
 use std::fmt;
@@ -45,8 +46,10 @@ impl OpSpec for QMatmulI8Op {
     fn dtypes(&self) -> &'static [DType] {
         &[DType::I8]
     }
-    fn variants(&self, _: DType) -> Vec<Variant> {
-        W8A8.variants()
+    fn variants(&self, dtype: DType) -> Vec<Variant> {
+        let mut v = W8A8.variants();
+        v.extend(device_variants("qmatmul_i8", dtype));
+        v
     }
     fn tolerance(&self, _: DType) -> Tolerance {
         TOL
@@ -107,6 +110,7 @@ impl ProblemCase for I8Problem {
             packed: PackedWeights::from_int8(&w),
             w,
             ops: Operands::new(p, rng),
+            dev: None,
         }))
     }
 }
@@ -115,6 +119,17 @@ struct I8Instance {
     w: Int8Matrix,
     packed: PackedWeights,
     ops: Operands,
+    /// The weights and operands on a device variant's device.
+    dev: Option<OnDevice>,
+}
+
+/// `w` in the device upload layout (`device::blocks::split_int8`): codes, then each
+/// row's f32 scale.
+fn device_bytes(w: &Int8Matrix) -> Vec<u8> {
+    let codes = (0..w.rows()).flat_map(|r| w.row(r).iter().map(|&q| q as u8));
+    codes
+        .chain(w.scales().iter().flat_map(|s| s.to_le_bytes()))
+        .collect()
 }
 
 impl I8Instance {
@@ -151,8 +166,16 @@ impl Instance for I8Instance {
     }
     fn poison(&mut self) {
         self.ops.poison();
+        OnDevice::reset_output(&mut self.dev, |n| vec![f32::NAN; n]);
     }
     fn run(&mut self, v: &Variant, cfg: &TuneConfig) -> Result<()> {
+        if v.backend.device_kind().is_some() {
+            let w = &self.w;
+            return self.ops.run_on_device(&mut self.dev, v, |dev| {
+                dev.upload_blocks(DType::I8, w.rows(), w.cols(), &device_bytes(w))
+            });
+        }
+        OnDevice::host_ran(&mut self.dev);
         let threads = cfg.get("threads").unwrap_or(pool::global().threads());
         let (w, packed) = (&self.w, &self.packed);
         self.ops.call(|x, y| {
@@ -164,7 +187,7 @@ impl Instance for I8Instance {
         })
     }
     fn output(&self) -> Vec<f64> {
-        self.ops.output()
+        self.ops.output_from(&self.dev)
     }
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>> {
         self.ops.inject_nonfinite(rng)
