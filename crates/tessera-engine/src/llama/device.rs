@@ -188,7 +188,9 @@ impl DeviceLinear {
 
 impl DeviceLlama {
     /// Copies `model` onto `dev`. A backend without one of the calls the forward
-    /// launches is an error naming it.
+    /// launches is an error naming it. Load the model with `Activations::F32`: a layer
+    /// repacked for integer activations no longer holds its blocks and goes up as f32
+    /// (correct, but 8× the memory of Q4 blocks and the slower GEMM path).
     pub fn new(model: &Llama, dev: Arc<dyn Device>) -> Result<Self> {
         if let Some((op, _)) = NEEDED.iter().find(|(op, t)| !dev.supports(op, *t)) {
             return Err(Error::Model(format!(
