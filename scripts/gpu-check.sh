@@ -25,18 +25,12 @@ for l in sys.stdin:
     cp "$bin" "gpu-bin/$t-tests"
   done
   # Debug info stays here: the binaries travel to the device under its size limit.
-  strip gpu-bin/*
+  strip gpu-bin/tessera gpu-bin/gpu_bench gpu-bin/*-tests
   ls -l gpu-bin
   exit 0
 fi
 
-out="${OUT:-gpu-out}"
-mkdir -p "$out"
-# NVRTC and the CUDA headers of the machine's toolkit.
-cuda="${CUDA_HOME:-/usr/local/cuda}"
-export TESSERA_CUDA_INCLUDE="${TESSERA_CUDA_INCLUDE:-$cuda/include}"
-export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cubin-cache"
+source scripts/gpu-env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi unavailable"; } | tee "$out/gpu.txt"
 
 status=0

@@ -7,12 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="$1"
-out="${OUT:-gpu-out}"
-mkdir -p "$out"
-cuda="${CUDA_HOME:-/usr/local/cuda}"
-export TESSERA_CUDA_INCLUDE="${TESSERA_CUDA_INCLUDE:-$cuda/include}"
-export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export TESSERA_CUDA_CACHE="${TMPDIR:-/tmp}/tessera-cubin-cache"
+source scripts/gpu-env.sh
 t=./gpu-bin/tessera
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

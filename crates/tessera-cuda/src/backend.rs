@@ -58,6 +58,24 @@ struct Blocks {
     codes: CudaSlice<u8>,
 }
 
+/// Checks a quantized matmul's activation and output views (`x [m, k]` with contiguous
+/// rows, `y [m, n]`); false when there is nothing to compute.
+fn matmul_views(
+    op: &'static str,
+    (x, y): (DeviceMatrix<'_>, DeviceMatrix<'_>),
+    [m, n, k]: [usize; 3],
+) -> Result<bool> {
+    x.check(op, "x", [1, m, k])?;
+    y.check(op, "y", [1, m, n])?;
+    if x.strides[2] != 1 {
+        return Err(Error::shape(
+            op,
+            "activation rows must be contiguous (column stride 1)",
+        ));
+    }
+    Ok(m > 0 && n > 0)
+}
+
 /// Per-channel INT8 weights for `qmatmul_i8`: codes row-major, one f32 scale per row.
 struct Int8W {
     rows: usize,
@@ -504,15 +522,7 @@ impl CudaBackend {
         }
         let wb = w.get::<Blocks>()?;
         let (n, k) = (wb.rows, wb.cols);
-        x.check(OP, "x", [1, m, k])?;
-        y.check(OP, "y", [1, m, n])?;
-        if x.strides[2] != 1 {
-            return Err(Error::shape(
-                OP,
-                "activation rows must be contiguous (column stride 1)",
-            ));
-        }
-        if m == 0 || n == 0 {
+        if !matmul_views(OP, (x, y), [m, n, k])? {
             return Ok(());
         }
         // Activation rows per warp: each group re-reads W (from L2 after the first), so
@@ -582,15 +592,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "qmatmul_i8";
         let (n, k) = (w.rows, w.cols);
-        x.check(OP, "x", [1, m, k])?;
-        y.check(OP, "y", [1, m, n])?;
-        if x.strides[2] != 1 {
-            return Err(Error::shape(
-                OP,
-                "activation rows must be contiguous (column stride 1)",
-            ));
-        }
-        if m == 0 || n == 0 {
+        if !matmul_views(OP, (x, y), [m, n, k])? {
             return Ok(());
         }
         if m > 65535 {

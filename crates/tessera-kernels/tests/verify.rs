@@ -35,6 +35,7 @@ verify_ops! {
     silu => "silu",
     gelu => "gelu",
     swiglu => "swiglu",
+    add => "add",
     embedding => "embedding",
     argmax => "argmax",
     qmatmul => "qmatmul",

@@ -30,33 +30,10 @@ fn every_wgpu_kernel_matches_float64() {
     verify::verify_backend(Backend::Wgpu, 0x9e0).assert_complete("wgpu", 40);
 }
 
-/// A row op writes at `out_offset` and leaves the rest of the buffer alone (the engine
-/// writes rotated keys straight into its cache); an offset past the end is an error.
 #[test]
 fn rows_write_at_their_offset() {
     let Some(dev) = device() else { return };
-    let (a, b) = (
-        dev.upload(&[1.0, 2.0, 3.0, 4.0]).unwrap(),
-        dev.upload(&[0.5, -2.0, 30.0, 0.25]).unwrap(),
-    );
-    let (out, ab) = (dev.upload(&[-7.0; 8]).unwrap(), [&a, &b]);
-    let add = |out_offset| device::DeviceCall::Rows {
-        op: device::RowOp::Add,
-        inputs: &ab,
-        gamma: None,
-        out: &out,
-        out_offset,
-        rows: 2,
-        n: 2,
-    };
-    dev.run(&add(3)).unwrap();
-    let got = dev.download(&out).unwrap();
-    assert_eq!(got, [-7.0, -7.0, -7.0, 1.5, 0.0, 33.0, 4.25, -7.0]);
-    let err = dev.run(&add(5)).unwrap_err().to_string();
-    assert!(
-        err.contains("out holds 8 elements, the call needs 9"),
-        "{err}"
-    );
+    verify::assert_row_offsets(&*dev);
 }
 
 #[test]

@@ -426,6 +426,12 @@ impl Sequence for DeviceSequence<'_> {
             causal: true,
             window: None,
         };
+        // x + proj into the other residual buffer, which becomes the stream.
+        let residual = |cur: usize| -> Result<usize> {
+            let sum = [&s.x[cur], &s.proj];
+            rows(RowOp::Add, &sum, None, (&s.x[1 - cur], 0), [n, d])?;
+            Ok(1 - cur)
+        };
         let mut cur = 0;
         for (l, layer) in m.layers.iter().enumerate() {
             let (kc, vc) = (&self.k[l], &self.v[l]);
@@ -458,14 +464,7 @@ impl Sequence for DeviceSequence<'_> {
             layer
                 .o
                 .forward(dev, (mat(&s.att, d), mat(&s.proj, d)), n, &s.ones)?;
-            rows(
-                RowOp::Add,
-                &[&s.x[cur], &s.proj],
-                None,
-                (&s.x[1 - cur], 0),
-                [n, d],
-            )?;
-            cur = 1 - cur;
+            cur = residual(cur)?;
             rows(norm, &[&s.x[cur]], Some(&layer.ffn_norm), (&s.h, 0), [n, d])?;
             let h = mat(&s.h, d);
             layer.gate.forward(dev, (h, mat(&s.gate, f)), n, &s.ones)?;
@@ -474,14 +473,7 @@ impl Sequence for DeviceSequence<'_> {
             layer
                 .down
                 .forward(dev, (mat(&s.act, f), mat(&s.proj, d)), n, &s.ones)?;
-            rows(
-                RowOp::Add,
-                &[&s.x[cur], &s.proj],
-                None,
-                (&s.x[1 - cur], 0),
-                [n, d],
-            )?;
-            cur = 1 - cur;
+            cur = residual(cur)?;
         }
         rows(norm, &[&s.x[cur]], Some(&m.norm), (&s.h, 0), [n, d])?;
         // The LM head on the last position only.

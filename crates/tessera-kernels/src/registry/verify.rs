@@ -216,6 +216,36 @@ impl BackendCheck {
     }
 }
 
+/// A device's row calls honour `out_offset` (the engine writes rotated keys straight
+/// into its cache through it): the rows land there, the rest of the buffer keeps its
+/// contents, and an offset that runs past the end is an error. Panics otherwise: a check
+/// the device backends' tests share.
+pub fn assert_row_offsets(dev: &dyn tessera_core::device::Device) {
+    use tessera_core::device::{DeviceCall, RowOp};
+    let (a, b) = (
+        dev.upload(&[1.0, 2.0, 3.0, 4.0]).expect("upload"),
+        dev.upload(&[0.5, -2.0, 30.0, 0.25]).expect("upload"),
+    );
+    let (out, ab) = (dev.upload(&[-7.0; 8]).expect("upload"), [&a, &b]);
+    let add = |out_offset| DeviceCall::Rows {
+        op: RowOp::Add,
+        inputs: &ab,
+        gamma: None,
+        out: &out,
+        out_offset,
+        rows: 2,
+        n: 2,
+    };
+    dev.run(&add(3)).expect("an offset within the buffer");
+    let got = dev.download(&out).expect("download");
+    assert_eq!(got, [-7.0, -7.0, -7.0, 1.5, 0.0, 33.0, 4.25, -7.0]);
+    let err = dev.run(&add(5)).expect_err("past the end").to_string();
+    assert!(
+        err.contains("out holds 8 elements, the call needs 9"),
+        "{err}"
+    );
+}
+
 /// Every op's variants on `backend` (a device's, say), on each op's test problems: how
 /// a device backend's tests check all it claims without listing the ops themselves.
 pub fn verify_backend(backend: super::Backend, seed: u64) -> BackendCheck {
