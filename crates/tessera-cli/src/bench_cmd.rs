@@ -112,6 +112,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", report::bench_table(&results));
+        for r in &results {
+            if let Some(t) = r.transfer {
+                println!(
+                    "{} {} {} {}: upload {:.3} ms, download {:.3} ms (outside the timed calls)",
+                    r.op,
+                    r.problem,
+                    r.dtype,
+                    r.variant,
+                    t.upload_s * 1e3,
+                    t.download_s * 1e3
+                );
+            }
+        }
         if !peers.is_empty() {
             print!("{}", peer_table(&peers));
         }
@@ -236,6 +249,7 @@ mod tests {
             bound: "memory",
             rotation: 1,
             cold_read_s: None,
+            transfer: None,
         };
         let path = std::env::temp_dir().join(format!("tessera-trace-{}.json", std::process::id()));
         assert_eq!(write_trace(&path, &[r]).unwrap(), 2);

@@ -119,6 +119,40 @@ pub struct BenchResult {
     /// A cold read of the same bytes on the same threads, timed right after the samples
     /// (memory-bound runs with [`BenchOptions::cold_read`]).
     pub cold_read_s: Option<f64>,
+    /// A device variant's transfers, which the timed calls leave out: the upload of a
+    /// fresh instance's inputs and the download of its output.
+    pub transfer: Option<Transfer>,
+}
+
+/// Host↔device copies of one instance, timed apart from its calls.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Transfer {
+    /// The first run of a fresh instance (its inputs' upload and one call) less one
+    /// later call: the upload, seconds.
+    pub upload_s: f64,
+    /// Reading the output back (and widening it), seconds.
+    pub download_s: f64,
+}
+
+/// Times a device variant's upload and download on a fresh instance, after a throwaway
+/// one has paid the first-use costs (pipeline and NVRTC compiles).
+fn time_transfer(spec: &BenchSpec<'_>, rng: &mut registry::Rng) -> Result<Transfer> {
+    spec.problem
+        .instantiate(spec.dtype, rng)?
+        .run(spec.variant, spec.config)?;
+    let mut inst = spec.problem.instantiate(spec.dtype, rng)?;
+    let t = Instant::now();
+    inst.run(spec.variant, spec.config)?;
+    let first = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    inst.run(spec.variant, spec.config)?;
+    let call = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    std::hint::black_box(inst.output());
+    Ok(Transfer {
+        upload_s: (first - call).max(0.0),
+        download_s: t.elapsed().as_secs_f64(),
+    })
 }
 
 /// Whether a cost is below the ridge point (memory-bound) for these ceilings.
@@ -162,6 +196,10 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let peak = ceilings.peak_gflops(spec.unit);
     let mem_bound = memory_bound(&cost, peak, ceilings);
     let mut rng = registry::rng(0xbe4c);
+    let transfer = match on_device {
+        true => Some(time_transfer(spec, &mut rng)?),
+        false => None,
+    };
     let mut instances: Vec<Box<dyn Instance>> =
         vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
     if mem_bound && !opts.in_cache {
@@ -259,6 +297,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
         cold_read_s,
+        transfer,
     })
 }
 
