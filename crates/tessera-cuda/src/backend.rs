@@ -58,13 +58,24 @@ struct Blocks {
     codes: CudaSlice<u8>,
 }
 
-/// Checks a quantized matmul's activation and output views (`x [m, k]` with contiguous
-/// rows, `y [m, n]`); false when there is nothing to compute.
-fn matmul_views(
+/// A quantized matmul's activations and outputs as its kernels take them: pointers at
+/// the views' offsets, the row strides and y's column stride, and whether every x row
+/// starts 16-byte aligned (the float4 load forms).
+struct MatmulViews<'a> {
+    x: CudaView<'a, f32>,
+    y: CudaView<'a, f32>,
+    /// x row, y row, y column.
+    strides: [i64; 3],
+    aligned: bool,
+}
+
+/// Checks a quantized matmul's views (`x [m, k]` with contiguous rows, `y [m, n]`) and
+/// prepares them; None when there is nothing to compute.
+fn matmul_views<'a>(
     op: &'static str,
-    (x, y): (DeviceMatrix<'_>, DeviceMatrix<'_>),
+    (x, y): (DeviceMatrix<'a>, DeviceMatrix<'a>),
     [m, n, k]: [usize; 3],
-) -> Result<bool> {
+) -> Result<Option<MatmulViews<'a>>> {
     x.check(op, "x", [1, m, k])?;
     y.check(op, "y", [1, m, n])?;
     if x.strides[2] != 1 {
@@ -73,7 +84,19 @@ fn matmul_views(
             "activation rows must be contiguous (column stride 1)",
         ));
     }
-    Ok(m > 0 && n > 0)
+    if m == 0 || n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(MatmulViews {
+        x: f32_view(x.buf, x.offset)?,
+        y: f32_view(y.buf, y.offset)?,
+        strides: [
+            long(op, "x row stride", x.strides[1])?,
+            long(op, "y row stride", y.strides[1])?,
+            long(op, "y column stride", y.strides[2])?,
+        ],
+        aligned: x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4)),
+    }))
 }
 
 /// Per-channel INT8 weights for `qmatmul_i8`: codes row-major, one f32 scale per row.
@@ -522,9 +545,9 @@ impl CudaBackend {
         }
         let wb = w.get::<Blocks>()?;
         let (n, k) = (wb.rows, wb.cols);
-        if !matmul_views(OP, (x, y), [m, n, k])? {
+        let Some(v) = matmul_views(OP, (x, y), [m, n, k])? else {
             return Ok(());
-        }
+        };
         // Activation rows per warp: each group re-reads W (from L2 after the first), so
         // wider groups for more rows; 8 keeps the x registers (8 × 8) under the limit.
         let rows_per_group = match m {
@@ -544,8 +567,6 @@ impl CudaBackend {
                 format!("{m} activation rows in one launch"),
             ));
         }
-        // float4 activation loads when every x row starts 16-byte aligned.
-        let vec = x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4));
         // One weight row per warp where four would leave the GPU short of blocks (see
         // qmatvec.cu); only the one-row kernel has that form.
         let weight_rows = if m == 1 && n < SMALL_MATRIX_ROWS {
@@ -555,19 +576,15 @@ impl CudaBackend {
         };
         let entry = format!(
             "qmatmul_{fmt}_m{rows_per_group}{}{}",
-            if vec { "_v4" } else { "" },
+            // float4 activation loads when every x row starts 16-byte aligned.
+            if v.aligned { "_v4" } else { "" },
             if weight_rows == 1 { "_r1" } else { "" }
         );
         let f = self.gpu.function("qmatvec", &entry)?;
-        let (xv, yv) = (f32_view(x.buf, x.offset)?, f32_view(y.buf, y.offset)?);
         let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
-        let (x_row, y_row, y_col) = (
-            long(OP, "x stride", x.strides[1])?,
-            long(OP, "y stride", y.strides[1])?,
-            long(OP, "y stride", y.strides[2])?,
-        );
+        let [x_row, y_row, y_col] = v.strides;
         let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&wb.codes).arg(&wb.scales).arg(&xv).arg(&yv);
+        l.arg(&wb.codes).arg(&wb.scales).arg(&v.x).arg(&v.y);
         l.arg(&mi)
             .arg(&ni)
             .arg(&ki)
@@ -592,27 +609,25 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "qmatmul_i8";
         let (n, k) = (w.rows, w.cols);
-        if !matmul_views(OP, (x, y), [m, n, k])? {
+        let Some(v) = matmul_views(OP, (x, y), [m, n, k])? else {
             return Ok(());
-        }
+        };
         if m > 65535 {
             return Err(Error::shape(
                 OP,
                 format!("{m} activation rows in one launch"),
             ));
         }
-        let vec = x.offset.is_multiple_of(4) && (m == 1 || x.strides[1].is_multiple_of(4));
-        let entry = if vec { "qmatmul_i8_v4" } else { "qmatmul_i8" };
+        let entry = if v.aligned {
+            "qmatmul_i8_v4"
+        } else {
+            "qmatmul_i8"
+        };
         let f = self.gpu.function("qmatvec", entry)?;
-        let (xv, yv) = (f32_view(x.buf, x.offset)?, f32_view(y.buf, y.offset)?);
         let (ni, ki) = (int(OP, "n", n)?, int(OP, "k", k)?);
-        let (x_row, y_row, y_col) = (
-            long(OP, "x row stride", x.strides[1])?,
-            long(OP, "y row stride", y.strides[1])?,
-            long(OP, "y column stride", y.strides[2])?,
-        );
+        let [x_row, y_row, y_col] = v.strides;
         let mut l = self.gpu.stream().launch_builder(&f);
-        l.arg(&w.codes).arg(&w.scales).arg(&xv).arg(&yv);
+        l.arg(&w.codes).arg(&w.scales).arg(&v.x).arg(&v.y);
         l.arg(&ni).arg(&ki).arg(&x_row).arg(&y_row).arg(&y_col);
         let grid = (n.div_ceil(8) as u32, m as u32, 1);
         // SAFETY: matches qmatmul_i8[_v4]; codes and scales were uploaded for exactly
