@@ -202,7 +202,9 @@ pub fn jobs(sel: &Selection, default_variant: Option<&str>) -> Result<Vec<Job>> 
                 .filter(|v| variant_filter.is_none_or(|x| x == v.label))
                 .filter(|v| sel.backend.keeps(v))
             {
-                for (name, problem) in problems(op)?.into_iter().filter(|(_, p)| p.supports(dtype))
+                for (name, problem) in problems(op)?
+                    .into_iter()
+                    .filter(|(_, p)| p.supports(dtype, &variant))
                 {
                     let space = problem.tune_space();
                     let mut config = space.defaults();

@@ -85,7 +85,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
             };
             for problem in problems
                 .iter()
-                .filter(|p| p.tune_space().size() > 1 && p.supports(dtype))
+                .filter(|p| p.tune_space().size() > 1 && p.supports(dtype, &variant))
             {
                 targets.push((*op, problem.as_ref(), dtype, variant.clone()));
             }

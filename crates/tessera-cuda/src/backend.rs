@@ -18,12 +18,13 @@
 //! decode kernel itself. Reuse is safe because the calls run in stream order and a
 //! replaced buffer is freed in stream order too.
 
-use crate::ops::cfg;
+use crate::ops::{cfg, AttentionShape};
 use crate::{CudaError, Device as Gpu};
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
-use half::f16;
+use half::{bf16, f16};
 use tessera_core::device::{
-    blocks, checks, Device, DeviceBuffer, DeviceCall, DeviceKind, DeviceMatrix, PagedCall, RowOp,
+    blocks, checks, Device, DeviceBuffer, DeviceCall, DeviceKind, DeviceMatrix, FlashCall,
+    PagedCall, RowOp, FLASH_ATTENTION_OP,
 };
 use tessera_core::{DType, Error, Result};
 
@@ -43,11 +44,28 @@ impl From<CudaError> for Error {
 
 /// f32 storage: activations, outputs, KV caches.
 struct F32(CudaSlice<f32>);
-/// 16-bit floats kept at 16 bits (GEMM operands).
+/// 16-bit floats kept at 16 bits (GEMM operands, attention caches, flash attention's
+/// operands and output).
 struct Half {
     dtype: DType,
     bits: CudaSlice<u16>,
 }
+/// `data` rounded to the 16-bit `dtype` (F16 or BF16), as bits.
+fn half_bits(dtype: DType, data: &[f32]) -> Vec<u16> {
+    match dtype {
+        DType::F16 => data.iter().map(|&x| f16::from_f32(x).to_bits()).collect(),
+        _ => data.iter().map(|&x| bf16::from_f32(x).to_bits()).collect(),
+    }
+}
+
+/// 16-bit `dtype` bits widened exactly to f32.
+fn widen_bits(dtype: DType, bits: &[u16]) -> Vec<f32> {
+    match dtype {
+        DType::F16 => bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect(),
+        _ => bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
+    }
+}
+
 /// Block-format weights split for `qmatmul_*`: code bytes row-major, f16 scales (two
 /// per block for Q4_1: scale, min).
 struct Blocks {
@@ -215,6 +233,7 @@ impl Device for CudaBackend {
             "attention" | "paged_attention" | "varlen_attention" => {
                 matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
             }
+            FLASH_ATTENTION_OP => matches!(dtype, DType::BF16 | DType::F16),
             _ => false,
         }
     }
@@ -263,25 +282,17 @@ impl Device for CudaBackend {
         Ok(DeviceBuffer::new(rows * cols, b))
     }
     fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()> {
-        let s = &buf.get::<F32>()?.0;
-        if data.len() != s.len() {
-            return Err(Error::shape(
-                "cuda write",
-                format!("{} values for a buffer of {}", data.len(), s.len()),
-            ));
+        if let Ok(h) = buf.get::<Half>() {
+            let bits = half_bits(h.dtype, data);
+            return self.copy_in("cuda write", &h.bits, &bits);
         }
-        if data.is_empty() {
-            return Ok(());
-        }
-        let stream = self.gpu.stream();
-        self.gpu.synchronize()?;
-        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(s, stream);
-        // SAFETY: `ptr` is this f32 allocation of exactly `data.len()` elements, alive for
-        // the call (borrowed from `buf`); the copy is synchronous and the stream idle.
-        unsafe { cudarc::driver::result::memcpy_htod_sync(ptr, data) }
-            .map_err(|e| CudaError::driver("write", e).into())
+        self.copy_in("cuda write", &buf.get::<F32>()?.0, data)
     }
     fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>> {
+        if let Ok(h) = buf.get::<Half>() {
+            let bits = self.gpu.download(&h.bits)?;
+            return Ok(widen_bits(h.dtype, &bits));
+        }
         Ok(self.gpu.download(&buf.get::<F32>()?.0)?)
     }
     fn run(&self, call: &DeviceCall<'_>) -> Result<()> {
@@ -318,6 +329,7 @@ impl CudaBackend {
             } => self.gemm([a, b, c], dims, alpha, beta),
             DeviceCall::QMatmul { w, x, y, m } => self.qmatmul(w, x, y, m),
             DeviceCall::PagedAttention(ref p) => self.paged(p),
+            DeviceCall::FlashAttention(ref f) => self.flash(f),
             DeviceCall::Embedding {
                 table,
                 vocab,
@@ -635,6 +647,57 @@ impl CudaBackend {
         // were checked to hold m rows of k and n through their strides, and the float4
         // form runs only when every x row starts 16-byte aligned.
         launched(OP, unsafe { l.launch(cfg(grid, 256)).map(|_| ()) })
+    }
+
+    /// Overwrites all of `dst` with `data` once the stream is idle.
+    fn copy_in<T: cudarc::driver::DeviceRepr>(
+        &self,
+        op: &'static str,
+        dst: &CudaSlice<T>,
+        data: &[T],
+    ) -> Result<()> {
+        if data.len() != dst.len() {
+            return Err(Error::shape(
+                op,
+                format!("{} values for a buffer of {}", data.len(), dst.len()),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let stream = self.gpu.stream();
+        self.gpu.synchronize()?;
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(dst, stream);
+        // SAFETY: `ptr` is `dst`'s allocation of exactly `data.len()` elements of T,
+        // alive for the call (borrowed); the copy is synchronous and the stream idle.
+        unsafe { cudarc::driver::result::memcpy_htod_sync(ptr, data) }
+            .map_err(|e| CudaError::driver(op, e).into())
+    }
+
+    /// The tensor-core flash kernel over 16-bit buffers of one type.
+    fn flash(&self, call: &FlashCall<'_>) -> Result<()> {
+        let [q, k, v, out] = [call.q, call.k, call.v, call.out].map(|b| b.get::<Half>());
+        let (q, k, v, out) = (q?, k?, v?, out?);
+        if [k.dtype, v.dtype, out.dtype].iter().any(|&t| t != q.dtype) {
+            return Err(Error::Device(format!(
+                "cuda flash attention: q {}, k {}, v {}, out {} (one 16-bit type)",
+                q.dtype, k.dtype, v.dtype, out.dtype
+            )));
+        }
+        let s = call.shape;
+        let shape = AttentionShape {
+            batch: 1,
+            sq: s.q_len,
+            sk: s.kv_len,
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            d: s.d,
+            causal: s.causal,
+            scale: s.scale,
+        };
+        let name = if q.dtype == DType::F16 { "f16" } else { "bf16" };
+        let bufs = [&q.bits, &k.bits, &v.bits, &out.bits];
+        Ok(crate::ops::flash_launch(&self.gpu, name, bufs, shape)?)
     }
 
     fn paged(&self, call: &PagedCall<'_>) -> Result<()> {

@@ -105,20 +105,30 @@ pub fn flash_attention<T: Half16>(
     o: &mut CudaSlice<T>,
     s: AttentionShape,
 ) -> Res {
+    flash_launch(dev, T::NAME, [q, k, v, o], s)
+}
+
+/// [`flash_attention`] over buffers of any 2-byte element (the backend keeps 16-bit
+/// data as raw bits), `name` the type's entry suffix (`bf16` / `f16`).
+pub(crate) fn flash_launch<X: DeviceRepr>(
+    dev: &Device,
+    name: &str,
+    [q, k, v, o]: [&CudaSlice<X>; 4],
+    s: AttentionShape,
+) -> Res {
     const OP: &str = "cuda attention";
+    debug_assert_eq!(std::mem::size_of::<X>(), 2);
     checks::attention(&s, q.len(), k.len(), v.len(), o.len())?;
     let (sq, sk) = (s.sq as i32, s.sk as i32);
     let (heads, kvh) = (s.heads as i32, s.kv_heads as i32);
     let causal = s.causal as i32;
-    let f = dev.function(
-        "flash_attention",
-        &format!("flash_fwd_{}_d{}", T::NAME, s.d),
-    )?;
+    let f = dev.function("flash_attention", &format!("flash_fwd_{name}_d{}", s.d))?;
     let mut l = dev.stream().launch_builder(&f);
     l.arg(q).arg(k).arg(v).arg(o).arg(&sq).arg(&sk);
     l.arg(&heads).arg(&kvh).arg(&s.scale).arg(&causal);
     let grid = (blocks(s.sq, 64), s.heads as u32, s.batch as u32);
-    // SAFETY: types and order match flash_fwd_*; lengths checked against the shape.
+    // SAFETY: types and order match flash_fwd_* (2-byte elements); lengths checked
+    // against the shape.
     launch(OP, unsafe { l.launch(cfg(grid, 128)) })
 }
 

@@ -24,7 +24,10 @@ fn every_cuda_kernel_matches_float64() {
     let Some(dev) = device() else { return };
     eprintln!("CUDA device: {}", dev.name());
     device::install(dev.clone());
-    verify::verify_backend(Backend::Cuda, 0x9e0).assert_complete("cuda", 40);
+    let check = verify::verify_backend(Backend::Cuda, 0x9e0);
+    check.assert_complete("cuda", 40);
+    // The second attention kernel (bf16 queries and outputs) is a variant of its own.
+    assert!(check.ran("attention", "cuda-flash"), "{:?}", check.groups);
 }
 
 #[test]
@@ -74,4 +77,47 @@ fn bad_calls_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("20 bytes for 2x8 INT8 codes"), "{err}");
+}
+
+/// The flash call takes one 16-bit type for all four buffers and the head widths its
+/// kernel is built for; anything else is an error before any launch.
+#[test]
+fn bad_flash_calls_are_errors() {
+    use tessera_core::DType;
+    let Some(dev) = device() else { return };
+    let half = |n: usize, t: DType| dev.upload_half(t, &vec![0u16; n]).unwrap();
+    let shape = |d: usize| device::FlashShape {
+        q_len: 2,
+        kv_len: 2,
+        heads: 1,
+        kv_heads: 1,
+        d,
+        scale: 1.0,
+        causal: true,
+    };
+    let run = |bufs: [&device::DeviceBuffer; 4], d: usize| {
+        let [q, k, v, out] = bufs;
+        let call = device::FlashCall {
+            q,
+            k,
+            v,
+            out,
+            shape: shape(d),
+        };
+        dev.run(&device::DeviceCall::FlashAttention(call))
+            .unwrap_err()
+            .to_string()
+    };
+    let (b64, b32) = (half(128, DType::BF16), half(64, DType::BF16));
+    let err = run([&b32, &b32, &b32, &b32], 32);
+    assert!(err.contains("head dim 32"), "{err}");
+    let f16 = half(128, DType::F16);
+    let err = run([&b64, &b64, &b64, &f16], 64);
+    assert!(err.contains("one 16-bit type"), "{err}");
+    let short = half(64, DType::BF16);
+    let err = run([&b64, &short, &b64, &b64], 64);
+    assert!(err.contains("K holds 64 elements"), "{err}");
+    let f32_out = dev.upload(&[0.0; 128]).unwrap();
+    let err = run([&b64, &b64, &b64, &f32_out], 64);
+    assert!(err.contains("buffer is not"), "{err}");
 }

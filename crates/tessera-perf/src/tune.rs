@@ -135,7 +135,7 @@ fn verified(t: &Target<'_>, cfg: &TuneConfig, rng: &mut registry::Rng) -> bool {
         }
         verify::check(p, t.dtype, t.variant, Some(&c), rng).passed(tol)
     };
-    problems.retain(|p| p.supports(t.dtype));
+    problems.retain(|p| p.supports(t.dtype, t.variant));
     problems.iter_mut().all(|p| ok(p.as_ref(), rng)) && (!direct || ok(t.problem, rng))
 }
 

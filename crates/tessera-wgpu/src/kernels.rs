@@ -59,6 +59,10 @@ pub(crate) fn run(dev: &WgpuDevice, call: &DeviceCall<'_>) -> Result<()> {
         } => gemm(dev, [a, b, c], dims, alpha, beta),
         DeviceCall::QMatmul { w, x, y, m } => qmatmul(dev, w, x, y, m),
         DeviceCall::PagedAttention(ref call) => crate::paged::paged_attention(dev, call),
+        // Its `supports` never names the op, so the registry offers no such variant.
+        DeviceCall::FlashAttention(_) => Err(Error::Unsupported(
+            "wgpu has no 16-bit flash attention kernel (attention runs as a paged call)".into(),
+        )),
         DeviceCall::Embedding {
             table,
             vocab,

@@ -116,6 +116,25 @@ fn bad_calls_are_errors() {
     assert!(err.contains("1 context lengths but 2 query runs"), "{err}");
     let err = paged(&[1, 0], &[4], 300).unwrap_err();
     assert!(err.contains("width 300"), "{err}");
+    // No 16-bit flash kernel here (nor a claim to one): a clear refusal.
+    assert!(!dev.supports(device::FLASH_ATTENTION_OP, tessera_core::DType::BF16));
+    let flash = device::DeviceCall::FlashAttention(device::FlashCall {
+        q: &q,
+        k: &cache,
+        v: &cache,
+        out: &o,
+        shape: device::FlashShape {
+            q_len: 1,
+            kv_len: 4,
+            heads: 1,
+            kv_heads: 1,
+            d: 2,
+            scale: 1.0,
+            causal: true,
+        },
+    });
+    let err = dev.run(&flash).unwrap_err().to_string();
+    assert!(err.contains("no 16-bit flash attention kernel"), "{err}");
     // Embedding: an id past the vocabulary, a table view past its buffer.
     let table = |strides| device::DeviceMatrix {
         buf: &cache,

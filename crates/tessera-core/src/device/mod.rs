@@ -223,6 +223,8 @@ pub enum DeviceCall<'a> {
     },
     /// Attention over a paged KV cache: decode rows and prefill chunks of many sequences.
     PagedAttention(PagedCall<'a>),
+    /// Dense attention with every operand at 16 bits: the tensor-core prefill form.
+    FlashAttention(FlashCall<'a>),
     /// `out[i, :] = table[ids[i], :]`: rows of a `[vocab, dim]` table gathered by token
     /// id. The ids stay on the host (they change every step); every one must be < vocab.
     Embedding {
@@ -288,6 +290,48 @@ pub struct PagedShape<'a> {
     pub window: Option<usize>,
 }
 
+/// Dense attention over one sequence whose queries, keys, values and output are all
+/// 16-bit floats of one type (buffers from [`Device::upload_half`]): Q and O
+/// `[q_len, heads, d]`, K and V `[kv_len, kv_heads, d]`, contiguous. A separate call
+/// from [`PagedCall`] (f32 queries and output) because its kernels round differently:
+/// the probabilities are rounded to the input type before P·V and the output is stored
+/// at 16 bits, so its results carry that type's precision, not f32's.
+#[derive(Debug)]
+pub struct FlashCall<'a> {
+    /// Queries.
+    pub q: &'a DeviceBuffer,
+    /// Keys.
+    pub k: &'a DeviceBuffer,
+    /// Values.
+    pub v: &'a DeviceBuffer,
+    /// Output.
+    pub out: &'a DeviceBuffer,
+    /// The call's shape.
+    pub shape: FlashShape,
+}
+
+/// The shape of a [`FlashCall`]; GQA when `heads` is a multiple of `kv_heads`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashShape {
+    /// Query rows.
+    pub q_len: usize,
+    /// Key/value rows.
+    pub kv_len: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head width.
+    pub d: usize,
+    /// Multiplies the scores (usually 1/√d).
+    pub scale: f32,
+    /// Row i sees keys `0 ..= i + kv_len − q_len` (bottom-right aligned), else all.
+    pub causal: bool,
+}
+
+/// The op name [`Device::supports`] answers for [`DeviceCall::FlashAttention`].
+pub const FLASH_ATTENTION_OP: &str = "flash_attention";
+
 /// An accelerator: memory management and kernel launches.
 pub trait Device: Send + Sync {
     /// The API it is driven through.
@@ -311,9 +355,11 @@ pub trait Device: Send + Sync {
         cols: usize,
         blocks: &[u8],
     ) -> Result<DeviceBuffer>;
-    /// Overwrites a buffer made by [`Device::upload`] with `data` (same length).
+    /// Overwrites a buffer made by [`Device::upload`] with `data` (same length); a
+    /// backend whose calls write 16-bit outputs also takes buffers from
+    /// [`Device::upload_half`], rounding `data` to their type.
     fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()>;
-    /// Copies an f32 buffer back.
+    /// Copies an f32 buffer back (a 16-bit one widened, where [`Device::write`] takes it).
     fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>>;
     /// Launches one call and waits until it has finished.
     fn run(&self, call: &DeviceCall<'_>) -> Result<()>;

@@ -136,6 +136,14 @@ impl Variant {
         }
     }
 
+    /// A second kernel of an op on a device, with its own label (`cuda-flash`).
+    pub fn device_labelled(kind: DeviceKind, label: &str) -> Self {
+        Variant {
+            backend: Backend::of_device(kind),
+            label: label.into(),
+        }
+    }
+
     /// The CPU ISA of a CPU variant; an error for a device variant (an instance that
     /// reaches here for one has no kernel for that backend).
     pub fn isa(&self) -> Result<Isa> {
@@ -271,8 +279,9 @@ pub trait ProblemCase: fmt::Display + Send + Sync {
     /// Random inputs and output buffers for one call.
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>>;
     /// Whether the problem exists for `dtype` (a block format needs K to be a whole
-    /// number of its blocks); harnesses skip the pairs that do not.
-    fn supports(&self, _dtype: DType) -> bool {
+    /// number of its blocks) and `variant` has a kernel for it (a specialised kernel
+    /// may take only some head widths); harnesses skip the triples that do not.
+    fn supports(&self, _dtype: DType, _variant: &Variant) -> bool {
         true
     }
 }

@@ -188,6 +188,8 @@ pub const DEVICE_OPS: [&str; 12] = [
 pub struct BackendCheck {
     /// Ops with at least one variant on the backend.
     pub ops: Vec<&'static str>,
+    /// Each group that ran cases: `op/variant/dtype (cases)`.
+    pub groups: Vec<String>,
     /// Cases run.
     pub cases: usize,
     /// The failed cases, one line each.
@@ -199,10 +201,11 @@ impl BackendCheck {
     /// had a variant, and more than `min_cases` cases ran: the device backends' test.
     pub fn assert_complete(&self, backend: &str, min_cases: usize) {
         eprintln!(
-            "{backend}: {} cases over {} ops: {}",
+            "{backend}: {} cases over {} ops in {} groups: {}",
             self.cases,
             self.ops.len(),
-            self.ops.join(", ")
+            self.groups.len(),
+            self.groups.join(", ")
         );
         assert!(
             self.failures.is_empty(),
@@ -213,6 +216,14 @@ impl BackendCheck {
             assert!(self.ops.contains(&op), "{op}: no {backend} variant");
         }
         assert!(self.cases > min_cases, "only {} cases ran", self.cases);
+    }
+
+    /// Whether a group of `op` with variant label `variant` ran at least one case.
+    pub fn ran(&self, op: &str, variant: &str) -> bool {
+        let prefix = format!("{op}/{variant}/");
+        self.groups
+            .iter()
+            .any(|g| g.starts_with(&prefix) && !g.ends_with("(0)"))
     }
 }
 
@@ -258,6 +269,13 @@ pub fn verify_backend(backend: super::Backend, seed: u64) -> BackendCheck {
         out.ops.push(op.name());
         for r in &reports {
             out.cases += r.cases.len();
+            out.groups.push(format!(
+                "{}/{}/{} ({})",
+                r.op,
+                r.variant,
+                r.dtype,
+                r.cases.len()
+            ));
             out.failures.extend(r.failures().iter().map(|c| {
                 format!(
                     "{}/{}/{} {}: rel_err {:.3e} (tol {:.1e}) non-finite {} nan {:?} error {:?}",
@@ -295,7 +313,7 @@ pub fn verify_op_where(
         for variant in op.variants(dtype).into_iter().filter(|v| keep(v)) {
             let cases = problems
                 .iter()
-                .filter(|p| p.supports(dtype))
+                .filter(|p| p.supports(dtype, &variant))
                 .map(|p| check(p.as_ref(), dtype, &variant, None, &mut rng))
                 .collect();
             reports.push(VariantReport {

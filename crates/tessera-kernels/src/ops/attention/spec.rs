@@ -3,6 +3,7 @@
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
 use crate::ops::paged_attention::run_attention_on_device;
+use crate::registry::device_variants;
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -11,8 +12,12 @@ use crate::registry::{
 use half::bf16;
 use rand::Rng as _;
 use std::fmt;
-use tessera_core::device::PagedShape;
-use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
+use tessera_core::device::{
+    self, DeviceCall, FlashCall, FlashShape, PagedShape, FLASH_ATTENTION_OP,
+};
+use tessera_core::{
+    AlignedVec, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut,
+};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
 pub const TOL_F32: Tolerance = Tolerance {
@@ -24,6 +29,24 @@ pub const TOL_BF16: Tolerance = Tolerance {
     rel: 2e-5,
     reason: "exact widening, then as f32",
 };
+
+/// The device kernels that take 16-bit queries and write 16-bit outputs
+/// ([`DeviceCall::FlashAttention`]): P is rounded to bf16 before P·V and O stored as
+/// bf16, ~2⁻⁹ relative each, on top of f32 scores and sums.
+pub const TOL_FLASH_BF16: Tolerance = Tolerance {
+    rel: 1e-2,
+    reason: "P rounded to bf16 before P·V, output stored as bf16",
+};
+
+/// The label suffix of a device's 16-bit flash variant (`cuda-flash`).
+const FLASH: &str = "-flash";
+
+/// Head widths the CUDA flash kernel is instantiated for (`flash_fwd_*_d64/_d128`).
+const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+
+fn is_flash(v: &Variant) -> bool {
+    v.backend.device_kind().is_some() && v.label.ends_with(FLASH)
+}
 
 /// One attention call.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,11 +115,31 @@ impl OpSpec for AttentionOp {
     fn dtypes(&self) -> &'static [DType] {
         &[DType::F32, DType::BF16]
     }
+    /// Every CPU ISA and device, plus each device's 16-bit flash kernel where it has
+    /// one (bf16 queries and outputs: a variant of its own, with its own tolerance).
+    fn variants(&self, dtype: DType) -> Vec<Variant> {
+        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+        v.extend(device_variants(self.name(), dtype));
+        v.extend(
+            device::installed()
+                .into_iter()
+                .filter(|d| dtype == DType::BF16 && d.supports(FLASH_ATTENTION_OP, dtype))
+                .map(|d| Variant::device_labelled(d.kind(), &format!("{}{FLASH}", d.kind()))),
+        );
+        v
+    }
     fn tolerance(&self, dtype: DType) -> Tolerance {
         if dtype == DType::BF16 {
             TOL_BF16
         } else {
             TOL_F32
+        }
+    }
+    fn variant_tolerance(&self, dtype: DType, v: &Variant) -> Tolerance {
+        if is_flash(v) {
+            TOL_FLASH_BF16
+        } else {
+            self.tolerance(dtype)
         }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
@@ -248,6 +291,10 @@ impl ProblemCase for AttentionProblem {
             choices: (1..=t).collect(),
         }])
     }
+    /// The flash kernel has no window and only some head widths.
+    fn supports(&self, _: DType, v: &Variant) -> bool {
+        !is_flash(v) || (self.window.is_none() && FLASH_HEAD_DIMS.contains(&self.d))
+    }
     fn instantiate(&self, dtype: DType, rng: &mut Rng) -> Result<Box<dyn Instance>> {
         match dtype {
             DType::F32 => Ok(Box::new(AttnInstance::<f32>::new(self.clone(), rng)?)),
@@ -258,6 +305,16 @@ impl ProblemCase for AttentionProblem {
             }),
         }
     }
+}
+
+/// Q (viewed through `lq`) packed into contiguous `[q_len, heads, d]` rows, widened.
+fn packed_q<T: Element>(p: &AttentionProblem, q: &[T], lq: Layout) -> Vec<f32> {
+    (0..p.q_len * p.heads * p.d)
+        .map(|j| {
+            let at = [j / (p.heads * p.d), j / p.d % p.heads, j % p.d];
+            q[lq.index_of(&at)].to_f32()
+        })
+        .collect()
 }
 
 struct AttnInstance<T: Element> {
@@ -294,18 +351,12 @@ impl<T: Element> AttnInstance<T> {
 
     /// The same call on a device ([`run_attention_on_device`]), as a paged call with one
     /// sequence whose K/V are one block of `kv_len` positions; Q packed into contiguous
-    /// rows on the first run.
+    /// rows on the first run. A flash variant runs [`Self::run_flash_on_device`].
     fn run_on_device(&mut self, v: &Variant) -> Result<()> {
-        let (p, q, lq) = (&self.p, &self.q, self.lq);
-        let rows = self.o.len();
-        let pack = || {
-            (0..rows)
-                .map(|j| {
-                    let at = [j / (p.heads * p.d), j / p.d % p.heads, j % p.d];
-                    q[lq.index_of(&at)].to_f32()
-                })
-                .collect()
-        };
+        if is_flash(v) {
+            return self.run_flash_on_device(v);
+        }
+        let p = &self.p;
         let shape = PagedShape {
             block_tables: &[0],
             max_blocks: 1,
@@ -319,7 +370,51 @@ impl<T: Element> AttnInstance<T> {
             causal: p.causal,
             window: p.window,
         };
+        let (q, lq) = (&self.q, self.lq);
+        let pack = || packed_q(p, q, lq);
         run_attention_on_device(&mut self.dev, v, pack, (&self.k, &self.v), shape)
+    }
+
+    /// A [`DeviceCall::FlashAttention`]: Q, K, V and the output uploaded at 16 bits
+    /// (the instance's bf16 values, exactly), the output widened when read back.
+    fn run_flash_on_device(&mut self, v: &Variant) -> Result<()> {
+        if T::DTYPE != DType::BF16 {
+            return Err(Error::Unsupported(format!("{} on {}", v.label, T::DTYPE)));
+        }
+        let p = &self.p;
+        let shape = FlashShape {
+            q_len: p.q_len,
+            kv_len: p.kv_len,
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            d: p.d,
+            scale: self.scale(),
+            causal: p.causal,
+        };
+        let bits =
+            |x: &[f32]| -> Vec<u16> { x.iter().map(|&x| bf16::from_f32(x).to_bits()).collect() };
+        let widen = |b: &[T]| -> Vec<f32> { b.iter().map(|x| x.to_f32()).collect() };
+        let q = packed_q(p, &self.q, self.lq);
+        let state = OnDevice::ensure(&mut self.dev, v, |dev| {
+            let half = |x: &[f32]| dev.upload_half(DType::BF16, &bits(x));
+            let bufs = vec![
+                half(&q)?,
+                half(&widen(&self.k))?,
+                half(&widen(&self.v))?,
+                half(&vec![f32::NAN; q.len()])?,
+            ];
+            Ok((bufs, 3))
+        })?;
+        let b = &state.bufs;
+        state.device.run(&DeviceCall::FlashAttention(FlashCall {
+            q: &b[0],
+            k: &b[1],
+            v: &b[2],
+            out: &b[3],
+            shape,
+        }))?;
+        state.ran = true;
+        Ok(())
     }
 }
 
@@ -399,5 +494,48 @@ impl<T: Element> Instance for AttnInstance<T> {
     }
     fn footprint(&self) -> usize {
         bytes(&self.q) + bytes(&self.k) + bytes(&self.v) + bytes(&self.o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::device::DeviceKind;
+
+    /// A flash variant is offered only the problems its kernel is built for and is held
+    /// to its own tolerance; the op's other variants keep every problem and the dtype's.
+    #[test]
+    fn flash_variants_take_their_own_problems_and_tolerance() {
+        let flash = Variant::device_labelled(DeviceKind::Cuda, "cuda-flash");
+        let plain = Variant::device(DeviceKind::Cuda);
+        let cpu = Variant::cpu(Isa::Scalar);
+        let p = |d, window| AttentionProblem {
+            q_len: 5,
+            kv_len: 9,
+            heads: 4,
+            kv_heads: 2,
+            d,
+            causal: true,
+            window,
+            strided: true,
+        };
+        for (problem, on_flash) in [
+            (p(64, None), true),
+            (p(128, None), true),
+            (p(64, Some(4)), false),
+            (p(33, None), false),
+            (p(256, None), false),
+        ] {
+            assert_eq!(problem.supports(DType::BF16, &flash), on_flash, "{problem}");
+            assert!(problem.supports(DType::BF16, &plain), "{problem}");
+            assert!(problem.supports(DType::F32, &cpu), "{problem}");
+        }
+        let op = AttentionOp;
+        assert_eq!(op.variant_tolerance(DType::BF16, &flash), TOL_FLASH_BF16);
+        assert_eq!(op.variant_tolerance(DType::BF16, &plain), TOL_BF16);
+        assert_eq!(op.variant_tolerance(DType::F32, &cpu), TOL_F32);
+        // A CPU label that happens to end alike is not a device flash kernel.
+        let odd = Variant::labelled(Isa::Scalar, "scalar-flash");
+        assert!(p(33, None).supports(DType::BF16, &odd));
     }
 }

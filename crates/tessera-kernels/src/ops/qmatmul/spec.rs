@@ -311,7 +311,7 @@ impl ProblemCase for QMatmulProblem {
             })
         )
     }
-    fn supports(&self, dtype: DType) -> bool {
+    fn supports(&self, dtype: DType, _: &Variant) -> bool {
         self.k.is_multiple_of(dtype.block_size())
     }
 }
