@@ -112,6 +112,8 @@ pub struct CpuFeatures {
     pub avx512_vnni: bool,
     /// Arm Advanced SIMD (always on aarch64).
     pub neon: bool,
+    /// Arm `sdot`/`udot` (the DotProd extension, ARMv8.2 and later).
+    pub neon_dotprod: bool,
 }
 
 impl CpuFeatures {
@@ -133,13 +135,16 @@ impl CpuFeatures {
             avx512_bf16: avx512 && has!("avx512bf16"),
             avx512_vnni: avx512 && has!("avx512vnni"),
             neon: false,
+            neon_dotprod: false,
         }
     }
 
     #[cfg(target_arch = "aarch64")]
     fn detect() -> CpuFeatures {
+        use std::arch::is_aarch64_feature_detected as has;
         CpuFeatures {
-            neon: std::arch::is_aarch64_feature_detected!("neon"),
+            neon: has!("neon"),
+            neon_dotprod: has!("neon") && has!("dotprod"),
             ..Default::default()
         }
     }
@@ -171,6 +176,9 @@ impl CpuFeatures {
                 v.push("avx512-bf16 kernels (no AVX512_BF16)".into());
             }
         }
+        if cfg!(target_arch = "aarch64") && !self.neon_dotprod {
+            v.push("neon-sdot kernels (no DotProd)".into());
+        }
         v
     }
 
@@ -187,6 +195,9 @@ impl CpuFeatures {
         }
         if self.avx512_vnni {
             s += "+vnni";
+        }
+        if self.neon_dotprod {
+            s += "+dotprod";
         }
         s
     }

@@ -4,10 +4,10 @@
 //!   kernel of `byte_rows`, shared with FP8), the row scale applied once per output
 //!   (Σ q·x then × scale); large M: panels dequantized into the GEMM, as
 //!   for the block formats.
-//! - [`qmatmul_w8a8`]: activations quantized per row to int8, integer dot products
-//!   (`vpdpbusd` with AVX512_VNNI) on weights packed by [`PackedWeights::from_int8`]; on
-//!   AVX2 a kernel of its own (`avx2_w8a8`) keeps each row's dot in i32 and scales it once,
-//!   since both sides have a single scale per row.
+//! - [`qmatmul_w8a8`]: activations quantized per row to int8, integer dot products on
+//!   weights packed by [`PackedWeights::from_int8`]: one kernel (`row_scaled`, for
+//!   `vpmaddubsw` and `vpdpbusd`) keeps each row's dot in i32 and scales it once, since
+//!   both sides have a single scale per row.
 
 use super::byte_rows::{self, ByteCode};
 use super::weight_matmul;

@@ -38,7 +38,7 @@ use super::gemm::{gemm_with, tuned_blocking, GemmParams};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use tessera_core::CpuFeatures;
 use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
@@ -330,12 +330,12 @@ fn run_int8(
     #[cfg(not(target_arch = "x86_64"))]
     let pass = M_CHUNK;
     let act_block = ((24 << 10) / (4 * k)).clamp(pass, 256) / pass * pass;
-    #[cfg(target_arch = "x86_64")]
-    if kernel == IntKernel::Avx2RowScaled {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if let IntKernel::RowScaled(instr) = kernel {
         // SAFETY: `for_scales` chose it for one scale per weight row and per activation
-        // row and K below its overflow bound, on a CPU with AVX2 (`for_isa`); acts were
-        // quantized for these weights; y is [m, n].
-        return unsafe { avx2_w8a8::run(threads, w, acts, act_block, y) };
+        // row and K below its overflow bound, with an instruction whose features
+        // `for_isa` checked; acts were quantized for these weights; y is [m, n].
+        return unsafe { row_scaled::run(threads, instr, w, acts, act_block, y) };
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(kernel, IntKernel::Avx2 | IntKernel::Vnni) && m == 1 {
@@ -364,9 +364,7 @@ fn run_int8(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above (the row-scaled weights, run above, are also block-format
             // weights whose chunks repeat the row's scale).
-            IntKernel::Avx2 | IntKernel::Avx2RowScaled => unsafe {
-                avx2_int8::dots::<1>(w, r, &a[..mc], out)
-            },
+            IntKernel::Avx2 => unsafe { avx2_int8::dots::<1>(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above; `reading` chose it for interleaved weights with split
             // scales, and the driver below hands it whole groups (r a multiple of 8,
@@ -376,6 +374,10 @@ fn run_int8(
             IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
                 unreachable!("run below, over activation panels")
             }
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            IntKernel::RowScaled(_) => unreachable!("run above"),
+            #[cfg(target_arch = "aarch64")]
+            IntKernel::NeonDot => unreachable!("`for_scales` made it row-scaled or portable"),
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
@@ -461,10 +463,14 @@ enum IntKernel {
     /// scales (`avx2_planes8`), on AVX2 and VNNI CPUs alike.
     #[cfg(target_arch = "x86_64")]
     Planes8,
-    /// AVX2 W8A8 with one scale per weight row and per activation row: integer sums over
-    /// the whole row, scaled once.
-    #[cfg(target_arch = "x86_64")]
-    Avx2RowScaled,
+    /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
+    /// else the portable loop (no other NEON integer kernel yet).
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
+    /// W8A8 with one scale per weight row and per activation row: integer sums over the
+    /// whole row, scaled once (`row_scaled`), with the instruction given.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    RowScaled(row_scaled::Instr),
     /// The portable loop compiled for the ISA (the scalar baseline).
     Portable,
 }
@@ -477,6 +483,10 @@ impl IntKernel {
             Isa::Avx512 if CpuFeatures::get().avx512_vnni => return IntKernel::Vnni,
             Isa::Avx512 | Isa::Avx2 if Isa::Avx2.is_available() => return IntKernel::Avx2,
             _ => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if isa == Isa::Neon && CpuFeatures::get().neon_dotprod {
+            return IntKernel::NeonDot;
         }
         let _ = isa;
         IntKernel::Portable
@@ -504,18 +514,26 @@ impl IntKernel {
         self
     }
 
-    /// The AVX2 kernel specialised to row scales where weights and activations both
-    /// have one scale per row (per-channel INT8 in W8A8).
+    /// The row kernel of the same instruction set specialised to row scales, where
+    /// weights and activations both have one scale per row (per-channel INT8 in W8A8).
     fn for_scales(self, w: &PackedWeights, act: ActScales) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if self == IntKernel::Avx2
-            && act == ActScales::PerRow
-            && w.one_scale_per_row()
-            && w.cols() < avx2_w8a8::MAX_COLS
-        {
-            return IntKernel::Avx2RowScaled;
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        if act == ActScales::PerRow && w.one_scale_per_row() && w.cols() < row_scaled::MAX_COLS {
+            match self {
+                #[cfg(target_arch = "x86_64")]
+                IntKernel::Avx2 => return IntKernel::RowScaled(row_scaled::Instr::Maddubs),
+                #[cfg(target_arch = "x86_64")]
+                IntKernel::Vnni => return IntKernel::RowScaled(row_scaled::Instr::Vnni),
+                #[cfg(target_arch = "aarch64")]
+                IntKernel::NeonDot => return IntKernel::RowScaled(row_scaled::Instr::Sdot),
+                _ => {}
+            }
         }
         let _ = (w, act);
+        #[cfg(target_arch = "aarch64")]
+        if self == IntKernel::NeonDot {
+            return IntKernel::Portable;
+        }
         self
     }
 }
@@ -709,10 +727,10 @@ mod avx2_acts;
 mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_planes8;
-#[cfg(target_arch = "x86_64")]
-mod avx2_w8a8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod expand;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod row_scaled;
 #[cfg(target_arch = "x86_64")]
 mod rows8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

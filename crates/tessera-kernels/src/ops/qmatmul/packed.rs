@@ -533,12 +533,18 @@ impl PackedWeights {
     }
     /// Whether every chunk of a row shares one scale (per-channel INT8 from
     /// [`PackedWeights::from_int8`]), so a row's integer dot can be scaled once.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the row-scaled kernel's
     pub(super) fn one_scale_per_row(&self) -> bool {
         self.dtype == DType::I8
     }
     /// Row `row`'s scale when [`PackedWeights::one_scale_per_row`] (0 for an empty row).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )] // the row-scaled kernel's
     pub(super) fn row_scale(&self, row: usize) -> f32 {
         if self.cols < QK {
             return 0.0;
@@ -594,6 +600,8 @@ pub(super) struct QuantActs {
     pub(super) lane_sums: Vec<[f32; 8]>,
     /// Per block: −offset·Σq_x over the whole block (the interleaved kernel's start).
     pub(super) block_init: Vec<i32>,
+    /// −offset·Σq_x over the whole row, wrapping (the row-scaled VNNI kernel's start).
+    pub(super) row_init: i32,
     /// Per block: d_x·Σq_x (the interleaved kernel's minimum term; NaN with d_x).
     pub(super) block_sums: Vec<f32>,
     /// Per block: Σq_x over elements 0..16 in the low i16, over 16..32 in the high one
@@ -632,6 +640,9 @@ impl QuantActs {
         // start, and the portable build calls libm's `roundf` per value (~5 µs at
         // K = 1536, a fifth of the matmul).
         quantize_into(isa, x, offset, act, self);
+        self.row_init = self.block_init[..x.len() / QK]
+            .iter()
+            .fold(0i32, |a, &b| a.wrapping_add(b));
     }
 
     /// Sizes the arrays for a row of `k` values (a multiple of 32).

@@ -364,6 +364,7 @@ fn activation_quantization_is_the_same_on_every_isa() {
                 block_init: vec![0; padded],
                 block_sums: vec![0.0; padded],
                 half_sums: vec![0; padded],
+                row_init: 0,
             };
             quantize_into(isa, &x, 8, act, &mut a);
             a

@@ -38,6 +38,8 @@ pub(super) struct Int8Labels {
     pub vnni: &'static str,
     /// `vpmaddubsw` (AVX2).
     pub avx2: &'static str,
+    /// `sdot` (NEON with DotProd), where the path has a kernel for it.
+    pub neon: Option<&'static str>,
     /// The portable integer loop, the baseline the others are checked against.
     pub scalar: &'static str,
 }
@@ -45,6 +47,7 @@ pub(super) struct Int8Labels {
 impl Int8Labels {
     pub fn contains(&self, v: &Variant) -> bool {
         [self.vnni, self.avx2, self.scalar].contains(&v.label.as_str())
+            || self.neon == Some(v.label.as_str())
     }
 
     /// [`TOL_INT8`] for these integer-activation variants, [`TOL`] otherwise.
@@ -67,6 +70,9 @@ impl Int8Labels {
         if Isa::Avx2.is_available() {
             v.push(int8(Isa::Avx2, self.avx2));
         }
+        if let Some(neon) = self.neon.filter(|_| CpuFeatures::get().neon_dotprod) {
+            v.push(int8(Isa::Neon, neon));
+        }
         v.push(int8(Isa::Scalar, self.scalar));
         v
     }
@@ -75,6 +81,7 @@ impl Int8Labels {
 const INT8: Int8Labels = Int8Labels {
     vnni: "avx512-vnni",
     avx2: "avx2-int8",
+    neon: None,
     scalar: "int8-scalar",
 };
 
@@ -94,6 +101,7 @@ fn is_interleaved(v: &Variant) -> bool {
 const A16: Int8Labels = Int8Labels {
     vnni: "avx512-vnni-a16",
     avx2: "avx2-a16",
+    neon: None,
     scalar: "a16-scalar",
 };
 

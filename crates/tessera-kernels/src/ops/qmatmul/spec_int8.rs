@@ -19,6 +19,7 @@ use tessera_core::{DType, Error, Isa, Result};
 const W8A8: Int8Labels = Int8Labels {
     vnni: "avx512-vnni-w8a8",
     avx2: "avx2-w8a8",
+    neon: Some("neon-sdot-w8a8"),
     scalar: "int8-scalar-w8a8",
 };
 
