@@ -251,10 +251,15 @@ fn best_rate(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..reps).map(|_| f()).fold(0.0, f64::max)
 }
 
-/// The 256 MiB (8× a 32 MiB L3) probe buffer, built once per process.
+/// The probe buffer, built once per process: 256 MiB (8× a 32 MiB L3), or 4× the
+/// last-level cache where that is larger ([`crate::bench::llc_bytes`]), so a pass over
+/// it cannot be served from cache.
 pub(crate) fn probe_buffer() -> &'static [f32] {
     static BUF: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    BUF.get_or_init(|| (0..64usize << 20).map(|i| (i % 251) as f32).collect())
+    BUF.get_or_init(|| {
+        let bytes = (256usize << 20).max(4 * crate::bench::llc_bytes());
+        (0..bytes / 4).map(|i| (i % 251) as f32).collect()
+    })
 }
 
 /// DRAM read GB/s now: the median of `reps` passes over the probe buffer. On a shared
