@@ -685,6 +685,16 @@ impl CudaBackend {
             )));
         }
         let s = call.shape;
+        if s.causal && s.q_len > s.kv_len {
+            // The first rows would see no key and come out NaN.
+            return Err(Error::shape(
+                "cuda flash attention",
+                format!(
+                    "causal with {} query rows over {} keys (at most as many)",
+                    s.q_len, s.kv_len
+                ),
+            ));
+        }
         let shape = AttentionShape {
             batch: 1,
             sq: s.q_len,

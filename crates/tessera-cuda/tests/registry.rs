@@ -117,6 +117,24 @@ fn bad_flash_calls_are_errors() {
     let short = half(64, DType::BF16);
     let err = run([&b64, &short, &b64, &b64], 64);
     assert!(err.contains("K holds 64 elements"), "{err}");
+    let causal_past_keys = device::FlashCall {
+        q: &b64,
+        k: &b32,
+        v: &b32,
+        out: &b64,
+        shape: device::FlashShape {
+            kv_len: 1,
+            ..shape(64)
+        },
+    };
+    let err = dev
+        .run(&device::DeviceCall::FlashAttention(causal_past_keys))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("causal with 2 query rows over 1 keys"),
+        "{err}"
+    );
     let f32_out = dev.upload(&[0.0; 128]).unwrap();
     let err = run([&b64, &b64, &b64, &f32_out], 64);
     assert!(err.contains("buffer is not"), "{err}");

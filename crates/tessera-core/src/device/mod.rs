@@ -325,7 +325,8 @@ pub struct FlashShape {
     pub d: usize,
     /// Multiplies the scores (usually 1/√d).
     pub scale: f32,
-    /// Row i sees keys `0 ..= i + kv_len − q_len` (bottom-right aligned), else all.
+    /// Row i sees keys `0 ..= i + kv_len − q_len` (bottom-right aligned; then
+    /// `q_len ≤ kv_len`, so every row sees one), else all.
     pub causal: bool,
 }
 
