@@ -282,18 +282,23 @@ impl Device for CudaBackend {
         Ok(DeviceBuffer::new(rows * cols, b))
     }
     fn write(&self, buf: &DeviceBuffer, data: &[f32]) -> Result<()> {
-        if let Ok(h) = buf.get::<Half>() {
-            let bits = half_bits(h.dtype, data);
-            return self.copy_in("cuda write", &h.bits, &bits);
+        // f32 first: the engine's per-step buffers; 16-bit outputs are the rare case.
+        match buf.get::<F32>() {
+            Ok(s) => self.copy_in("cuda write", &s.0, data),
+            Err(_) => {
+                let h = buf.get::<Half>()?;
+                self.copy_in("cuda write", &h.bits, &half_bits(h.dtype, data))
+            }
         }
-        self.copy_in("cuda write", &buf.get::<F32>()?.0, data)
     }
     fn download(&self, buf: &DeviceBuffer) -> Result<Vec<f32>> {
-        if let Ok(h) = buf.get::<Half>() {
-            let bits = self.gpu.download(&h.bits)?;
-            return Ok(widen_bits(h.dtype, &bits));
+        match buf.get::<F32>() {
+            Ok(s) => Ok(self.gpu.download(&s.0)?),
+            Err(_) => {
+                let h = buf.get::<Half>()?;
+                Ok(widen_bits(h.dtype, &self.gpu.download(&h.bits)?))
+            }
         }
-        Ok(self.gpu.download(&buf.get::<F32>()?.0)?)
     }
     fn run(&self, call: &DeviceCall<'_>) -> Result<()> {
         self.enqueue(call)?;

@@ -163,6 +163,14 @@ impl Variant {
     }
 }
 
+/// An op's usual variants: one per ISA this CPU runs, then [`device_variants`] (what
+/// [`OpSpec::variants`] lists unless an op adds kernels of its own).
+pub fn standard_variants(op: &str, dtype: DType) -> Vec<Variant> {
+    let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
+    v.extend(device_variants(op, dtype));
+    v
+}
+
 /// The device variants of `op` on `dtype`: one per installed device with a kernel for it.
 pub fn device_variants(op: &str, dtype: DType) -> Vec<Variant> {
     device::installed()
@@ -305,9 +313,7 @@ pub trait OpSpec: Send + Sync {
     fn dtypes(&self) -> &'static [DType];
     /// Implementations runnable on this machine for `dtype`.
     fn variants(&self, dtype: DType) -> Vec<Variant> {
-        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-        v.extend(device_variants(self.name(), dtype));
-        v
+        standard_variants(self.name(), dtype)
     }
     /// Accepted error against the float64 reference, per dtype.
     fn tolerance(&self, dtype: DType) -> Tolerance;

@@ -182,14 +182,37 @@ pub const DEVICE_OPS: [&str; 12] = [
     "embedding",
 ];
 
+/// One variant/dtype group of a [`BackendCheck`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupRun {
+    /// The op.
+    pub op: &'static str,
+    /// The variant's label.
+    pub variant: String,
+    /// The element type.
+    pub dtype: DType,
+    /// Cases run.
+    pub cases: usize,
+}
+
+impl std::fmt::Display for GroupRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{} ({})",
+            self.op, self.variant, self.dtype, self.cases
+        )
+    }
+}
+
 /// What [`verify_backend`] found: the ops that had a variant on the backend, the cases
 /// run, and one line per failed case (op, variant, dtype, problem, error, tolerance).
 #[derive(Debug, Default)]
 pub struct BackendCheck {
     /// Ops with at least one variant on the backend.
     pub ops: Vec<&'static str>,
-    /// Each group that ran cases: `op/variant/dtype (cases)`.
-    pub groups: Vec<String>,
+    /// Each variant/dtype group verified, with its case count.
+    pub groups: Vec<GroupRun>,
     /// Cases run.
     pub cases: usize,
     /// The failed cases, one line each.
@@ -205,7 +228,11 @@ impl BackendCheck {
             self.cases,
             self.ops.len(),
             self.groups.len(),
-            self.groups.join(", ")
+            self.groups
+                .iter()
+                .map(GroupRun::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         assert!(
             self.failures.is_empty(),
@@ -220,10 +247,9 @@ impl BackendCheck {
 
     /// Whether a group of `op` with variant label `variant` ran at least one case.
     pub fn ran(&self, op: &str, variant: &str) -> bool {
-        let prefix = format!("{op}/{variant}/");
         self.groups
             .iter()
-            .any(|g| g.starts_with(&prefix) && !g.ends_with("(0)"))
+            .any(|g| g.op == op && g.variant == variant && g.cases > 0)
     }
 }
 
@@ -269,13 +295,12 @@ pub fn verify_backend(backend: super::Backend, seed: u64) -> BackendCheck {
         out.ops.push(op.name());
         for r in &reports {
             out.cases += r.cases.len();
-            out.groups.push(format!(
-                "{}/{}/{} ({})",
-                r.op,
-                r.variant,
-                r.dtype,
-                r.cases.len()
-            ));
+            out.groups.push(GroupRun {
+                op: r.op,
+                variant: r.variant.clone(),
+                dtype: r.dtype,
+                cases: r.cases.len(),
+            });
             out.failures.extend(r.failures().iter().map(|c| {
                 format!(
                     "{}/{}/{} {}: rel_err {:.3e} (tol {:.1e}) non-finite {} nan {:?} error {:?}",

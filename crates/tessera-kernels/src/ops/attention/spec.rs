@@ -3,8 +3,8 @@
 use super::{attention_with, reference, AttentionParams};
 use crate::ops::common::{bytes, poison, random};
 use crate::ops::paged_attention::run_attention_on_device;
-use crate::registry::device_variants;
 use crate::registry::on_device::OnDevice;
+use crate::registry::standard_variants;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
     TuneSpace, Variant,
@@ -15,9 +15,7 @@ use std::fmt;
 use tessera_core::device::{
     self, DeviceCall, FlashCall, FlashShape, PagedShape, FLASH_ATTENTION_OP,
 };
-use tessera_core::{
-    AlignedVec, DType, Element, Error, Isa, Layout, Result, TensorView, TensorViewMut,
-};
+use tessera_core::{AlignedVec, DType, Element, Error, Layout, Result, TensorView, TensorViewMut};
 
 /// f32: the polynomial exp (≤ 3e-7 relative) and f32 sums over ≤ a few thousand keys.
 pub const TOL_F32: Tolerance = Tolerance {
@@ -118,8 +116,7 @@ impl OpSpec for AttentionOp {
     /// Every CPU ISA and device, plus each device's 16-bit flash kernel where it has
     /// one (bf16 queries and outputs: a variant of its own, with its own tolerance).
     fn variants(&self, dtype: DType) -> Vec<Variant> {
-        let mut v: Vec<Variant> = Isa::available().into_iter().map(Variant::cpu).collect();
-        v.extend(device_variants(self.name(), dtype));
+        let mut v = standard_variants(self.name(), dtype);
         v.extend(
             device::installed()
                 .into_iter()
@@ -501,6 +498,7 @@ impl<T: Element> Instance for AttnInstance<T> {
 mod tests {
     use super::*;
     use tessera_core::device::DeviceKind;
+    use tessera_core::Isa;
 
     /// A flash variant is offered only the problems its kernel is built for and is held
     /// to its own tolerance; the op's other variants keep every problem and the dtype's.

@@ -600,7 +600,8 @@ pub(super) struct QuantActs {
     pub(super) lane_sums: Vec<[f32; 8]>,
     /// Per block: −offset·Σq_x over the whole block (the interleaved kernel's start).
     pub(super) block_init: Vec<i32>,
-    /// −offset·Σq_x over the whole row, wrapping (the row-scaled VNNI kernel's start).
+    /// −offset·Σq_x over the whole row, wrapping (the row-scaled VNNI kernel's start;
+    /// with per-row scales only, else 0).
     pub(super) row_init: i32,
     /// Per block: d_x·Σq_x (the interleaved kernel's minimum term; NaN with d_x).
     pub(super) block_sums: Vec<f32>,
@@ -640,9 +641,13 @@ impl QuantActs {
         // start, and the portable build calls libm's `roundf` per value (~5 µs at
         // K = 1536, a fifth of the matmul).
         quantize_into(isa, x, offset, act, self);
-        self.row_init = self.block_init[..x.len() / QK]
-            .iter()
-            .fold(0i32, |a, &b| a.wrapping_add(b));
+        // Only the row-scaled kernel reads it, and only with one scale per row.
+        self.row_init = match act {
+            ActScales::PerRow => self.block_init[..x.len() / QK]
+                .iter()
+                .fold(0i32, |a, &b| a.wrapping_add(b)),
+            ActScales::PerBlock => 0,
+        };
     }
 
     /// Sizes the arrays for a row of `k` values (a multiple of 32).
