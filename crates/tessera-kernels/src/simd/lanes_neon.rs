@@ -136,8 +136,9 @@ impl Lanes for Neon {
     unsafe fn transpose_sums(p: *const f32) -> float32x4_t {
         // SAFETY: 16 floats at p, per the contract.
         unsafe {
-            let v: [float32x4_t; 4] = std::array::from_fn(|j| vld1q_f32(p.add(4 * j)));
-            vpaddq_f32(vpaddq_f32(v[0], v[1]), vpaddq_f32(v[2], v[3]))
+            let (a, b) = (vld1q_f32(p), vld1q_f32(p.add(4)));
+            let (c, d) = (vld1q_f32(p.add(8)), vld1q_f32(p.add(12)));
+            vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d))
         }
     }
     #[inline(always)]

@@ -129,9 +129,14 @@ impl Lanes for Ymm {
     unsafe fn transpose_sums(p: *const f32) -> __m256 {
         // SAFETY: 64 floats at p and AVX, per the contract.
         unsafe {
-            let v: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(p.add(8 * j)));
             // Per 128-bit half: pair sums, then [Σ v0, Σ v1, Σ v2, Σ v3] of that half.
-            let a: [__m256; 4] = std::array::from_fn(|i| _mm256_hadd_ps(v[2 * i], v[2 * i + 1]));
+            let mut a = [_mm256_setzero_ps(); 4];
+            for (i, x) in a.iter_mut().enumerate() {
+                *x = _mm256_hadd_ps(
+                    _mm256_loadu_ps(p.add(16 * i)),
+                    _mm256_loadu_ps(p.add(16 * i + 8)),
+                );
+            }
             let lo = _mm256_hadd_ps(a[0], a[1]);
             let hi = _mm256_hadd_ps(a[2], a[3]);
             // Lanes 0–3: rows 0–3 (both halves added); lanes 4–7: rows 4–7.
@@ -269,10 +274,7 @@ impl Lanes for Zmm {
     #[inline(always)]
     unsafe fn transpose_sums(p: *const f32) -> __m512 {
         // SAFETY: 256 floats at p and AVX-512F, per the contract.
-        unsafe {
-            let v: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(p.add(16 * j)));
-            hadd16(&v)
-        }
+        unsafe { hadd16(p) }
     }
     #[inline(always)]
     unsafe fn prefetch_l1(p: *const u8) {
@@ -286,26 +288,41 @@ impl Lanes for Zmm {
     }
 }
 
-/// `[Σ v₀, Σ v₁, …, Σ v₁₅]`: the horizontal sums of 16 vectors in 4 shuffle+add levels
-/// (pairs within 128-bit lanes, then quads, then across lanes), ~45 ops for 16 sums
-/// where 16 separate reductions take ~130.
+/// `[Σ v₀, Σ v₁, …, Σ v₁₅]` of the 16 vectors at `p`: the horizontal sums in 4
+/// shuffle+add levels (pairs within 128-bit lanes, then quads, then across lanes), ~45
+/// ops for 16 sums where 16 separate reductions take ~130.
+///
+/// Plain loops, no closures: a closure is compiled without its caller's target features,
+/// so intrinsics inside one (here once via `array::from_fn`) become out-of-line calls
+/// that pass every vector through memory (9% of a 16-stream decode step, perf).
+///
+/// # Safety
+/// AVX-512F; 256 floats readable at `p`.
 #[inline(always)]
-unsafe fn hadd16(v: &[__m512; 16]) -> __m512 {
-    // SAFETY: AVX-512F, per the caller's contract.
+unsafe fn hadd16(p: *const f32) -> __m512 {
+    // SAFETY: AVX-512F and 256 floats at p, per the caller's contract.
     unsafe {
         // Level 1: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for each pair (a, b).
-        let p: [__m512; 8] = std::array::from_fn(|i| {
-            let (a, b) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-        });
+        let mut pairs = [_mm512_setzero_ps(); 8];
+        for (i, x) in pairs.iter_mut().enumerate() {
+            let (a, b) = (
+                _mm512_loadu_ps(p.add(32 * i)),
+                _mm512_loadu_ps(p.add(32 * i + 16)),
+            );
+            *x = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        }
         // Level 2: per 128-bit lane, the lane-partial sums of four vectors, in order.
-        let q: [__m512; 4] = std::array::from_fn(|i| {
-            let (a, b) = (_mm512_castps_pd(p[2 * i]), _mm512_castps_pd(p[2 * i + 1]));
-            _mm512_add_ps(
+        let mut q = [_mm512_setzero_ps(); 4];
+        for (i, x) in q.iter_mut().enumerate() {
+            let (a, b) = (
+                _mm512_castps_pd(pairs[2 * i]),
+                _mm512_castps_pd(pairs[2 * i + 1]),
+            );
+            *x = _mm512_add_ps(
                 _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-            )
-        });
+            );
+        }
         // Levels 3–4: add the four 128-bit lanes of each quad together.
         let x = _mm512_add_ps(
             _mm512_shuffle_f32x4::<0b10_00_10_00>(q[0], q[1]),

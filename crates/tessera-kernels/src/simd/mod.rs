@@ -268,21 +268,34 @@ pub fn x_sigmoid_on(isa: Isa, src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "x_sigmoid_on: lengths differ");
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
-        use std::arch::x86_64::*;
-        // SAFETY: AVX-512F was detected; the closure only uses AVX-512F intrinsics.
-        unsafe {
-            let (a, b) = (_mm512_set1_ps(arg.a), _mm512_set1_ps(arg.b));
-            avx512::x_sigmoid(src, dst, |x| {
-                _mm512_fmadd_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(x, x), x),
-                    b,
-                    _mm512_mul_ps(x, a),
-                )
-            })
-        };
+        // SAFETY: AVX-512F was detected.
+        unsafe { x_sigmoid_avx512(src, arg, dst) };
         return;
     }
     x_sigmoid_portable(isa, src, arg, dst)
+}
+
+/// [`x_sigmoid_on`] on AVX-512. Its own `#[target_feature]` function so the closure,
+/// which inherits the features of the function it is written in, and the broadcasts
+/// compile inline (`scripts/check-inlining.sh`).
+///
+/// # Safety
+/// AVX-512F is available; equal lengths (checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn x_sigmoid_avx512(src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm512_set1_ps(arg.a), _mm512_set1_ps(arg.b));
+    // SAFETY: AVX-512F per the contract; the closure only uses AVX-512F intrinsics.
+    unsafe {
+        avx512::x_sigmoid(src, dst, |x| {
+            _mm512_fmadd_ps(
+                _mm512_mul_ps(_mm512_mul_ps(x, x), x),
+                b,
+                _mm512_mul_ps(x, a),
+            )
+        })
+    }
 }
 
 #[cfg(test)]

@@ -184,9 +184,12 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
         prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
         let rec = c.k[at..at + rec_len].as_ptr();
         for kvh in 0..kvh_n {
-            // SAFETY: rec addresses kv_heads·d elements of a validated record.
-            let k: [L::F; NV] =
-                std::array::from_fn(|v| unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) });
+            // SAFETY: L's features, per the contract.
+            let mut k = [unsafe { L::zero() }; NV];
+            for (v, kv) in k.iter_mut().enumerate() {
+                // SAFETY: rec addresses kv_heads·d elements of a validated record.
+                *kv = unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) };
+            }
             for h in kvh * g..(kvh + 1) * g {
                 // SAFETY: job.q holds heads·d floats; partial holds heads·N·N.
                 unsafe {
@@ -285,9 +288,12 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
                 prefetch_record::<L, T>(c.v, job.records, i + PREFETCH_AHEAD, rec_len, false);
             }
             let rec = c.v[job.records[i] + part.kvh * d + L::N * cb..][..L::N * CV].as_ptr();
-            // SAFETY: rec addresses N·CV elements of a validated record.
-            let vr: [L::F; CV] =
-                std::array::from_fn(|v| unsafe { load_row::<L, T>(rec.add(L::N * v)) });
+            // SAFETY: L's features, per the contract.
+            let mut vr = [unsafe { L::zero() }; CV];
+            for (v, x) in vr.iter_mut().enumerate() {
+                // SAFETY: rec addresses N·CV elements of a validated record.
+                *x = unsafe { load_row::<L, T>(rec.add(L::N * v)) };
+            }
             for (hh, row) in acc.iter_mut().enumerate() {
                 // SAFETY: L's features, per the contract.
                 unsafe {

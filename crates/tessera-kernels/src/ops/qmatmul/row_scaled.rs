@@ -421,7 +421,12 @@ unsafe fn dots<D: RowDot, const R: usize, const M: usize>(
             }
             for part in 0..QK / D::BYTES {
                 let at = QK * b + D::BYTES * part;
-                let x: [D::X; M] = std::array::from_fn(|i| D::acts(xs[i].add(at)));
+                // A loop, not `array::from_fn`: a closure would not carry D's target
+                // features, and its intrinsics could stay out-of-line calls.
+                let mut x = [D::acts(xs[0].add(at)); M];
+                for (xi, p) in x.iter_mut().zip(&xs).skip(1) {
+                    *xi = D::acts(p.add(at));
+                }
                 for g in 0..R {
                     let wc = D::weights(quants[g].add(at));
                     for i in 0..M {
