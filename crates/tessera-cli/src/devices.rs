@@ -113,8 +113,8 @@ fn open_cuda() -> Result<String> {
 }
 
 /// The ceilings device benchmarks are a percentage of: the CUDA device's (copy
-/// bandwidth and CUDA-core FMA rate from its probes) when `which` is `cuda`, else the
-/// wgpu device's; None when that device is not open.
+/// bandwidth, CUDA-core FMA and tensor-core bf16 rates from its probes) when `which`
+/// is `cuda`, else the wgpu device's; None when that device is not open.
 pub fn device_ceilings(which: BackendArg) -> Result<Option<Ceilings>> {
     if which == BackendArg::Cuda {
         return cuda_ceilings();
@@ -130,15 +130,17 @@ fn cuda_ceilings() -> Result<Option<Ceilings>> {
         }
         let p = tessera_cuda::probe::measure(d)?;
         eprintln!(
-            "cuda ceilings: copy {:.1} GB/s (read + written), f32 FMA {:.1} GFLOP/s",
-            p.copy_gbps, p.fma_gflops
+            "cuda ceilings: copy {:.1} GB/s (read + written), f32 FMA {:.1} GFLOP/s, \
+             bf16 mma.sync {:.1} GFLOP/s",
+            p.copy_gbps, p.fma_gflops, p.mma_bf16_gflops
         );
         let c = Ceilings {
             threads: 0,
             fma_gflops: p.fma_gflops,
-            bf16_gflops: p.fma_gflops,
+            bf16_gflops: p.mma_bf16_gflops,
             int8_gops: p.fma_gflops,
             dram_gbps: p.copy_gbps,
+            cache_bytes: Some(p.l2_bytes),
         };
         let _ = CUDA_CEILINGS.set(c);
         return Ok(Some(c));
@@ -182,6 +184,9 @@ fn wgpu_ceilings() -> Result<Option<Ceilings>> {
             bf16_gflops: p.fma_gflops,
             int8_gops: p.fma_gflops,
             dram_gbps: p.read_gbps,
+            // Not reported by wgpu: rotate past the host's LLC, at least as large as a
+            // discrete GPU's L2 (and the cache lavapipe itself runs in).
+            cache_bytes: None,
         };
         let _ = WGPU_CEILINGS.set(c);
         return Ok(Some(c));

@@ -66,6 +66,15 @@ impl Device {
     pub fn arch(&self) -> &str {
         &self.arch
     }
+    /// The device's L2 cache in bytes (what a cold benchmark's rotation set must exceed).
+    pub fn l2_bytes(&self) -> Result<usize, CudaError> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE;
+        let bytes = self
+            .ctx
+            .attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+            .map_err(|e| CudaError::driver("L2 cache size", e))?;
+        Ok(bytes.max(0) as usize)
+    }
     /// The device's name as the driver reports it.
     pub fn name(&self) -> String {
         self.ctx.name().unwrap_or_else(|_| "unknown GPU".into())

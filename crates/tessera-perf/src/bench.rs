@@ -247,7 +247,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     let mut instances: Vec<Box<dyn Instance>> =
         vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
     if mem_bound && !opts.in_cache {
-        let target = 3 * llc_bytes();
+        let target = 3 * ceilings.cache_bytes.unwrap_or_else(llc_bytes);
         let each = instances[0].footprint().max(1);
         let count = target.div_ceil(each).clamp(1, MAX_ROTATION);
         for _ in 1..count {
@@ -372,7 +372,7 @@ mod tests {
     /// `in_cache` times a memory-bound op on its one instance; without it the same op
     /// rotates enough instances to leave the cache.
     #[test]
-    fn in_cache_runs_one_instance_of_a_memory_bound_op() {
+    fn rotation_is_one_instance_in_cache_and_three_device_caches_cold() {
         let op = tessera_kernels::ops::find("qmatmul").unwrap();
         let problem = op.parse_problem("1x64x256").unwrap();
         let variant = Variant::cpu(Isa::Scalar);
@@ -392,6 +392,7 @@ mod tests {
             bf16_gflops: 1e6,
             int8_gops: 1e6,
             dram_gbps: 1.0,
+            cache_bytes: None,
         };
         let opts = BenchOptions {
             min_samples: 3,
@@ -404,5 +405,24 @@ mod tests {
         let mut s = r.samples_s.clone();
         s.sort_by(f64::total_cmp);
         assert_eq!(r.median_s, s[1], "the median of the three samples");
+
+        // Cold, against ceilings that name their own cache (a GPU's L2): the rotation set
+        // spans three of that cache, not three of this host's LLC.
+        let cache = 64 << 10;
+        let cold = Ceilings {
+            cache_bytes: Some(cache),
+            ..ceilings
+        };
+        let opts = BenchOptions {
+            in_cache: false,
+            ..opts
+        };
+        let each = problem
+            .instantiate(DType::Q4_0, &mut registry::rng(1))
+            .unwrap()
+            .footprint();
+        let r = run(&spec, &cold, &opts).unwrap();
+        assert_eq!(r.rotation, (3 * cache).div_ceil(each), "{each} bytes each");
+        assert!(r.rotation > 1 && r.rotation * each < 3 * llc_bytes());
     }
 }

@@ -26,6 +26,10 @@ pub struct Ceilings {
     pub int8_gops: f64,
     /// DRAM read bandwidth, GB/s.
     pub dram_gbps: f64,
+    /// The last-level cache a cold benchmark's rotation set must exceed, in bytes: a
+    /// device's own (a GPU's L2); None on the CPU, whose is [`crate::bench::llc_bytes`].
+    #[serde(default)]
+    pub cache_bytes: Option<usize>,
 }
 
 impl Ceilings {
@@ -318,6 +322,7 @@ pub fn measure(threads: usize) -> Ceilings {
         bf16_gflops: peak(ComputeUnit::Bf16Dot),
         int8_gops: peak(ComputeUnit::Int8Dot),
         dram_gbps: dram_read(threads),
+        cache_bytes: None,
     }
 }
 

@@ -31,6 +31,7 @@ fn device_variants_report_their_transfers_apart() {
         bf16_gflops: 10.0,
         int8_gops: 10.0,
         dram_gbps: 10.0,
+        cache_bytes: None,
     };
     let opts = BenchOptions {
         budget: Duration::from_millis(20),

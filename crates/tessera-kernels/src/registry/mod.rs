@@ -59,7 +59,7 @@ pub struct Tolerance {
 pub enum ComputeUnit {
     /// f32 fused multiply-adds.
     Fma,
-    /// bf16 pair dots (`vdpbf16ps`).
+    /// bf16 pair dots (`vdpbf16ps`); on a CUDA device, its tensor cores' bf16 `mma.sync`.
     Bf16Dot,
     /// 8-bit integer dots (`vpdpbusd`, or AVX2's `vpmaddubsw` step).
     Int8Dot,

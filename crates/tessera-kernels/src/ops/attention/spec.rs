@@ -6,8 +6,8 @@ use crate::ops::paged_attention::run_attention_on_device;
 use crate::registry::on_device::OnDevice;
 use crate::registry::standard_variants;
 use crate::registry::{
-    BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
-    TuneSpace, Variant,
+    BenchProblem, ComputeUnit, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig,
+    TuneParam, TuneSpace, Variant,
 };
 use half::bf16;
 use rand::Rng as _;
@@ -137,6 +137,15 @@ impl OpSpec for AttentionOp {
             TOL_FLASH_BF16
         } else {
             self.tolerance(dtype)
+        }
+    }
+    /// The flash kernels issue 16-bit matrix instructions (`mma.sync` on CUDA): they are
+    /// bounded by the device's bf16 rate, not its f32 FMA.
+    fn compute_unit(&self, _dtype: DType, v: &Variant) -> ComputeUnit {
+        if is_flash(v) {
+            ComputeUnit::Bf16Dot
+        } else {
+            ComputeUnit::Fma
         }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
@@ -534,6 +543,9 @@ mod tests {
         assert_eq!(op.variant_tolerance(DType::BF16, &flash), TOL_FLASH_BF16);
         assert_eq!(op.variant_tolerance(DType::BF16, &plain), TOL_BF16);
         assert_eq!(op.variant_tolerance(DType::F32, &cpu), TOL_F32);
+        // Bench reports the flash kernel against the device's bf16 matrix rate.
+        assert_eq!(op.compute_unit(DType::BF16, &flash), ComputeUnit::Bf16Dot);
+        assert_eq!(op.compute_unit(DType::BF16, &plain), ComputeUnit::Fma);
         // A CPU label that happens to end alike is not a device flash kernel.
         let odd = Variant::labelled(Isa::Scalar, "scalar-flash");
         assert!(p(33, None).supports(DType::BF16, &odd));

@@ -4,8 +4,8 @@ use super::{gemm_with, GemmInput, GemmParams};
 use crate::ops::common::{bytes, poison, random};
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
-    device_variants, parse_dims, BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance,
-    TuneConfig, TuneSpace, Variant,
+    device_variants, parse_dims, Backend, BenchProblem, ComputeUnit, Cost, Instance, OpSpec,
+    ProblemCase, Rng, Tolerance, TuneConfig, TuneSpace, Variant,
 };
 use half::{bf16, f16};
 use rand::Rng as _;
@@ -127,6 +127,17 @@ impl OpSpec for GemmOp {
             })
             .chain(device_variants("gemm", dtype))
             .collect()
+    }
+    /// CPU `dpbf16` variants and CUDA's 16-bit gemm are bounded by the bf16 rate: CUDA
+    /// takes its tensor cores (`mma.sync`) for 16-bit operands whose layout they fit, so
+    /// a layout that falls back to CUDA cores shows as a low share of that ceiling.
+    fn compute_unit(&self, dtype: DType, v: &Variant) -> ComputeUnit {
+        let tensor_cores = v.backend == Backend::Cuda && dtype != DType::F32;
+        if tensor_cores || v.label.contains("dpbf16") {
+            ComputeUnit::Bf16Dot
+        } else {
+            ComputeUnit::Fma
+        }
     }
     fn tolerance(&self, dtype: DType) -> Tolerance {
         match dtype {
@@ -405,5 +416,29 @@ impl<T: GemmInput> Instance for GemmInstance<T> {
     }
     fn footprint(&self) -> usize {
         bytes(&self.a) + bytes(&self.b) + bytes(&self.c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::device::DeviceKind;
+
+    /// Bench's percentages: CUDA's 16-bit gemm against the tensor cores' bf16 rate, its
+    /// f32 gemm and the plain CPU variants against f32 FMA.
+    #[test]
+    fn compute_unit_follows_the_instructions_a_variant_issues() {
+        let (op, cuda) = (GemmOp, Variant::device(DeviceKind::Cuda));
+        assert_eq!(op.compute_unit(DType::BF16, &cuda), ComputeUnit::Bf16Dot);
+        assert_eq!(op.compute_unit(DType::F16, &cuda), ComputeUnit::Bf16Dot);
+        assert_eq!(op.compute_unit(DType::F32, &cuda), ComputeUnit::Fma);
+        let wgpu = Variant::device(DeviceKind::Wgpu);
+        assert_eq!(op.compute_unit(DType::BF16, &wgpu), ComputeUnit::Fma);
+        let dpbf16 = Variant::labelled(Isa::Avx512, "avx512-dpbf16");
+        assert_eq!(op.compute_unit(DType::BF16, &dpbf16), ComputeUnit::Bf16Dot);
+        assert_eq!(
+            op.compute_unit(DType::BF16, &Variant::cpu(Isa::Scalar)),
+            ComputeUnit::Fma
+        );
     }
 }
