@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod aligned;
+pub mod cache;
 pub mod device;
 pub mod dtype;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod layout;
 pub mod tensor;
 
 pub use aligned::AlignedVec;
+pub use cache::CacheSizes;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use isa::{CpuFeatures, Isa};

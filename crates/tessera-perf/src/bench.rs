@@ -9,7 +9,7 @@
 use crate::calibrate::Ceilings;
 use crate::stats;
 use std::time::{Duration, Instant};
-use tessera_core::{DType, Result};
+use tessera_core::{CacheSizes, DType, Result};
 use tessera_kernels::registry::{
     self, ComputeUnit, Cost, Instance, ProblemCase, TuneConfig, Variant,
 };
@@ -31,41 +31,9 @@ pub fn llc_bytes() -> usize {
         let env = std::env::var("TESSERA_LLC_MB").ok();
         match env.as_deref().map(str::parse::<usize>) {
             Some(Ok(mb)) if mb > 0 => mb << 20,
-            _ => largest_cache_bytes().unwrap_or(DEFAULT_LLC_BYTES),
+            _ => CacheSizes::get().largest.unwrap_or(DEFAULT_LLC_BYTES),
         }
     })
-}
-
-/// The largest data or unified cache of CPU 0 in Linux's sysfs, if it reports any.
-fn largest_cache_bytes() -> Option<usize> {
-    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
-    dir.filter_map(|e| {
-        let path = e.ok()?.path();
-        let kind = std::fs::read_to_string(path.join("type")).ok()?;
-        if kind.trim() == "Instruction" {
-            return None;
-        }
-        parse_cache_size(&std::fs::read_to_string(path.join("size")).ok()?)
-    })
-    .max()
-}
-
-/// Bytes in a sysfs cache size (`48K`, `2048K`, `32M`, `307200K`, or plain bytes).
-pub fn parse_cache_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: usize = digits.parse().ok()?;
-    let scale = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(scale).filter(|&b| b > 0)
 }
 
 /// The most instances one benchmark rotates. Small decode matmuls need many: 1 536
@@ -351,20 +319,11 @@ mod tests {
     use crate::calibrate::Ceilings;
     use tessera_core::Isa;
 
-    /// Sysfs sizes as Linux writes them; anything else is no size (the default holds).
+    /// Unless overridden, the LLC is this host's largest reported cache.
     #[test]
-    fn cache_sizes_parse_as_sysfs_writes_them() {
-        assert_eq!(parse_cache_size("48K\n"), Some(48 << 10));
-        assert_eq!(parse_cache_size("307200K"), Some(300 << 20));
-        assert_eq!(parse_cache_size("32M"), Some(32 << 20));
-        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
-        assert_eq!(parse_cache_size("4096"), Some(4096));
-        for bad in ["", "K", "0K", "12Q", "-1K", "99999999999999999999G", "1.5M"] {
-            assert_eq!(parse_cache_size(bad), None, "{bad:?}");
-        }
-        // Unless overridden, the size is this host's largest reported cache.
+    fn llc_is_the_largest_reported_cache() {
         if std::env::var_os("TESSERA_LLC_MB").is_none() {
-            let want = largest_cache_bytes().unwrap_or(DEFAULT_LLC_BYTES);
+            let want = CacheSizes::get().largest.unwrap_or(DEFAULT_LLC_BYTES);
             assert_eq!(llc_bytes(), want);
         }
     }

@@ -39,7 +39,7 @@ use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use tessera_core::CpuFeatures;
+use tessera_core::{CacheSizes, CpuFeatures};
 use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
@@ -304,6 +304,25 @@ fn int8_path(
 /// a 512-token prefill (~3 MiB at K = 1536).
 const REUSED_ACT_ROWS: usize = 512;
 
+/// L1 bytes a prefill matmul's activation block takes (8 rows at K = 576): measured at
+/// 512×1536×576 Q4_0 on AVX2 with a 32 KiB L1D, and kept on 48 KiB ones.
+const PREFILL_ACT_BUDGET: usize = 24 << 10;
+
+/// L1 bytes a batching step's (M ≤ [`INT8_BATCH_M`]) activation block takes: all of the
+/// L1D but 8 KiB for the weight codes streaming past, between the prefill budget and
+/// 40 KiB. A batching step streams its weights from L3 or DRAM once per block, so it
+/// takes the most of L1 its blocks can. On a 48 KiB L1D (host E) that is 40 KiB, 16 rows
+/// at K = 576, where 8-row blocks read the weights twice (3 alternated rounds, the
+/// 16-stream step: LM head 3.95–4.57 -> 2.91–3.20 ms, gate/up 186–221 -> 155–197 µs);
+/// all M rows in one block (up to 147 KiB) measured slower at M = 32 and 64. A 32 KiB
+/// L1D (Zen 3/4) keeps the prefill budget, which was measured there; unknown, too.
+fn batch_act_budget(l1d: Option<usize>) -> usize {
+    l1d.map_or(PREFILL_ACT_BUDGET, |l1| {
+        l1.saturating_sub(8 << 10)
+            .clamp(PREFILL_ACT_BUDGET, 40 << 10)
+    })
+}
+
 /// The integer kernels over activation rows already quantized for `w`, into y.
 fn run_int8(
     isa: Isa,
@@ -317,8 +336,8 @@ fn run_int8(
     let kernel = IntKernel::for_isa(isa).reading(w).for_scales(w, act);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
-    // row: keep a block in ~24 KiB of L1 (8 rows at K = 576). Measured at 512×1536×576
-    // Q4_0 on AVX2: 256 KiB (L2) 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
+    // row: a block stays in L1. Measured at 512×1536×576 Q4_0 on AVX2: 256 KiB (L2)
+    // 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
     // The VNNI interleaved kernel takes 8 rows per pass (`rows8::VNNI_M`): its blocks
     // hold at least that many.
     #[cfg(target_arch = "x86_64")]
@@ -329,15 +348,10 @@ fn run_int8(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let pass = M_CHUNK;
-    // A batching step (M ≤ INT8_BATCH_M) streams its weights from L3 or DRAM once per
-    // block, so it takes the most of L1 its blocks can: 16 rows at K = 576, where 8-row
-    // blocks read the weights twice. Host E, 3 alternated rounds, the 16-stream step:
-    // LM head 3.95–4.57 -> 2.91–3.20 ms, gate/up 186–221 -> 155–197 µs. All M rows in
-    // one block (up to 147 KiB) measured slower at M = 32 and 64.
     let l1_budget = if m <= INT8_BATCH_M {
-        40 << 10
+        batch_act_budget(CacheSizes::get().l1d)
     } else {
-        24 << 10
+        PREFILL_ACT_BUDGET
     };
     let act_block = (l1_budget / (4 * k)).clamp(pass, 256) / pass * pass;
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -745,3 +759,23 @@ mod row_scaled;
 mod rows8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod simd_rows;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batching step's activation block: L1D less 8 KiB, never below the prefill
+    /// budget (a 32 KiB L1D, or none reported) nor above the 40 KiB measured on 48 KiB.
+    #[test]
+    fn batch_blocks_follow_the_l1d() {
+        for (l1d, want) in [
+            (Some(48 << 10), 40 << 10),
+            (Some(32 << 10), PREFILL_ACT_BUDGET),
+            (Some(16 << 10), PREFILL_ACT_BUDGET),
+            (Some(64 << 10), 40 << 10),
+            (None, PREFILL_ACT_BUDGET),
+        ] {
+            assert_eq!(batch_act_budget(l1d), want, "{l1d:?}");
+        }
+    }
+}
