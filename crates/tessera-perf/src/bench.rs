@@ -216,10 +216,19 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
         vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
     if mem_bound && !opts.in_cache {
         let target = 3 * ceilings.cache_bytes.unwrap_or_else(llc_bytes);
-        let each = instances[0].footprint().max(1);
-        let count = target.div_ceil(each).clamp(1, MAX_ROTATION);
+        // Counted in the bytes each instance holds, not only those one call reads: a
+        // gather's instances hold whole tables (see `Instance::resident_bytes`).
+        let held = instances[0]
+            .resident_bytes()
+            .max(instances[0].footprint())
+            .max(1);
+        let count = target.div_ceil(held).clamp(1, MAX_ROTATION);
         for _ in 1..count {
-            instances.push(spec.problem.instantiate(spec.dtype, &mut rng)?);
+            let copy = match instances[0].duplicate() {
+                Some(copy) => copy,
+                None => spec.problem.instantiate(spec.dtype, &mut rng)?,
+            };
+            instances.push(copy);
         }
     }
     for inst in instances.iter_mut() {
@@ -383,5 +392,27 @@ mod tests {
         let r = run(&spec, &cold, &opts).unwrap();
         assert_eq!(r.rotation, (3 * cache).div_ceil(each), "{each} bytes each");
         assert!(r.rotation > 1 && r.rotation * each < 3 * llc_bytes());
+
+        // A gather reads 8 KiB of a 1 MiB table per call: its rotation is sized by the
+        // memory the instances hold, not by the bytes one call reads.
+        let op = tessera_kernels::ops::find("embedding").unwrap();
+        let gather = op.parse_problem("4096x64x16").unwrap();
+        let spec = BenchSpec {
+            op: "embedding",
+            problem: gather.as_ref(),
+            dtype: DType::F32,
+            ..spec
+        };
+        let big = Ceilings {
+            cache_bytes: Some(4 << 20),
+            ..cold
+        };
+        let r = run(&spec, &big, &opts).unwrap();
+        assert_eq!(
+            r.rotation, 12,
+            "3 × 4 MiB over tables of 1 MiB (+ ids and output)"
+        );
+        let r = run(&spec, &cold, &opts).unwrap();
+        assert_eq!(r.rotation, 1);
     }
 }

@@ -302,6 +302,18 @@ impl<T: Element> Instance for EmbInstance<T> {
     fn footprint(&self) -> usize {
         self.p.n_ids * self.p.dim * std::mem::size_of::<T>() + bytes(&self.out)
     }
+    fn resident_bytes(&self) -> usize {
+        bytes(&self.table) + bytes(&self.out) + 4 * self.ids.len()
+    }
+    /// The next step's tokens: every id moves by a multiplicative step (a Lehmer
+    /// generator's, mod the vocabulary), so a rotation of a few tables reads rows no
+    /// recent call read, as a model's lookups do.
+    fn warm_activations(&mut self) {
+        let vocab = self.p.vocab as u64;
+        for id in &mut self.ids {
+            *id = ((u64::from(*id) * 48_271 + 1) % vocab) as u32;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -331,5 +343,27 @@ mod tests {
             &mut TensorViewMut::contiguous(&mut out, &[2, 3]).unwrap()
         )
         .is_err());
+    }
+
+    /// Between benchmark samples a gather moves to other rows (still in the table), and
+    /// the moved call gathers exactly those rows (checked against the float64 reference).
+    #[test]
+    fn the_next_samples_ids_are_other_rows_of_the_table() {
+        let p = EmbeddingProblem {
+            vocab: 1000,
+            dim: 8,
+            n_ids: 64,
+            padded: true,
+        };
+        let mut inst = EmbInstance::<f32>::new(p, &mut crate::registry::rng(3)).unwrap();
+        let before = inst.ids.clone();
+        inst.warm_activations();
+        assert!(inst.ids.iter().all(|&id| id < 1000));
+        let moved = before.iter().zip(&inst.ids).filter(|(a, b)| a != b).count();
+        assert!(moved > 60, "{moved} of 64 ids moved");
+        inst.poison();
+        inst.run(&Variant::cpu(Isa::Scalar), &TuneConfig::default())
+            .unwrap();
+        assert_eq!(inst.output(), inst.reference());
     }
 }

@@ -264,13 +264,29 @@ pub trait Instance: Send {
     /// Plant a NaN or Inf in an input; returns the output indices that must then be
     /// non-finite (None when the op has no such guarantee).
     fn inject_nonfinite(&mut self, rng: &mut Rng) -> Option<Vec<usize>>;
-    /// Bytes of input and output buffers (to size rotation sets in benchmarks).
+    /// Bytes of input and output buffers one call reads and writes (to size rotation
+    /// sets in benchmarks).
     fn footprint(&self) -> usize;
-    /// Reads the buffers a caller would just have produced or used into cache, leaving
-    /// the rest (weights) cold. Memory-bound benchmarks rotate instances so the weights
-    /// come from DRAM, and call this untimed before each sample, as a model's previous
-    /// op leaves its activations in cache. Default: nothing (every buffer stays cold).
-    fn warm_activations(&self) {}
+    /// Bytes the instance holds: more than [`Instance::footprint`] where a call reads
+    /// only part of a buffer (a gather's table). A rotation set never holds more than it
+    /// must exceed the cache by, counted in these, so a 113 MB table is not copied
+    /// hundreds of times (it was: 24 GB of a 24 GiB host).
+    fn resident_bytes(&self) -> usize {
+        self.footprint()
+    }
+    /// Readies the next benchmark sample, untimed, as a model's previous op would have:
+    /// reads the activations it just produced into cache, leaving the rest (weights)
+    /// cold, or gives a gather the next tokens' ids, rows no recent call read. Memory-bound
+    /// benchmarks rotate instances so the weights come from DRAM and call this before
+    /// each sample. Default: nothing (every buffer stays cold).
+    fn warm_activations(&mut self) {}
+    /// A copy in fresh memory, with nothing on a device yet, for a benchmark's cold
+    /// rotation set: cheaper than instantiating anew where building the inputs
+    /// (quantizing, repacking) costs far more than copying them. None (the default):
+    /// the benchmark instantiates each member.
+    fn duplicate(&self) -> Option<Box<dyn Instance>> {
+        None
+    }
 }
 
 /// A problem: shapes and flags of one call.

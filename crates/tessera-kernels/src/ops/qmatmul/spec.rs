@@ -326,6 +326,7 @@ impl ProblemCase for QMatmulProblem {
 
 /// The activations and output of one instance, and its float64 products: shared by
 /// `qmatmul` and `qmatmul_i8`, whose instances differ only in their weights.
+#[derive(Clone)]
 pub(super) struct Operands {
     pub p: QMatmulProblem,
     x: Vec<f32>,
@@ -561,6 +562,15 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     fn reference(&self) -> Vec<f64> {
         self.reference_for(&Variant::cpu(Isa::Scalar))
     }
+    fn duplicate(&self) -> Option<Box<dyn Instance>> {
+        Some(Box::new(QInstance {
+            w: self.w.clone(),
+            packed: self.packed.clone(),
+            interleaved: self.interleaved.clone(),
+            ops: self.ops.clone(),
+            dev: None,
+        }))
+    }
     fn reference_for(&self, v: &Variant) -> Vec<f64> {
         let (w, x) = self.operands(v);
         self.ops.product(&w, &x, |t| t)
@@ -610,7 +620,7 @@ impl<B: BlockFormat> Instance for QInstance<B> {
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
     }
-    fn warm_activations(&self) {
+    fn warm_activations(&mut self) {
         self.ops.warm();
     }
 }

@@ -173,7 +173,7 @@ impl Instance for Fp8Instance {
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
     }
-    fn warm_activations(&self) {
+    fn warm_activations(&mut self) {
         self.ops.warm();
     }
 }

@@ -159,6 +159,14 @@ impl Instance for I8Instance {
     fn reference(&self) -> Vec<f64> {
         self.reference_for(&Variant::cpu(Isa::Scalar))
     }
+    fn duplicate(&self) -> Option<Box<dyn Instance>> {
+        Some(Box::new(I8Instance {
+            w: self.w.clone(),
+            packed: self.packed.clone(),
+            ops: self.ops.clone(),
+            dev: None,
+        }))
+    }
     fn reference_for(&self, v: &Variant) -> Vec<f64> {
         self.product(v, |t| t)
     }
@@ -196,7 +204,7 @@ impl Instance for I8Instance {
     fn footprint(&self) -> usize {
         self.w.size_bytes() + self.ops.bytes()
     }
-    fn warm_activations(&self) {
+    fn warm_activations(&mut self) {
         self.ops.warm();
     }
 }
