@@ -184,8 +184,8 @@ fn wgpu_ceilings() -> Result<Option<Ceilings>> {
             bf16_gflops: p.fma_gflops,
             int8_gops: p.fma_gflops,
             dram_gbps: p.read_gbps,
-            // Not reported by wgpu: rotate past the host's LLC, at least as large as a
-            // discrete GPU's L2 (and the cache lavapipe itself runs in).
+            // wgpu reports no cache size: the host's LLC stands in. It is the cache
+            // lavapipe runs in; a discrete GPU's L2 can be larger (72 MB on an RTX 4090).
             cache_bytes: None,
         };
         let _ = WGPU_CEILINGS.set(c);

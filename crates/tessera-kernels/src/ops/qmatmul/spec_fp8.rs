@@ -145,6 +145,12 @@ impl Fp8Instance {
 }
 
 impl Instance for Fp8Instance {
+    fn duplicate(&self) -> Option<Box<dyn Instance>> {
+        Some(Box::new(Fp8Instance {
+            w: self.w.clone(),
+            ops: self.ops.clone(),
+        }))
+    }
     fn reference(&self) -> Vec<f64> {
         self.ops
             .product(&self.exact_weights(), &self.ops.acts(None), |t| t)
