@@ -140,7 +140,9 @@ fn cuda_ceilings() -> Result<Option<Ceilings>> {
             bf16_gflops: p.mma_bf16_gflops,
             int8_gops: p.fma_gflops,
             dram_gbps: p.copy_gbps,
-            cache_bytes: Some(p.l2_bytes),
+            // A driver reporting no L2 sizes the rotation from the host's LLC instead
+            // (Some(0) would time a single instance from cache).
+            cache_bytes: (p.l2_bytes > 0).then_some(p.l2_bytes),
         };
         let _ = CUDA_CEILINGS.set(c);
         return Ok(Some(c));
