@@ -14,7 +14,7 @@
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
 
 mod act16;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod act_panel;
 mod byte_rows;
 mod fp8;
@@ -402,6 +402,8 @@ fn run_int8(
             IntKernel::RowScaled(_) => unreachable!("run above"),
             #[cfg(target_arch = "aarch64")]
             IntKernel::NeonDot => unreachable!("`for_scales` made it row-scaled or portable"),
+            #[cfg(target_arch = "aarch64")]
+            IntKernel::NeonRows8 => unreachable!("run below, over activation panels"),
             IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
         }
     };
@@ -438,13 +440,24 @@ fn run_int8(
         IntKernel::Planes8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
+        #[cfg(target_arch = "aarch64")]
+        IntKernel::NeonRows8 => with_panels(acts, w.cols() / QK, threads, |panels| {
+            let shape = (n, m, act_block);
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
+                // SAFETY: `reading` chose it for interleaved weights without split scales,
+                // `for_isa` for a CPU with DotProd; r is a multiple of 8 below the rows,
+                // out 8·mc long; passes start at multiples of M_CHUNK (a divisor of the
+                // panel's 8 slots).
+                unsafe { rows8::dots_sdot(w, r, panels.rows(m0, mc), out) }
+            })
+        }),
         _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
     }
 }
 
 /// Runs `f` over `acts` copied into activation panels, in this thread's reused buffer
 /// (a fresh one if it is in use, or for more rows than [`REUSED_ACT_ROWS`]).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn with_panels(
     acts: &[QuantActs],
     chunks: usize,
@@ -488,9 +501,13 @@ enum IntKernel {
     #[cfg(target_arch = "x86_64")]
     Planes8,
     /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
-    /// else the portable loop (no other NEON integer kernel yet).
+    /// else the portable loop (row-major block formats have no NEON kernel yet).
     #[cfg(target_arch = "aarch64")]
     NeonDot,
+    /// `sdot` over weights interleaved 8 rows at a time (`rows8`): the 4-bit formats
+    /// with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
+    #[cfg(target_arch = "aarch64")]
+    NeonRows8,
     /// W8A8 with one scale per weight row and per activation row: integer sums over the
     /// whole row, scaled once (`row_scaled`), with the instruction given.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -533,6 +550,13 @@ impl IntKernel {
             }
             IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,
             _ => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if self == IntKernel::NeonDot
+            && w.layout.interleaved()
+            && !matches!(w.meta, packed::Meta::SplitI8(_))
+        {
+            return IntKernel::NeonRows8;
         }
         let _ = w;
         self
@@ -755,7 +779,7 @@ mod avx2_planes8;
 mod expand;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod row_scaled;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod rows8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod simd_rows;

@@ -136,8 +136,8 @@ pub(super) enum CodeLayout {
     /// codes' top 2 bits (Q6_K).
     Planes8,
     /// [`ROWS8`] rows interleaved per chunk, a byte per code (Q8_0, Q8_K), only on CPUs
-    /// with AVX512_VNNI ([`PackedWeights::can_interleave`]): register t of chunk c holds
-    /// each row's codes 4t..4t+4.
+    /// with AVX512_VNNI or Arm's DotProd ([`PackedWeights::can_interleave`]): register t
+    /// of chunk c holds each row's codes 4t..4t+4.
     Bytes8,
 }
 
@@ -207,22 +207,25 @@ impl PackedWeights {
     }
 
     /// Whether [`PackedWeights::interleaved`] takes format B. The 8-bit formats (offset
-    /// 128, one scale per chunk) only where the CPU has AVX512_VNNI: `vpdpbusd` takes
-    /// full unsigned bytes, while `vpmaddubsw` would saturate on them, so without VNNI
-    /// they keep the row layout and its signed-byte kernel (`avx2_int8`).
+    /// 128, one scale per chunk) only where the CPU has AVX512_VNNI or Arm's DotProd:
+    /// `vpdpbusd` takes full unsigned bytes and `sdot` signed ones (u − 128), while
+    /// `vpmaddubsw` would saturate on them, so on AVX2 they keep the row layout and its
+    /// signed-byte kernel (`avx2_int8`).
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
+        let full_bytes = CpuFeatures::get().avx512_vnni || CpuFeatures::get().neon_dotprod;
         (B::NIBBLES && !B::SPLIT16)
             || B::SPLIT_I8_SCALES
-            || (B::OFFSET == 128 && !B::SPLIT16 && CpuFeatures::get().avx512_vnni)
+            || (B::OFFSET == 128 && !B::SPLIT16 && full_bytes)
     }
 
     /// Whether [`PackedWeights::new`] interleaves format B: as
     /// [`PackedWeights::can_interleave`], but full bytes only where the default ISA
-    /// reaches the VNNI kernel. Under `TESSERA_ISA=avx2` they stay row-major, for AVX2's
-    /// signed-byte kernel, instead of falling to the portable loop (`IntKernel::reading`).
+    /// reaches the VNNI or `sdot` kernel. Under `TESSERA_ISA=avx2` they stay row-major,
+    /// for AVX2's signed-byte kernel, instead of falling to the portable loop
+    /// (`IntKernel::reading`).
     pub(super) fn packs_interleaved<B: BlockFormat>() -> bool {
         Self::can_interleave::<B>()
-            && (B::NIBBLES || B::SPLIT_I8_SCALES || Isa::best() == Isa::Avx512)
+            && (B::NIBBLES || B::SPLIT_I8_SCALES || matches!(Isa::best(), Isa::Avx512 | Isa::Neon))
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {

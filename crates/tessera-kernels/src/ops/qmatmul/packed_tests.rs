@@ -71,9 +71,12 @@ fn only_offset_128_formats_have_wide_codes() {
             widest = widest.max(*codes.iter().max().unwrap());
         }
         if p.signed_bytes() {
-            // Full bytes interleave only for `vpdpbusd`; `vpmaddubsw` reads them as rows.
-            let vnni = CpuFeatures::get().avx512_vnni && Isa::best() == Isa::Avx512;
-            let want = if vnni && dtype != DType::I8 {
+            // Full bytes interleave only for `vpdpbusd` and `sdot`; `vpmaddubsw` reads
+            // them as rows.
+            let f = CpuFeatures::get();
+            let vnni = f.avx512_vnni && Isa::best() == Isa::Avx512;
+            let sdot = f.neon_dotprod && Isa::best() == Isa::Neon;
+            let want = if (vnni || sdot) && dtype != DType::I8 {
                 CodeLayout::Bytes8
             } else {
                 CodeLayout::Bytes
@@ -257,21 +260,28 @@ fn packed_rows_are_the_formats_values() {
 /// layout, over ragged groups (1, 7, 9, 17 rows: padding in the last group), odd
 /// chunk counts (K = 96), every activation-row count of a call (1–4, and 6 = 4 + 2),
 /// and 1 or 3 threads (groups split across tasks); NaN-poisoned outputs, and a NaN
-/// activation reaching exactly its row. Both instances of the loop where the CPU has
-/// them: `vpmaddubsw` (AVX2) and `vpdpbusd` (the AVX-512 ISA with AVX512_VNNI).
+/// activation reaching exactly its row. Every instance of the loop the CPU has:
+/// `vpmaddubsw` (AVX2), `vpdpbusd` (the AVX-512 ISA with AVX512_VNNI), `sdot` (NEON
+/// with DotProd).
 #[test]
 fn interleaved_kernel_matches_portable() {
-    if !Isa::Avx2.is_available() {
-        eprintln!("skipped: no AVX2");
+    let f = CpuFeatures::get();
+    let mut isas = Vec::new();
+    for (isa, has, what) in [
+        (Isa::Avx2, Isa::Avx2.is_available(), "vpmaddubsw (AVX2)"),
+        (Isa::Avx512, f.avx512_vnni, "vpdpbusd (AVX512_VNNI)"),
+        (Isa::Neon, f.neon_dotprod, "sdot (NEON DotProd)"),
+    ] {
+        if has {
+            isas.push(isa);
+        } else {
+            eprintln!("the {what} instance skipped: this CPU lacks it");
+        }
+    }
+    if isas.is_empty() {
         return;
     }
-    let vnni = CpuFeatures::get().avx512_vnni;
-    let isas: &[Isa] = if vnni {
-        &[Isa::Avx2, Isa::Avx512]
-    } else {
-        eprintln!("the vpdpbusd instance skipped: no AVX512_VNNI on this CPU");
-        &[Isa::Avx2]
-    };
+    let full_bytes = f.avx512_vnni || f.neon_dotprod;
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     let mut formats = 0;
     for dtype in BLOCK_DTYPES {
@@ -304,7 +314,7 @@ fn interleaved_kernel_matches_portable() {
                     }
                 }
                 x[(m - 1) * k + k / 2] = f32::NAN;
-                for &isa in isas {
+                for &isa in &isas {
                     let got = apply(&x, (m, k, rows), |x, y| {
                         qmatmul_int8(isa, 2, interleaved, x, y)
                     });
@@ -315,8 +325,9 @@ fn interleaved_kernel_matches_portable() {
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K; with VNNI Q8_0 and Q8_K.
-    assert_eq!(formats, if vnni { 10 } else { 8 });
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K; with VNNI or DotProd
+    // Q8_0 and Q8_K.
+    assert_eq!(formats, if full_bytes { 10 } else { 8 });
 }
 
 /// Activation quantization is compiled per ISA (it runs on one thread before every

@@ -90,10 +90,12 @@ const INT8: Int8Labels = Int8Labels {
 const INTERLEAVED: &str = "avx2-int8-r8";
 /// The same loop with `vpdpbusd` (AVX512_VNNI on ymm registers).
 const INTERLEAVED_VNNI: &str = "avx512-vnni-r8";
+/// The same loop with `sdot` (NEON with DotProd).
+const INTERLEAVED_NEON: &str = "neon-sdot-r8";
 
 /// Whether a variant reads the interleaved weights.
 fn is_interleaved(v: &Variant) -> bool {
-    v.label == INTERLEAVED || v.label == INTERLEAVED_VNNI
+    [INTERLEAVED, INTERLEAVED_VNNI, INTERLEAVED_NEON].contains(&v.label.as_str())
 }
 
 /// 16-bit activations as two 8-bit planes ([`super::qmatmul_a16`]) over the weights as
@@ -101,7 +103,7 @@ fn is_interleaved(v: &Variant) -> bool {
 const A16: Int8Labels = Int8Labels {
     vnni: "avx512-vnni-a16",
     avx2: "avx2-a16",
-    neon: None,
+    neon: Some("neon-sdot-a16"),
     scalar: "a16-scalar",
 };
 
@@ -111,12 +113,17 @@ fn is_int8(v: &Variant) -> bool {
     INT8.contains(v) || is_interleaved(v) || A16.contains(v)
 }
 
-/// Whether `dtype`'s weights can be interleaved, and whether the AVX2 kernel reads them
-/// then (not full bytes, which only the VNNI kernel takes).
-fn interleaves(dtype: DType) -> (bool, bool) {
+/// Whether `dtype`'s weights can be interleaved, whether the AVX2 kernel reads them then
+/// (not full bytes, which only the VNNI and `sdot` kernels take), and whether the `sdot`
+/// kernel does (not split scales, which only `avx2_planes8` reads).
+fn interleaves(dtype: DType) -> (bool, bool, bool) {
     crate::with_block_format!(dtype,
-        B => (PackedWeights::can_interleave::<B>(), B::NIBBLES || B::SPLIT_I8_SCALES),
-        _ => (false, false))
+        B => (
+            PackedWeights::can_interleave::<B>(),
+            B::NIBBLES || B::SPLIT_I8_SCALES,
+            !B::SPLIT_I8_SCALES,
+        ),
+        _ => (false, false, false))
 }
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
@@ -159,7 +166,7 @@ impl OpSpec for QMatmulOp {
     }
     fn variants(&self, dtype: DType) -> Vec<Variant> {
         let mut v = INT8.variants();
-        let (interleaved, avx2_reads) = interleaves(dtype);
+        let (interleaved, avx2_reads, sdot_reads) = interleaves(dtype);
         if Isa::Avx2.is_available() && interleaved && avx2_reads {
             v.insert(v.len() - 1, Variant::labelled(Isa::Avx2, INTERLEAVED));
         }
@@ -168,6 +175,9 @@ impl OpSpec for QMatmulOp {
                 v.len() - 1,
                 Variant::labelled(Isa::Avx512, INTERLEAVED_VNNI),
             );
+        }
+        if CpuFeatures::get().neon_dotprod && interleaved && sdot_reads {
+            v.insert(v.len() - 1, Variant::labelled(Isa::Neon, INTERLEAVED_NEON));
         }
         for a16 in A16.variants().into_iter().skip(Isa::available().len()) {
             v.insert(v.len() - 1, a16);

@@ -1,0 +1,213 @@
+//! The NEON instance of the interleaved kernel ([`super::chunk`]): Arm's DotProd `sdot`
+//! on a pair of q registers per 8 rows (rows 0–3, rows 4–7), with the width's
+//! [`RowLanes`] and [`Wide8`] primitives. The algorithm is in the parent module.
+//!
+//! `sdot` multiplies signed by signed bytes: nibble codes (< 16) are already
+//! non-negative i8, and full-byte codes (offset 128: Q8_0, Q8_K) go in as u − 128,
+//! whose sums then include the −128·Σq_x that `vpdpbusd` takes from the start value
+//! ([`RowLanes::SIGNED_BYTES`]). Sums are i32 and exact.
+//!
+//! Two instructions have no stable Rust intrinsic yet and are one line of `asm!` each:
+//! `sdot` (the DotProd extension) and `fcvtl`/`fcvtl2` (f16 → f32, base AdvSIMD; the
+//! intrinsics need the unstable f16 vector types).
+
+use super::super::act_panel::PanelRows;
+use super::super::packed::PackedWeights;
+use super::super::M_CHUNK;
+use super::{dots_with, ChunkMeta, RowLanes, Wide8};
+use half::f16;
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with `sdot`.
+///
+/// # Safety
+/// NEON with DotProd; `w.layout.interleaved()` (full bytes included) but not
+/// `Meta::SplitI8` metadata; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤
+/// M_CHUNK, the rows quantized for `w.cols` columns and `w`'s offset, starting at a slot
+/// that leaves M_CHUNK slots in the panel; out.len() ≥ 8·acts.live().
+#[target_feature(enable = "neon,dotprod")]
+pub(in super::super) unsafe fn dots_sdot(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Sdot8, M_CHUNK>(w, r0, acts, out) }
+}
+
+/// 8 rows' i32 lanes: rows 0–3, rows 4–7.
+#[derive(Clone, Copy)]
+pub(super) struct I8Rows(int32x4_t, int32x4_t);
+
+/// 8 rows' f32 lanes: rows 0–3, rows 4–7.
+#[derive(Clone, Copy)]
+pub(super) struct F8Rows(float32x4_t, float32x4_t);
+
+/// One group's 8 rows on two q registers with `sdot`.
+pub(super) struct Sdot8;
+
+/// `acc + Σ` of each 4-byte group of `w` times the same group of `x`, per i32 lane.
+///
+/// # Safety
+/// DotProd.
+#[inline(always)]
+unsafe fn sdot(mut acc: int32x4_t, w: int32x4_t, x: int32x4_t) -> int32x4_t {
+    // SAFETY: DotProd per the contract; registers only, no memory, no flags.
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
+            acc = inout(vreg) acc,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// Both halves of `v` through `f`.
+#[inline(always)]
+fn each(v: I8Rows, f: impl Fn(uint8x16_t) -> uint8x16_t) -> I8Rows {
+    // SAFETY: reinterpretations between 128-bit vector types (NEON is baseline).
+    unsafe {
+        I8Rows(
+            vreinterpretq_s32_u8(f(vreinterpretq_u8_s32(v.0))),
+            vreinterpretq_s32_u8(f(vreinterpretq_u8_s32(v.1))),
+        )
+    }
+}
+
+impl RowLanes for Sdot8 {
+    const GROUPS: usize = 1;
+    const SIGNED_BYTES: bool = true;
+    /// Two registers per row already give 2·M independent sums.
+    const ONE_CHAIN_FROM: usize = 2;
+    type I = I8Rows;
+    type F = F8Rows;
+    #[inline(always)]
+    unsafe fn codes(p: *const u8, _: usize) -> I8Rows {
+        // SAFETY: 32 readable bytes, per the contract.
+        unsafe {
+            I8Rows(
+                vreinterpretq_s32_u8(vld1q_u8(p)),
+                vreinterpretq_s32_u8(vld1q_u8(p.add(16))),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HI: bool>(v: I8Rows) -> I8Rows {
+        // SAFETY: NEON.
+        each(v, |b| unsafe {
+            if HI {
+                vshrq_n_u8::<4>(b)
+            } else {
+                vandq_u8(b, vdupq_n_u8(0x0F))
+            }
+        })
+    }
+    #[inline(always)]
+    unsafe fn full_bytes(v: I8Rows) -> I8Rows {
+        // u ^ 0x80 is u − 128 as a signed byte.
+        // SAFETY: NEON.
+        each(v, |b| unsafe { veorq_u8(b, vdupq_n_u8(0x80)) })
+    }
+    #[inline(always)]
+    unsafe fn start(init: i32) -> I8Rows {
+        // SAFETY: NEON.
+        unsafe { I8Rows(vdupq_n_s32(init), vdupq_n_s32(init)) }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: I8Rows, u: I8Rows, x: i32) -> I8Rows {
+        // SAFETY: DotProd per the contract.
+        unsafe {
+            let x = vdupq_n_s32(x);
+            I8Rows(sdot(sum.0, u.0, x), sdot(sum.1, u.1, x))
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [I8Rows; 2], _: i32) -> I8Rows {
+        // SAFETY: NEON.
+        unsafe { I8Rows(vaddq_s32(a.0, b.0), vaddq_s32(a.1, b.1)) }
+    }
+    #[inline(always)]
+    unsafe fn meta<C: ChunkMeta, const MINS: bool>(m: &[C; 2], c: usize) -> F8Rows {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if MINS {
+                m[0].mins::<F8Rows>(c)
+            } else {
+                m[0].scales::<F8Rows>(c)
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> F8Rows {
+        // SAFETY: NEON.
+        unsafe { F8Rows(vdupq_n_f32(0.0), vdupq_n_f32(0.0)) }
+    }
+    #[inline(always)]
+    unsafe fn scale_add(s: I8Rows, d: F8Rows, dx: f32, acc: F8Rows) -> F8Rows {
+        // SAFETY: NEON (`fmla`, one rounding, as the x86 instances' FMA).
+        unsafe {
+            F8Rows(
+                vfmaq_f32(acc.0, vcvtq_f32_s32(s.0), vmulq_n_f32(d.0, dx)),
+                vfmaq_f32(acc.1, vcvtq_f32_s32(s.1), vmulq_n_f32(d.1, dx)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn min_add(m: F8Rows, sums: f32, acc: F8Rows) -> F8Rows {
+        // SAFETY: NEON.
+        unsafe { F8Rows(vfmaq_n_f32(acc.0, m.0, sums), vfmaq_n_f32(acc.1, m.1, sums)) }
+    }
+    #[inline(always)]
+    unsafe fn store(acc: F8Rows, out: &mut [f32]) {
+        debug_assert!(out.len() >= 8);
+        // SAFETY: out holds 8 floats, per the contract.
+        unsafe {
+            vst1q_f32(out.as_mut_ptr(), acc.0);
+            vst1q_f32(out.as_mut_ptr().add(4), acc.1);
+        }
+    }
+}
+
+impl Wide8 for F8Rows {
+    #[inline(always)]
+    unsafe fn from_f32(p: *const f32) -> F8Rows {
+        // SAFETY: 8 floats at p, per the contract.
+        unsafe { F8Rows(vld1q_f32(p), vld1q_f32(p.add(4))) }
+    }
+    #[inline(always)]
+    unsafe fn from_f16(p: *const f16) -> F8Rows {
+        // SAFETY: 8 halves (16 bytes) at p, per the contract; `fcvtl`/`fcvtl2` are base
+        // AdvSIMD, registers only. `out` (not `lateout`) keeps `lo` from sharing `h`'s
+        // register before `fcvtl2` reads it.
+        unsafe {
+            let h = vld1q_u16(p.cast());
+            let (lo, hi): (float32x4_t, float32x4_t);
+            asm!(
+                "fcvtl {lo:v}.4s, {h:v}.4h",
+                "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                h = in(vreg) h,
+                lo = out(vreg) lo,
+                hi = out(vreg) hi,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+            F8Rows(lo, hi)
+        }
+    }
+    #[inline(always)]
+    unsafe fn f16_times_u8(base: *const f16, bytes: *const u8) -> F8Rows {
+        // SAFETY: 8 values at each, per the contract.
+        unsafe {
+            let wide = vmovl_u8(vld1_u8(bytes));
+            let lo = vcvtq_f32_u32(vmovl_u16(vget_low_u16(wide)));
+            let hi = vcvtq_f32_u32(vmovl_high_u16(wide));
+            let b = Self::from_f16(base);
+            F8Rows(vmulq_f32(b.0, lo), vmulq_f32(b.1, hi))
+        }
+    }
+}

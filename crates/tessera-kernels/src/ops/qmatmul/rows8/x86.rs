@@ -1,0 +1,374 @@
+//! The x86 instances of the interleaved kernel ([`super::chunk`]): `vpmaddubsw` on ymm
+//! (AVX2), `vpdpbusd` on ymm (AVX512_VNNI + VL, 8 rows) and on zmm (16 rows), with the
+//! width's [`RowLanes`] and [`Wide8`] primitives. The algorithm is in the parent module.
+
+use super::super::act_panel::PanelRows;
+use super::super::avx2_int8::MetaElem;
+use super::super::packed::{CodeLayout, PackedWeights, ROWS8};
+use super::super::M_CHUNK;
+use super::{dots_with, ChunkMeta, RowLanes, Wide8};
+use half::f16;
+use std::arch::x86_64::*;
+
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with
+/// `vpmaddubsw`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `w.layout.interleaved()` but not [`CodeLayout::Bytes8`] (full
+/// bytes would saturate `vpmaddubsw`), and not `Meta::SplitI8` metadata; r0 a
+/// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ M_CHUNK, the rows quantized for
+/// `w.cols` columns and `w`'s offset, starting at a slot that leaves M_CHUNK slots in
+/// the panel; out.len() ≥ 8·acts.live().
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn dots(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: &mut [f32],
+) {
+    debug_assert!(w.layout != CodeLayout::Bytes8);
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, out) }
+}
+
+/// Activation rows [`dots_vnni`] takes per pass over a group's codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and
+/// accumulators where AVX2's 16 hold 4 ([`M_CHUNK`]); each pass expands the codes once
+/// and finishes each chunk's 8 rows with one load of their scales, so a 16-row batch
+/// expands every code twice instead of four times.
+pub(in super::super) const VNNI_M: usize = 8;
+
+/// [`dots`] with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL): the same loop,
+/// one instruction per 4 activation bytes instead of `vpmaddubsw` + `vpaddw`, and no
+/// `vpmaddwd` per chunk.
+///
+/// # Safety
+/// As [`dots`] with [`VNNI_M`] for M_CHUNK, [`CodeLayout::Bytes8`] included, and the
+/// CPU has AVX-512F/VL and AVX512_VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(in super::super) unsafe fn dots_vnni(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_with::<Ymm<Vnni>, VNNI_M>(w, r0, acts, out) }
+}
+
+/// Rows [`dots_vnni16`] covers per call: two adjacent groups.
+pub(in super::super) const ROWS16: usize = 2 * ROWS8;
+
+/// Activation rows from which [`dots_vnni16`] runs on zmm. A decode row (one) stays on
+/// ymm: with 512-bit instructions in flight Intel cores lose port 1's vector ALU, and
+/// one activation row leaves the code loads, inserts and nibble masks as many as the
+/// dot products. Intel Xeon (AVX-512 + VNNI) host, Q4_1 3072×576, 3 alternated rounds:
+/// M = 1 cold 31–52 µs ymm against 59–83 zmm; in cache M = 2 35–69 against 32–40,
+/// M = 8 133–147 against 88–101 (docs/performance.md).
+const ZMM_MIN_ROWS: usize = 2;
+
+/// [`dots_vnni`] on zmm registers for the 16 rows of groups r0/8 and r0/8 + 1, each
+/// lane one row: `out[16i + g] = Σ_k W[r0 + g, k]·x̂_i[k]`.
+///
+/// Why two groups per register rather than two chunk steps of one: the chunk's finish
+/// (a conversion, a scale multiply, one or two FMAs per activation row) then serves 16
+/// rows instead of 8, where with 8 rows in 16 lanes it would stay as costly as on ymm.
+/// The second group's codes come in with one `vinserti64x4` per 32 bytes, shared by
+/// the pass's activation rows. A last, odd group runs [`dots_vnni`] (its rows land in
+/// the first 8 of each 16 outputs), and so does a pass of fewer than [`ZMM_MIN_ROWS`]
+/// activation rows.
+///
+/// # Safety
+/// As [`dots_vnni`], r0 a multiple of 16, out.len() ≥ 16·acts.live(), and the CPU has
+/// AVX-512F/BW/DQ/VL and AVX512_VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+pub(in super::super) unsafe fn dots_vnni16(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: &mut [f32],
+) {
+    debug_assert!(r0.is_multiple_of(ROWS16) && out.len() >= ROWS16 * acts.live());
+    let live = acts.live();
+    if r0 + ROWS8 < w.rows && live >= ZMM_MIN_ROWS {
+        // SAFETY: forwarded contract; group r0/8 + 1 holds row r0 + 8 < rows.
+        return unsafe { dots_with::<Zmm, VNNI_M>(w, r0, acts, out) };
+    }
+    let mut eight = [0f32; ROWS8 * VNNI_M];
+    for r in (r0..w.rows.min(r0 + ROWS16)).step_by(ROWS8) {
+        // SAFETY: forwarded contract, for one group.
+        unsafe { dots_vnni(w, r, acts, &mut eight) };
+        let at = r - r0;
+        for (o, e) in out
+            .chunks_exact_mut(ROWS16)
+            .zip(eight.chunks_exact(ROWS8))
+            .take(live)
+        {
+            o[at..at + ROWS8].copy_from_slice(e);
+        }
+    }
+}
+
+/// The 4-byte dot products of a chunk: per i32 lane (one weight row), Σ u·q_x over 32
+/// codes in 8 steps of 4, starting from the activation block's start value.
+trait Dot4 {
+    /// A running chunk sum.
+    type Sum: Copy;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn start(init: i32) -> Self::Sum;
+    /// Adds the 4-byte dots of codes `u` (< 16 for [`Maddubs`], any byte for [`Vnni`])
+    /// and activation bytes `x`.
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn add(sum: Self::Sum, u: __m256i, x: __m256i) -> Self::Sum;
+    /// The chunk's i32 sums from its two running sums (the first started from `init`),
+    /// start value included.
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn finish(sums: [Self::Sum; 2], init: i32) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see the module
+/// docs), then `vpmaddwd` against ones into i32.
+struct Maddubs;
+
+impl Dot4 for Maddubs {
+    type Sum = __m256i;
+    #[inline(always)]
+    unsafe fn start(_: i32) -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, u: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe { _mm256_add_epi16(sum, _mm256_maddubs_epi16(u, x)) }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [__m256i; 2], init: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract. The two i16 sums together obey the 8-step
+        // bound of the module docs.
+        unsafe {
+            _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1)),
+                _mm256_set1_epi32(init),
+            )
+        }
+    }
+}
+
+/// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32 directly.
+struct Vnni;
+
+impl Dot4 for Vnni {
+    type Sum = __m256i;
+    #[inline(always)]
+    unsafe fn start(init: i32) -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_set1_epi32(init) }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, u: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: AVX512_VNNI + AVX512VL per the contract.
+        unsafe { _mm256_dpbusd_epi32(sum, u, x) }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [__m256i; 2], _: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe { _mm256_add_epi32(a, b) }
+    }
+}
+
+/// One group's 8 rows on ymm, with dot product `D`.
+struct Ymm<D>(std::marker::PhantomData<D>);
+
+impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
+    const GROUPS: usize = 1;
+    type I = __m256i;
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn codes(p: *const u8, _: usize) -> __m256i {
+        // SAFETY: AVX per the contract; 32 readable bytes.
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HI: bool>(v: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe {
+            let v = if HI { _mm256_srli_epi16::<4>(v) } else { v };
+            _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+        }
+    }
+    #[inline(always)]
+    unsafe fn start(init: i32) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { D::start(init) }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m256i, u: __m256i, x: i32) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { D::add(sum, u, _mm256_set1_epi32(x)) }
+    }
+    #[inline(always)]
+    unsafe fn finish(sums: [__m256i; 2], init: i32) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { D::finish(sums, init) }
+    }
+    #[inline(always)]
+    unsafe fn meta<C: ChunkMeta, const MINS: bool>(m: &[C; 2], c: usize) -> __m256 {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if MINS {
+                m[0].mins::<__m256>(c)
+            } else {
+                m[0].scales::<__m256>(c)
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn scale_add(s: __m256i, d: __m256, dx: f32, acc: __m256) -> __m256 {
+        // SAFETY: AVX and FMA per the contract.
+        unsafe {
+            _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(s),
+                _mm256_mul_ps(d, _mm256_set1_ps(dx)),
+                acc,
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn min_add(m: __m256, sums: f32, acc: __m256) -> __m256 {
+        // SAFETY: FMA per the contract.
+        unsafe { _mm256_fmadd_ps(m, _mm256_set1_ps(sums), acc) }
+    }
+    #[inline(always)]
+    unsafe fn store(acc: __m256, out: &mut [f32]) {
+        // SAFETY: per the contract.
+        unsafe { store_group(&[acc], out) }
+    }
+}
+
+/// Two adjacent groups' 16 rows on zmm with `vpdpbusd` (AVX-512F/BW/DQ and
+/// AVX512_VNNI): lanes 0–7 the first group's rows, 8–15 the second's.
+struct Zmm;
+
+impl RowLanes for Zmm {
+    const GROUPS: usize = 2;
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn codes(p: *const u8, group_bytes: usize) -> __m512i {
+        // SAFETY: AVX-512F per the contract; 32 readable bytes at each address.
+        unsafe {
+            let lo = _mm256_loadu_si256(p as *const __m256i);
+            let hi = _mm256_loadu_si256(p.add(group_bytes) as *const __m256i);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HI: bool>(v: __m512i) -> __m512i {
+        // SAFETY: AVX-512F/BW per the contract.
+        unsafe {
+            let v = if HI { _mm512_srli_epi16::<4>(v) } else { v };
+            _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
+        }
+    }
+    #[inline(always)]
+    unsafe fn start(init: i32) -> __m512i {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_set1_epi32(init) }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: __m512i, u: __m512i, x: i32) -> __m512i {
+        // SAFETY: AVX512_VNNI per the contract.
+        unsafe { _mm512_dpbusd_epi32(sum, u, _mm512_set1_epi32(x)) }
+    }
+    #[inline(always)]
+    unsafe fn finish([a, b]: [__m512i; 2], _: i32) -> __m512i {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn meta<C: ChunkMeta, const MINS: bool>(m: &[C; 2], c: usize) -> __m512 {
+        // SAFETY: forwarded contract; AVX-512DQ for the insert.
+        unsafe {
+            let [lo, hi]: [__m256; 2] = if MINS {
+                [m[0].mins(c), m[1].mins(c)]
+            } else {
+                [m[0].scales(c), m[1].scales(c)]
+            };
+            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn scale_add(s: __m512i, d: __m512, dx: f32, acc: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe {
+            _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(s),
+                _mm512_mul_ps(d, _mm512_set1_ps(dx)),
+                acc,
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn min_add(m: __m512, sums: f32, acc: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_fmadd_ps(m, _mm512_set1_ps(sums), acc) }
+    }
+    #[inline(always)]
+    unsafe fn store(acc: __m512, out: &mut [f32]) {
+        debug_assert!(out.len() >= 16);
+        // SAFETY: AVX-512F per the contract; out holds 16 floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) }
+    }
+}
+
+/// Writes the group's dots, lane g of `acc[i]` (row r0 + g against activation row i),
+/// to `out[8i + g]`, the layout the driver reads.
+///
+/// # Safety
+/// AVX.
+#[inline(always)]
+pub(in super::super) unsafe fn store_group(acc: &[__m256], out: &mut [f32]) {
+    for (a, o) in acc.iter().zip(out.chunks_exact_mut(ROWS8)) {
+        // SAFETY: AVX per the contract; `o` holds 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
+    }
+}
+
+/// A ymm's 8 lanes (AVX2 and F16C, which every caller's features include).
+impl Wide8 for __m256 {
+    #[inline(always)]
+    unsafe fn from_f32(p: *const f32) -> __m256 {
+        // SAFETY: forwarded contract.
+        unsafe { f32::load8(p) }
+    }
+    #[inline(always)]
+    unsafe fn from_f16(p: *const f16) -> __m256 {
+        // SAFETY: forwarded contract.
+        unsafe { f16::load8(p) }
+    }
+    #[inline(always)]
+    unsafe fn f16_times_u8(base: *const f16, bytes: *const u8) -> __m256 {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let ints = _mm_loadl_epi64(bytes as *const __m128i);
+            let small = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ints));
+            _mm256_mul_ps(f16::load8(base), small)
+        }
+    }
+}
