@@ -16,7 +16,7 @@ pub mod avx512;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) mod lanes;
 #[cfg(target_arch = "aarch64")]
-mod lanes_neon;
+pub(crate) mod lanes_neon;
 #[cfg(target_arch = "x86_64")]
 mod lanes_x86;
 

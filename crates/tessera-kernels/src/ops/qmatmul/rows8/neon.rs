@@ -7,14 +7,14 @@
 //! whose sums then include the −128·Σq_x that `vpdpbusd` takes from the start value
 //! ([`RowLanes::SIGNED_BYTES`]). Sums are i32 and exact.
 //!
-//! Two instructions have no stable Rust intrinsic yet and are one line of `asm!` each:
-//! `sdot` (the DotProd extension) and `fcvtl`/`fcvtl2` (f16 → f32, base AdvSIMD; the
-//! intrinsics need the unstable f16 vector types).
+//! `sdot` (the DotProd extension) has no stable Rust intrinsic yet: it is one line of
+//! `asm!`, as f16 → f32 is ([`widen_f16x4`]).
 
 use super::super::act_panel::PanelRows;
 use super::super::packed::PackedWeights;
 use super::super::M_CHUNK;
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};
+use crate::simd::lanes_neon::widen_f16x4;
 use half::f16;
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -182,22 +182,8 @@ impl Wide8 for F8Rows {
     }
     #[inline(always)]
     unsafe fn from_f16(p: *const f16) -> F8Rows {
-        // SAFETY: 8 halves (16 bytes) at p, per the contract; `fcvtl`/`fcvtl2` are base
-        // AdvSIMD, registers only. `out` (not `lateout`) keeps `lo` from sharing `h`'s
-        // register before `fcvtl2` reads it.
-        unsafe {
-            let h = vld1q_u16(p.cast());
-            let (lo, hi): (float32x4_t, float32x4_t);
-            asm!(
-                "fcvtl {lo:v}.4s, {h:v}.4h",
-                "fcvtl2 {hi:v}.4s, {h:v}.8h",
-                h = in(vreg) h,
-                lo = out(vreg) lo,
-                hi = out(vreg) hi,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-            F8Rows(lo, hi)
-        }
+        // SAFETY: 8 halves (16 bytes) at p, per the contract.
+        unsafe { F8Rows(widen_f16x4(p), widen_f16x4(p.add(4))) }
     }
     #[inline(always)]
     unsafe fn f16_times_u8(base: *const f16, bytes: *const u8) -> F8Rows {
