@@ -393,7 +393,11 @@ fn run_int8(
             // SAFETY: as above; `reading` chose it for interleaved weights with split
             // scales, and the driver below hands it whole groups (r a multiple of 8,
             // out 8·mc long).
-            IntKernel::Planes8 => unsafe { avx2_planes8::dots_any(w, r, &a[..mc], out) },
+            IntKernel::Planes8 => unsafe { rows8::planes_dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above, with `sdot`: `reading` chose it for interleaved weights
+            // with split scales, `for_isa` for a CPU with DotProd.
+            IntKernel::NeonPlanes8 => unsafe { rows8::planes_sdot(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
             IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
                 unreachable!("run below, over activation panels")
@@ -438,6 +442,10 @@ fn run_int8(
         }
         #[cfg(target_arch = "x86_64")]
         IntKernel::Planes8 => {
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
+        }
+        #[cfg(target_arch = "aarch64")]
+        IntKernel::NeonPlanes8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
         #[cfg(target_arch = "aarch64")]
@@ -497,7 +505,7 @@ enum IntKernel {
     #[cfg(target_arch = "x86_64")]
     VnniRows8,
     /// `vpmaddubsw` over Q3_K/Q6_K interleaved 8 rows at a time with their split
-    /// scales (`avx2_planes8`), on AVX2 and VNNI CPUs alike.
+    /// scales (`rows8::planes`), on AVX2 and VNNI CPUs alike.
     #[cfg(target_arch = "x86_64")]
     Planes8,
     /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
@@ -508,6 +516,10 @@ enum IntKernel {
     /// with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
     #[cfg(target_arch = "aarch64")]
     NeonRows8,
+    /// `sdot` over Q3_K/Q6_K interleaved 8 rows at a time with their split scales
+    /// (`rows8::planes`).
+    #[cfg(target_arch = "aarch64")]
+    NeonPlanes8,
     /// W8A8 with one scale per weight row and per activation row: integer sums over the
     /// whole row, scaled once (`row_scaled`), with the instruction given.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -552,11 +564,11 @@ impl IntKernel {
             _ => {}
         }
         #[cfg(target_arch = "aarch64")]
-        if self == IntKernel::NeonDot
-            && w.layout.interleaved()
-            && !matches!(w.meta, packed::Meta::SplitI8(_))
-        {
-            return IntKernel::NeonRows8;
+        if self == IntKernel::NeonDot && w.layout.interleaved() {
+            return match w.meta {
+                packed::Meta::SplitI8(_) => IntKernel::NeonPlanes8,
+                _ => IntKernel::NeonRows8,
+            };
         }
         let _ = w;
         self
@@ -773,8 +785,6 @@ fn prefill(
 mod avx2_acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
-#[cfg(target_arch = "x86_64")]
-mod avx2_planes8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod expand;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

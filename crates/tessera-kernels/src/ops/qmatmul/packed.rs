@@ -152,7 +152,7 @@ impl CodeLayout {
         }
     }
 
-    /// Whether rows are interleaved 8 at a time (`rows8`, `avx2_planes8`).
+    /// Whether rows are interleaved 8 at a time (`rows8`, and its `planes` loop for split scales).
     pub(super) fn interleaved(self) -> bool {
         matches!(
             self,
@@ -200,7 +200,7 @@ impl PackedWeights {
     /// f16 per super-block, [`crate::quant::SplitScales`]): their codes' low 4 bits are
     /// laid out as above, and Q6_K's top 2 bits follow each chunk pair's nibbles in 4
     /// registers of 32 bytes, at the same byte as their low bits, register t mod 4, bits
-    /// 2·(2h + t/4) for chunk 2p + h (`avx2_planes8`). The i8 scales go per chunk as 8
+    /// 2·(2h + t/4) for chunk 2p + h (`rows8::planes`). The i8 scales go per chunk as 8
     /// rows' (half 0, half 1) pairs, the f16s per super-block, 8 rows contiguous.
     pub fn interleaved<B: BlockFormat>(w: &QuantMatrix<B>) -> Option<Self> {
         Self::can_interleave::<B>().then(|| Self::build(w, true))

@@ -113,17 +113,12 @@ fn is_int8(v: &Variant) -> bool {
     INT8.contains(v) || is_interleaved(v) || A16.contains(v)
 }
 
-/// Whether `dtype`'s weights can be interleaved, whether the AVX2 kernel reads them then
-/// (not full bytes, which only the VNNI and `sdot` kernels take), and whether the `sdot`
-/// kernel does (not split scales, which only `avx2_planes8` reads).
-fn interleaves(dtype: DType) -> (bool, bool, bool) {
+/// Whether `dtype`'s weights can be interleaved, and whether the AVX2 kernel reads them
+/// then (not full bytes, which only the VNNI and `sdot` kernels take).
+fn interleaves(dtype: DType) -> (bool, bool) {
     crate::with_block_format!(dtype,
-        B => (
-            PackedWeights::can_interleave::<B>(),
-            B::NIBBLES || B::SPLIT_I8_SCALES,
-            !B::SPLIT_I8_SCALES,
-        ),
-        _ => (false, false, false))
+        B => (PackedWeights::can_interleave::<B>(), B::NIBBLES || B::SPLIT_I8_SCALES),
+        _ => (false, false))
 }
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
@@ -166,7 +161,7 @@ impl OpSpec for QMatmulOp {
     }
     fn variants(&self, dtype: DType) -> Vec<Variant> {
         let mut v = INT8.variants();
-        let (interleaved, avx2_reads, sdot_reads) = interleaves(dtype);
+        let (interleaved, avx2_reads) = interleaves(dtype);
         if Isa::Avx2.is_available() && interleaved && avx2_reads {
             v.insert(v.len() - 1, Variant::labelled(Isa::Avx2, INTERLEAVED));
         }
@@ -176,7 +171,7 @@ impl OpSpec for QMatmulOp {
                 Variant::labelled(Isa::Avx512, INTERLEAVED_VNNI),
             );
         }
-        if CpuFeatures::get().neon_dotprod && interleaved && sdot_reads {
+        if CpuFeatures::get().neon_dotprod && interleaved {
             v.insert(v.len() - 1, Variant::labelled(Isa::Neon, INTERLEAVED_NEON));
         }
         for a16 in A16.variants().into_iter().skip(Isa::available().len()) {

@@ -3,7 +3,7 @@
 //! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows),
 //! AVX512_VNNI on ymm (`vpdpbusd`, 8 rows), AVX512_VNNI on zmm (16 rows: two adjacent
 //! groups, one per 256-bit half) (`x86`), and Arm's DotProd (`sdot` on two q registers,
-//! 8 rows) (`neon`); Q3_K/Q6_K's split scales go on to `avx2_planes8`.
+//! 8 rows) (`neon`); Q3_K/Q6_K's split scales go on to [`planes`].
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
@@ -29,7 +29,7 @@
 //! start value exact in i32, the minimum term from the activation's precomputed
 //! d_x·Σq_x. The activation rows come as [`super::act_panel`] records, one per chunk
 //! for up to 8 rows, so every activation load is a constant offset from one pointer.
-//! Q3_K/Q6_K's split scales have their own kernel, `avx2_planes8`.
+//! Q3_K/Q6_K's split scales have their own loop, [`planes`], over the same widths.
 
 use super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::packed::{CodeLayout, Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};
@@ -38,13 +38,14 @@ use half::f16;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod planes;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 #[cfg(target_arch = "aarch64")]
-pub(super) use neon::dots_sdot;
+pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dots, dots_vnni16, store_group, ROWS16, VNNI_M};
+pub(super) use x86::{dots, dots_vnni16, planes_dots, ROWS16, VNNI_M};
 
 /// The body of every instance (`x86::dots`, `x86::dots_vnni`, `x86::dots_vnni16`,
 /// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target
@@ -100,7 +101,7 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
                 });
                 by_rows::<L, _, MC>(w, m, true, r0, acts, out)
             }
-            Meta::SplitI8(_) => unreachable!("split scales run avx2_planes8 (IntKernel::reading)"),
+            Meta::SplitI8(_) => unreachable!("split scales run `planes` (IntKernel::reading)"),
         }
     }
 }

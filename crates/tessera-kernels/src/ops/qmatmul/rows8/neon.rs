@@ -1,6 +1,7 @@
-//! The NEON instance of the interleaved kernel ([`super::chunk`]): Arm's DotProd `sdot`
-//! on a pair of q registers per 8 rows (rows 0–3, rows 4–7), with the width's
-//! [`RowLanes`] and [`Wide8`] primitives. The algorithm is in the parent module.
+//! The NEON instances of the interleaved kernels ([`super::chunk`], and [`super::planes`]
+//! for split scales): Arm's DotProd `sdot` on a pair of q registers per 8 rows (rows
+//! 0–3, rows 4–7), with the width's [`RowLanes`], [`PlaneLanes`] and [`Wide8`]
+//! primitives. The algorithms are in the parent module and `planes`.
 //!
 //! `sdot` multiplies signed by signed bytes: nibble codes (< 16) are already
 //! non-negative i8, and full-byte codes (offset 128: Q8_0, Q8_K) go in as u − 128,
@@ -11,8 +12,9 @@
 //! `asm!`, as f16 → f32 is ([`widen_f16x4`]).
 
 use super::super::act_panel::PanelRows;
-use super::super::packed::PackedWeights;
+use super::super::packed::{Meta, PackedWeights, QuantActs};
 use super::super::M_CHUNK;
+use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};
 use crate::simd::lanes_neon::widen_f16x4;
 use half::f16;
@@ -195,5 +197,103 @@ impl Wide8 for F8Rows {
             let b = Self::from_f16(base);
             F8Rows(vmulq_f32(b.0, lo), vmulq_f32(b.1, hi))
         }
+    }
+}
+
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` over Q3_K/Q6_K's split scales (`planes`)
+/// for the group of 8 rows at r0 and up to M_CHUNK activation rows, with `sdot`.
+///
+/// # Safety
+/// NEON with DotProd; `w.layout.interleaved()` with `Meta::SplitI8` metadata; r0 a
+/// multiple of 8 below `w.rows`; 1 ≤ acts.len() ≤ M_CHUNK, each built for `w.cols`
+/// columns and `w`'s offset; out.len() ≥ 8·acts.len().
+#[target_feature(enable = "neon,dotprod")]
+pub(in super::super) unsafe fn planes_sdot(
+    w: &PackedWeights,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    match &w.meta {
+        // SAFETY: forwarded contract.
+        Meta::SplitI8(s) => unsafe { planes::dots::<Sdot8, M_CHUNK>(w, s, r0, acts, out) },
+        _ => unreachable!("the split-scale kernel reads split scales only"),
+    }
+}
+
+/// `sdot` sums a half in i32; each half's scale multiplies it in (`mla`), exact in i32.
+impl PlaneLanes for Sdot8 {
+    type Half = I8Rows;
+    /// The 8 rows' sc₀, then their sc₁, as i32.
+    type Scales = [I8Rows; 2];
+    #[inline(always)]
+    unsafe fn crumb<const K: u32>(v: I8Rows) -> I8Rows {
+        // SAFETY: NEON.
+        each(v, |b| unsafe {
+            let at4 = match K {
+                0 => vshlq_n_u8::<4>(b),
+                1 => vshlq_n_u8::<2>(b),
+                2 => b,
+                _ => vshrq_n_u8::<2>(b),
+            };
+            vandq_u8(at4, vdupq_n_u8(0x30))
+        })
+    }
+    #[inline(always)]
+    unsafe fn or(a: I8Rows, b: I8Rows) -> I8Rows {
+        // SAFETY: NEON.
+        unsafe { I8Rows(vorrq_s32(a.0, b.0), vorrq_s32(a.1, b.1)) }
+    }
+    #[inline(always)]
+    unsafe fn zero_i() -> I8Rows {
+        // SAFETY: NEON.
+        unsafe { I8Rows(vdupq_n_s32(0), vdupq_n_s32(0)) }
+    }
+    #[inline(always)]
+    unsafe fn half_zero() -> I8Rows {
+        // SAFETY: NEON.
+        unsafe { Self::zero_i() }
+    }
+    #[inline(always)]
+    unsafe fn half_add(h: I8Rows, u: I8Rows, x: i32, _: usize) -> I8Rows {
+        // SAFETY: DotProd per the contract.
+        unsafe { <Self as RowLanes>::add(h, u, x) }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const i8) -> [I8Rows; 2] {
+        // SAFETY: 16 bytes at p, per the contract; `ld2` splits the (sc₀, sc₁) pairs.
+        unsafe {
+            let pairs = vld2_s8(p);
+            [pairs.0, pairs.1].map(|sc| {
+                let wide = vmovl_s8(sc);
+                I8Rows(vmovl_s16(vget_low_s16(wide)), vmovl_high_s16(wide))
+            })
+        }
+    }
+    #[inline(always)]
+    unsafe fn half_total(total: I8Rows, h: I8Rows, sc: [I8Rows; 2], half: usize) -> I8Rows {
+        let s = sc[half];
+        // SAFETY: NEON.
+        unsafe { I8Rows(vmlaq_s32(total.0, h.0, s.0), vmlaq_s32(total.1, h.1, s.1)) }
+    }
+    #[inline(always)]
+    unsafe fn minus_offset(total: I8Rows, sc: [I8Rows; 2], half_sums: i32, offset: i32) -> I8Rows {
+        let (s0, s1) = (i32::from(half_sums as i16), half_sums >> 16);
+        // SAFETY: NEON.
+        unsafe {
+            let term = |k: usize| {
+                let [a, b] = [sc[0], sc[1]].map(|v| if k == 0 { v.0 } else { v.1 });
+                vmlaq_n_s32(vmulq_n_s32(a, s0), b, s1)
+            };
+            I8Rows(
+                vmlsq_n_s32(total.0, term(0), offset),
+                vmlsq_n_s32(total.1, term(1), offset),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn d8(p: *const f16) -> F8Rows {
+        // SAFETY: forwarded contract.
+        unsafe { F8Rows::from_f16(p) }
     }
 }

@@ -1,11 +1,14 @@
-//! The x86 instances of the interleaved kernel ([`super::chunk`]): `vpmaddubsw` on ymm
+//! The x86 instances of the interleaved kernels ([`super::chunk`]): `vpmaddubsw` on ymm
 //! (AVX2), `vpdpbusd` on ymm (AVX512_VNNI + VL, 8 rows) and on zmm (16 rows), with the
-//! width's [`RowLanes`] and [`Wide8`] primitives. The algorithm is in the parent module.
+//! width's [`RowLanes`] and [`Wide8`] primitives; and the split-scale kernel
+//! ([`super::planes`]) with `vpmaddubsw` ([`PlaneLanes`]). The algorithms are in the
+//! parent module and `planes`.
 
 use super::super::act_panel::PanelRows;
 use super::super::avx2_int8::MetaElem;
-use super::super::packed::{CodeLayout, PackedWeights, ROWS8};
+use super::super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, ROWS8};
 use super::super::M_CHUNK;
+use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};
 use half::f16;
 use std::arch::x86_64::*;
@@ -343,7 +346,7 @@ impl RowLanes for Zmm {
 /// # Safety
 /// AVX.
 #[inline(always)]
-pub(in super::super) unsafe fn store_group(acc: &[__m256], out: &mut [f32]) {
+unsafe fn store_group(acc: &[__m256], out: &mut [f32]) {
     for (a, o) in acc.iter().zip(out.chunks_exact_mut(ROWS8)) {
         // SAFETY: AVX per the contract; `o` holds 8 floats.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
@@ -370,5 +373,114 @@ impl Wide8 for __m256 {
             let small = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ints));
             _mm256_mul_ps(f16::load8(base), small)
         }
+    }
+}
+
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` over Q3_K/Q6_K's split scales (`planes`)
+/// for the group of 8 rows at r0 and up to M_CHUNK activation rows, with `vpmaddubsw`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `w.layout.interleaved()` with `Meta::SplitI8` metadata; r0 a
+/// multiple of 8 below `w.rows`; 1 ≤ acts.len() ≤ M_CHUNK, each built for `w.cols`
+/// columns and `w`'s offset; out.len() ≥ 8·acts.len().
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn planes_dots(
+    w: &PackedWeights,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    match &w.meta {
+        // SAFETY: forwarded contract.
+        Meta::SplitI8(s) => unsafe { planes::dots::<Ymm<Maddubs>, M_CHUNK>(w, s, r0, acts, out) },
+        _ => unreachable!("the split-scale kernel reads split scales only"),
+    }
+}
+
+/// `vpshufb` masks repeating each lane's i16 h (0: half 0's scale, 1: half 1's) in
+/// both of its i16. Constants: built from a runtime `h` they compiled to a chain of
+/// `vpinsrb` per chunk (perf annotate; Q6_K 16×1536×512 took 1.6× as long).
+const REPEAT: [[i8; 32]; 2] = [repeat_bytes(0), repeat_bytes(1)];
+
+const fn repeat_bytes(h: i8) -> [i8; 32] {
+    let lane = [0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13];
+    let mut out = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        out[i] = lane[i % 16] + 2 * h;
+        i += 1;
+    }
+    out
+}
+
+/// AVX2: a half's sum in two i16 accumulators (steps 0–1 and 2–3, each within i16, see
+/// `planes`), finished and scaled by one `vpmaddwd` each against the repeated scale.
+impl PlaneLanes for Ymm<Maddubs> {
+    type Half = [__m256i; 2];
+    /// Lane r: row r's (sc₀, sc₁) as i16; each half repeats its own with one `vpshufb`.
+    type Scales = __m256i;
+    #[inline(always)]
+    unsafe fn crumb<const K: u32>(v: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract. Bits shifted across a byte land outside 4–5.
+        unsafe {
+            let at4 = match K {
+                0 => _mm256_slli_epi16::<4>(v),
+                1 => _mm256_slli_epi16::<2>(v),
+                2 => v,
+                _ => _mm256_srli_epi16::<2>(v),
+            };
+            _mm256_and_si256(at4, _mm256_set1_epi8(0x30))
+        }
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe { _mm256_or_si256(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn zero_i() -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    unsafe fn half_zero() -> [__m256i; 2] {
+        // SAFETY: AVX per the contract.
+        unsafe { [_mm256_setzero_si256(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn half_add(mut h: [__m256i; 2], u: __m256i, x: i32, t4: usize) -> [__m256i; 2] {
+        // SAFETY: AVX2 per the contract; codes < 64 keep pairs and the i16 sums in range.
+        unsafe {
+            let p = _mm256_maddubs_epi16(u, _mm256_set1_epi32(x));
+            h[t4 / 2] = _mm256_add_epi16(h[t4 / 2], p);
+        }
+        h
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const i8) -> __m256i {
+        // SAFETY: AVX2 per the contract; 16 bytes at p.
+        unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn half_total(total: __m256i, h: [__m256i; 2], pair: __m256i, half: usize) -> __m256i {
+        // SAFETY: AVX2 per the contract; the mask is 32 bytes.
+        unsafe {
+            let sc = _mm256_shuffle_epi8(pair, _mm256_loadu_si256(REPEAT[half].as_ptr().cast()));
+            let s = _mm256_add_epi32(_mm256_madd_epi16(h[0], sc), _mm256_madd_epi16(h[1], sc));
+            _mm256_add_epi32(total, s)
+        }
+    }
+    #[inline(always)]
+    unsafe fn minus_offset(total: __m256i, pair: __m256i, half_sums: i32, offset: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe {
+            let term = _mm256_madd_epi16(pair, _mm256_set1_epi32(half_sums));
+            _mm256_sub_epi32(total, _mm256_mullo_epi32(term, _mm256_set1_epi32(offset)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn d8(p: *const f16) -> __m256 {
+        // SAFETY: forwarded contract (F16C).
+        unsafe { f16::load8(p) }
     }
 }
