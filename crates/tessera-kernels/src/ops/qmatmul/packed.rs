@@ -152,7 +152,7 @@ impl CodeLayout {
         }
     }
 
-    /// Whether rows are interleaved 8 at a time (`rows8`, and its `planes` loop for split scales).
+    /// Whether rows are interleaved 8 at a time (`rows8`, and its `planes` loop).
     pub(super) fn interleaved(self) -> bool {
         matches!(
             self,
