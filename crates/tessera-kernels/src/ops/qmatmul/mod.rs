@@ -394,6 +394,9 @@ fn run_int8(
             // scales, and the driver below hands it whole groups (r a multiple of 8,
             // out 8·mc long).
             IntKernel::Planes8 => unsafe { rows8::planes_dots(w, r, &a[..mc], out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as for Planes8, on a VNNI CPU (`for_isa`).
+            IntKernel::VnniPlanes8 => unsafe { rows8::planes_dots_vnni(w, r, &a[..mc], out) },
             #[cfg(target_arch = "aarch64")]
             // SAFETY: as above, with `sdot`: `reading` chose it for interleaved weights
             // with split scales, `for_isa` for a CPU with DotProd.
@@ -441,7 +444,7 @@ fn run_int8(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        IntKernel::Planes8 => {
+        IntKernel::Planes8 | IntKernel::VnniPlanes8 => {
             for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
         }
         #[cfg(target_arch = "aarch64")]
@@ -505,9 +508,12 @@ enum IntKernel {
     #[cfg(target_arch = "x86_64")]
     VnniRows8,
     /// `vpmaddubsw` over Q3_K/Q6_K interleaved 8 rows at a time with their split
-    /// scales (`rows8::planes`), on AVX2 and VNNI CPUs alike.
+    /// scales (`rows8::planes`).
     #[cfg(target_arch = "x86_64")]
     Planes8,
+    /// The same loop with `vpdpbusd` on ymm (AVX512_VNNI + AVX512VL).
+    #[cfg(target_arch = "x86_64")]
+    VnniPlanes8,
     /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
     /// else the portable loop (row-major block formats have no NEON kernel yet).
     #[cfg(target_arch = "aarch64")]
@@ -550,7 +556,10 @@ impl IntKernel {
     fn reading(self, w: &PackedWeights) -> Self {
         #[cfg(target_arch = "x86_64")]
         match self {
-            IntKernel::Vnni | IntKernel::Avx2 if matches!(w.meta, packed::Meta::SplitI8(_)) => {
+            IntKernel::Vnni if matches!(w.meta, packed::Meta::SplitI8(_)) => {
+                return IntKernel::VnniPlanes8
+            }
+            IntKernel::Avx2 if matches!(w.meta, packed::Meta::SplitI8(_)) => {
                 return IntKernel::Planes8
             }
             IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,

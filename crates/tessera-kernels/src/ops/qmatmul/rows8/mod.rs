@@ -45,7 +45,7 @@ mod x86;
 #[cfg(target_arch = "aarch64")]
 pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dots, dots_vnni16, planes_dots, ROWS16, VNNI_M};
+pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, VNNI_M};
 
 /// The body of every instance (`x86::dots`, `x86::dots_vnni`, `x86::dots_vnni16`,
 /// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target

@@ -397,6 +397,24 @@ pub(in super::super) unsafe fn planes_dots(
     }
 }
 
+/// [`planes_dots`] with `vpdpbusd` on ymm registers.
+///
+/// # Safety
+/// As [`planes_dots`], and the CPU has AVX-512F/VL and AVX512_VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(in super::super) unsafe fn planes_dots_vnni(
+    w: &PackedWeights,
+    r0: usize,
+    acts: &[&QuantActs],
+    out: &mut [f32],
+) {
+    match &w.meta {
+        // SAFETY: forwarded contract.
+        Meta::SplitI8(s) => unsafe { planes::dots::<Ymm<Vnni>, M_CHUNK>(w, s, r0, acts, out) },
+        _ => unreachable!("the split-scale kernel reads split scales only"),
+    }
+}
+
 /// `vpshufb` masks repeating each lane's i16 h (0: half 0's scale, 1: half 1's) in
 /// both of its i16. Constants: built from a runtime `h` they compiled to a chain of
 /// `vpinsrb` per chunk (perf annotate; Q6_K 16×1536×512 took 1.6× as long).
@@ -413,11 +431,86 @@ const fn repeat_bytes(h: i8) -> [i8; 32] {
     out
 }
 
+/// A 16-weight half's running sum and how its sub-scale applies, per dot product.
+trait HalfDot: Dot4<Sum = __m256i> {
+    /// One activation row's running sum over a half.
+    type Half: Copy;
+    /// # Safety
+    /// The dot product's CPU features (so for every method below).
+    unsafe fn half_zero() -> Self::Half;
+    /// Adds step `t4` (0..4): codes `u` (< 64) against the 4 activation bytes `x`.
+    ///
+    /// # Safety
+    /// As [`HalfDot::half_zero`].
+    unsafe fn half_add(h: Self::Half, u: __m256i, x: i32, t4: usize) -> Self::Half;
+    /// `total + sc_half·Σh` per row, `pair` holding each row's (sc₀, sc₁) as i16.
+    ///
+    /// # Safety
+    /// As [`HalfDot::half_zero`].
+    unsafe fn half_total(total: __m256i, h: Self::Half, pair: __m256i, half: usize) -> __m256i;
+}
+
 /// AVX2: a half's sum in two i16 accumulators (steps 0–1 and 2–3, each within i16, see
 /// `planes`), finished and scaled by one `vpmaddwd` each against the repeated scale.
-impl PlaneLanes for Ymm<Maddubs> {
+impl HalfDot for Maddubs {
     type Half = [__m256i; 2];
-    /// Lane r: row r's (sc₀, sc₁) as i16; each half repeats its own with one `vpshufb`.
+    #[inline(always)]
+    unsafe fn half_zero() -> [__m256i; 2] {
+        // SAFETY: AVX per the contract.
+        unsafe { [_mm256_setzero_si256(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn half_add(mut h: [__m256i; 2], u: __m256i, x: i32, t4: usize) -> [__m256i; 2] {
+        // SAFETY: AVX2 per the contract; codes < 64 keep pairs and the i16 sums in range.
+        unsafe {
+            let p = _mm256_maddubs_epi16(u, _mm256_set1_epi32(x));
+            h[t4 / 2] = _mm256_add_epi16(h[t4 / 2], p);
+        }
+        h
+    }
+    #[inline(always)]
+    unsafe fn half_total(total: __m256i, h: [__m256i; 2], pair: __m256i, half: usize) -> __m256i {
+        // SAFETY: AVX2 per the contract; the mask is 32 bytes.
+        unsafe {
+            let sc = _mm256_shuffle_epi8(pair, _mm256_loadu_si256(REPEAT[half].as_ptr().cast()));
+            let s = _mm256_add_epi32(_mm256_madd_epi16(h[0], sc), _mm256_madd_epi16(h[1], sc));
+            _mm256_add_epi32(total, s)
+        }
+    }
+}
+
+/// AVX512_VNNI: `vpdpbusd` sums a half in i32 (no i16 steps), and the half's scale,
+/// sign-extended from its i16 in the row's lane, multiplies it in (`vpmulld`).
+impl HalfDot for Vnni {
+    type Half = __m256i;
+    #[inline(always)]
+    unsafe fn half_zero() -> __m256i {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    unsafe fn half_add(h: __m256i, u: __m256i, x: i32, _: usize) -> __m256i {
+        // SAFETY: AVX512_VNNI + VL per the contract.
+        unsafe { _mm256_dpbusd_epi32(h, u, _mm256_set1_epi32(x)) }
+    }
+    #[inline(always)]
+    unsafe fn half_total(total: __m256i, h: __m256i, pair: __m256i, half: usize) -> __m256i {
+        // SAFETY: AVX2 per the contract.
+        unsafe {
+            let sc = if half == 0 {
+                _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(pair))
+            } else {
+                _mm256_srai_epi32::<16>(pair)
+            };
+            _mm256_add_epi32(total, _mm256_mullo_epi32(h, sc))
+        }
+    }
+}
+
+/// The split-scale primitives on ymm, the half sums per dot product ([`HalfDot`]).
+impl<D: HalfDot> PlaneLanes for Ymm<D> {
+    type Half = D::Half;
+    /// Lane r: row r's (sc₀, sc₁) as i16.
     type Scales = __m256i;
     #[inline(always)]
     unsafe fn crumb<const K: u32>(v: __m256i) -> __m256i {
@@ -443,18 +536,14 @@ impl PlaneLanes for Ymm<Maddubs> {
         unsafe { _mm256_setzero_si256() }
     }
     #[inline(always)]
-    unsafe fn half_zero() -> [__m256i; 2] {
-        // SAFETY: AVX per the contract.
-        unsafe { [_mm256_setzero_si256(); 2] }
+    unsafe fn half_zero() -> D::Half {
+        // SAFETY: forwarded contract.
+        unsafe { D::half_zero() }
     }
     #[inline(always)]
-    unsafe fn half_add(mut h: [__m256i; 2], u: __m256i, x: i32, t4: usize) -> [__m256i; 2] {
-        // SAFETY: AVX2 per the contract; codes < 64 keep pairs and the i16 sums in range.
-        unsafe {
-            let p = _mm256_maddubs_epi16(u, _mm256_set1_epi32(x));
-            h[t4 / 2] = _mm256_add_epi16(h[t4 / 2], p);
-        }
-        h
+    unsafe fn half_add(h: D::Half, u: __m256i, x: i32, t4: usize) -> D::Half {
+        // SAFETY: forwarded contract.
+        unsafe { D::half_add(h, u, x, t4) }
     }
     #[inline(always)]
     unsafe fn scales(p: *const i8) -> __m256i {
@@ -462,13 +551,9 @@ impl PlaneLanes for Ymm<Maddubs> {
         unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast())) }
     }
     #[inline(always)]
-    unsafe fn half_total(total: __m256i, h: [__m256i; 2], pair: __m256i, half: usize) -> __m256i {
-        // SAFETY: AVX2 per the contract; the mask is 32 bytes.
-        unsafe {
-            let sc = _mm256_shuffle_epi8(pair, _mm256_loadu_si256(REPEAT[half].as_ptr().cast()));
-            let s = _mm256_add_epi32(_mm256_madd_epi16(h[0], sc), _mm256_madd_epi16(h[1], sc));
-            _mm256_add_epi32(total, s)
-        }
+    unsafe fn half_total(total: __m256i, h: D::Half, pair: __m256i, half: usize) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { D::half_total(total, h, pair, half) }
     }
     #[inline(always)]
     unsafe fn minus_offset(total: __m256i, pair: __m256i, half_sums: i32, offset: i32) -> __m256i {
