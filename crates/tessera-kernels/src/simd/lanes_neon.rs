@@ -5,6 +5,27 @@ use half::{bf16, f16};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+/// `acc + Σ` of each 4-byte group of `w` times the same group of `x`, signed bytes, per
+/// i32 lane (`sdot`, wrapping). `vdotq_s32` is not yet a stable intrinsic; the
+/// instruction is one line of `asm!`.
+///
+/// # Safety
+/// The CPU has DotProd.
+#[inline(always)]
+pub(crate) unsafe fn sdot(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: DotProd per the contract; registers only, no memory, no flags.
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
+            acc = inout(vreg) acc,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
 /// The 4 halves at `p` as f32 (`fcvtl`, exact). One line of `asm!`: the conversion is
 /// base AdvSIMD, but its Rust intrinsics take the f16 vector types, not yet stable
 /// (converting through `half`, one scalar at a time, was the fallback).

@@ -242,19 +242,9 @@ impl RowDot for Sdot {
         unsafe { vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p), vdupq_n_u8(0x80))) }
     }
     #[inline(always)]
-    unsafe fn add(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
-        // `vdotq_s32` is not yet a stable intrinsic; the instruction is one line of asm.
-        // SAFETY: DotProd per the contract; registers only, no memory, no flags.
-        unsafe {
-            std::arch::asm!(
-                "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
-                acc = inout(vreg) acc,
-                w = in(vreg) w,
-                x = in(vreg) x,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        }
-        acc
+    unsafe fn add(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        // SAFETY: DotProd per the contract.
+        unsafe { crate::simd::lanes_neon::sdot(acc, w, x) }
     }
     #[inline(always)]
     unsafe fn sums(acc: &[int32x4_t]) -> [i32; TILE_ACCUMULATORS] {

@@ -8,18 +8,17 @@
 //! whose sums then include the −128·Σq_x that `vpdpbusd` takes from the start value
 //! ([`RowLanes::SIGNED_BYTES`]). Sums are i32 and exact.
 //!
-//! `sdot` (the DotProd extension) has no stable Rust intrinsic yet: it is one line of
-//! `asm!`, as f16 → f32 is ([`widen_f16x4`]).
+//! `sdot` (the DotProd extension) and f16 → f32 have no stable Rust intrinsics yet:
+//! each is one line of `asm!` in `simd::lanes_neon`.
 
 use super::super::act_panel::PanelRows;
 use super::super::packed::{Meta, PackedWeights, QuantActs};
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};
-use crate::simd::lanes_neon::widen_f16x4;
+use crate::simd::lanes_neon::{self, widen_f16x4};
 use half::f16;
 use std::arch::aarch64::*;
-use std::arch::asm;
 
 /// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with `sdot`.
@@ -51,23 +50,14 @@ pub(super) struct F8Rows(float32x4_t, float32x4_t);
 /// One group's 8 rows on two q registers with `sdot`.
 pub(super) struct Sdot8;
 
-/// `acc + Σ` of each 4-byte group of `w` times the same group of `x`, per i32 lane.
+/// `sdot` on i32-typed registers (the lanes' type here).
 ///
 /// # Safety
 /// DotProd.
 #[inline(always)]
-unsafe fn sdot(mut acc: int32x4_t, w: int32x4_t, x: int32x4_t) -> int32x4_t {
-    // SAFETY: DotProd per the contract; registers only, no memory, no flags.
-    unsafe {
-        asm!(
-            "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
-            acc = inout(vreg) acc,
-            w = in(vreg) w,
-            x = in(vreg) x,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    acc
+unsafe fn sdot(acc: int32x4_t, w: int32x4_t, x: int32x4_t) -> int32x4_t {
+    // SAFETY: DotProd per the contract; the casts only retype the registers.
+    unsafe { lanes_neon::sdot(acc, vreinterpretq_s8_s32(w), vreinterpretq_s8_s32(x)) }
 }
 
 /// Both halves of `v` through `f`.
