@@ -30,8 +30,8 @@
 //!
 //! 4-bit formats with one scale per chunk, and Q3_K/Q6_K, are instead interleaved 8
 //! rows at a time ([`PackedWeights::interleaved`]), the layout the decode kernels need
-//! to stop being instruction-bound (`rows8`, with `vpmaddubsw` or `vpdpbusd`; on VNNI
-//! CPUs the 8-bit formats too, [`CodeLayout::Bytes8`]); 4-bit bytes are the
+//! to stop being instruction-bound (`rows8`, with `vpmaddubsw`, `vpdpbusd` or `sdot`;
+//! on VNNI and DotProd CPUs the 8-bit formats too, [`CodeLayout::Bytes8`]); 4-bit bytes are the
 //! same, only their order changes, and Q6_K's codes split into a nibble plane and a
 //! 2-bit plane, its file's 6.5625 bits per weight instead of the row layout's 10.
 //! `dequantize_row` reads every layout.
