@@ -200,9 +200,11 @@ pub fn engine_int8_isa(isa: Isa, w: &PackedWeights) -> Isa {
 /// shapes (`tessera bench qmatmul --variant avx2|avx2-int8[-r8] --shape 512xNxK`, the
 /// two alternated, docs/performance.md): the interleaved 4-bit kernel wins for Q4_0,
 /// Q4_1 and the group formats (int8 ÷ f32 0.69–0.79) and for Q4_K (0.73–0.77, a tie on
-/// 192-row k/v); Q3_K/Q6_K's split scales lose (1.06–1.2), and the row kernels (Q8_0,
-/// Q5_x, Q2_K, Q5_K) lose by 1.4–1.8×. VNNI packs rows and its prefill is unmeasured,
-/// so it keeps the GEMM.
+/// 192-row k/v), and so do the interleaved 5-bit formats (host B, Zen 3, 2026-11-27, 3 rounds:
+/// Q5_0 512×1536×576 0.62–0.82, Q5_1 0.48–1.04 (median 0.64), Q5_K 512×576×1536
+/// 0.51–0.86); Q3_K/Q6_K's split scales lose (1.06–1.2), and the row kernels (Q8_0,
+/// Q2_K) lose by 1.4–1.8×. The `vpdpbusd` instance of the same loop takes the same
+/// formats; interleaved full bytes (Q8_0 on VNNI) are unmeasured and keep the GEMM.
 fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
     #[cfg(target_arch = "x86_64")]
     if isa.is_available()
@@ -211,7 +213,8 @@ fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
             IntKernel::Avx2Rows8 | IntKernel::VnniRows8
         )
     {
-        return w.layout == packed::CodeLayout::Nibbles8
+        let five_bit = w.layout == packed::CodeLayout::Bytes8 && !w.signed_bytes();
+        return (w.layout == packed::CodeLayout::Nibbles8 || five_bit)
             && !matches!(w.meta, packed::Meta::SplitI8(_));
     }
     let _ = (isa, w);
@@ -501,7 +504,8 @@ enum IntKernel {
     /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// `vpmaddubsw` over 4-bit weights interleaved 8 rows at a time, 8 rows per call.
+    /// `vpmaddubsw` over 4- and 5-bit weights interleaved 8 rows at a time, 8 rows per
+    /// call.
     #[cfg(target_arch = "x86_64")]
     Avx2Rows8,
     /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
@@ -515,11 +519,12 @@ enum IntKernel {
     #[cfg(target_arch = "x86_64")]
     VnniPlanes8,
     /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
-    /// else the portable loop (row-major block formats have no NEON kernel yet).
+    /// else the portable loop (the row-major block formats, Q2_K alone by default, have
+    /// no NEON kernel).
     #[cfg(target_arch = "aarch64")]
     NeonDot,
-    /// `sdot` over weights interleaved 8 rows at a time (`rows8`): the 4-bit formats
-    /// with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
+    /// `sdot` over weights interleaved 8 rows at a time (`rows8`): the 4- and 5-bit
+    /// formats with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
     #[cfg(target_arch = "aarch64")]
     NeonRows8,
     /// `sdot` over Q3_K/Q6_K interleaved 8 rows at a time with their split scales
@@ -566,7 +571,7 @@ impl IntKernel {
             // Interleaved full bytes are packed only for the VNNI kernel
             // (`PackedWeights::packs_interleaved`); `vpmaddubsw` would saturate on them,
             // so AVX2 asked for explicitly reads them through the portable loop.
-            IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 => {
+            IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 && w.signed_bytes() => {
                 return IntKernel::Portable
             }
             IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,

@@ -135,9 +135,10 @@ pub(super) enum CodeLayout {
     /// As `Nibbles8` for the low 4 bits, each chunk pair followed by a plane of the
     /// codes' top 2 bits (Q6_K).
     Planes8,
-    /// [`ROWS8`] rows interleaved per chunk, a byte per code (Q8_0, Q8_K), only on CPUs
-    /// with AVX512_VNNI or Arm's DotProd ([`PackedWeights::can_interleave`]): register t
-    /// of chunk c holds each row's codes 4t..4t+4.
+    /// [`ROWS8`] rows interleaved per chunk, a byte per code: the 5-bit formats (Q5_0,
+    /// Q5_1, Q5_K) everywhere, full bytes (Q8_0, Q8_K) only on CPUs with AVX512_VNNI or
+    /// Arm's DotProd ([`PackedWeights::can_interleave`]): register t of chunk c holds
+    /// each row's codes 4t..4t+4.
     Bytes8,
 }
 
@@ -206,16 +207,25 @@ impl PackedWeights {
         Self::can_interleave::<B>().then(|| Self::build(w, true))
     }
 
-    /// Whether [`PackedWeights::interleaved`] takes format B. The 8-bit formats (offset
-    /// 128, one scale per chunk) only where the CPU has AVX512_VNNI or Arm's DotProd:
-    /// `vpdpbusd` takes full unsigned bytes and `sdot` signed ones (u − 128), while
-    /// `vpmaddubsw` would saturate on them, so on AVX2 they keep the row layout and its
-    /// signed-byte kernel (`avx2_int8`).
+    /// Whether [`PackedWeights::interleaved`] takes format B: nibbles and 5-bit codes
+    /// with one scale per chunk, the split-scale 6-bit formats, and the 8-bit formats
+    /// (offset 128, one scale per chunk) only where the CPU has AVX512_VNNI or Arm's
+    /// DotProd: `vpdpbusd` takes full unsigned bytes and `sdot` signed ones (u − 128),
+    /// while `vpmaddubsw` would saturate on them, so on AVX2 they keep the row layout
+    /// and its signed-byte kernel (`avx2_int8`).
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
         let full_bytes = CpuFeatures::get().avx512_vnni || CpuFeatures::get().neon_dotprod;
         (B::NIBBLES && !B::SPLIT16)
             || B::SPLIT_I8_SCALES
+            || Self::five_bit::<B>()
             || (B::OFFSET == 128 && !B::SPLIT16 && full_bytes)
+    }
+
+    /// Whether B's codes are 5-bit bytes with one scale per chunk (Q5_0, Q5_1, Q5_K):
+    /// the byte formats below offset 128, every code under 32 (tested over every
+    /// format), which keeps `vpmaddubsw`'s i16 sums in range (`rows8`'s module docs).
+    pub(super) fn five_bit<B: BlockFormat>() -> bool {
+        !B::NIBBLES && !B::SPLIT16 && B::OFFSET < 128
     }
 
     /// Whether [`PackedWeights::new`] interleaves format B: as
@@ -225,7 +235,10 @@ impl PackedWeights {
     /// (`IntKernel::reading`).
     pub(super) fn packs_interleaved<B: BlockFormat>() -> bool {
         Self::can_interleave::<B>()
-            && (B::NIBBLES || B::SPLIT_I8_SCALES || matches!(Isa::best(), Isa::Avx512 | Isa::Neon))
+            && (B::NIBBLES
+                || B::SPLIT_I8_SCALES
+                || Self::five_bit::<B>()
+                || matches!(Isa::best(), Isa::Avx512 | Isa::Neon))
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {
@@ -557,7 +570,6 @@ impl PackedWeights {
     /// Whether the codes are full bytes (Q8_0, Q8_K, INT8: exactly the offset-128
     /// formats). Every other format's codes are below 64, which the AVX2 kernel's
     /// saturating `vpmaddubsw` relies on (tested over every format).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86 kernels only
     pub(super) fn signed_bytes(&self) -> bool {
         self.offset == 128
     }

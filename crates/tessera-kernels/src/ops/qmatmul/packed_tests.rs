@@ -82,6 +82,11 @@ fn only_offset_128_formats_have_wide_codes() {
                 CodeLayout::Bytes
             };
             assert_eq!(p.layout, want, "{dtype}");
+        } else if crate::with_block_format!(dtype, B => PackedWeights::five_bit::<B>(), _ => false)
+        {
+            // Interleaved for every instance: `vpmaddubsw`'s i16 sums need codes < 32.
+            assert!(widest < 32, "{dtype}: code {widest}");
+            assert_eq!(p.layout, CodeLayout::Bytes8, "{dtype}");
         } else {
             assert!(widest < 64, "{dtype}: code {widest}");
         }
@@ -248,10 +253,10 @@ fn packed_rows_are_the_formats_values() {
             );
         }
     }
-    // Interleaved Q4_0, Q4_1, Q4_K and the three group formats take the integer path
-    // at prefill wherever AVX2 runs.
+    // Interleaved Q4_0, Q4_1, Q4_K, the three group formats and Q5_0, Q5_1, Q5_K take
+    // the integer path at prefill wherever AVX2 runs.
     assert!(
-        int8_prefills == 6 || !Isa::Avx2.is_available(),
+        int8_prefills == 9 || !Isa::Avx2.is_available(),
         "{int8_prefills}"
     );
 }
@@ -325,9 +330,73 @@ fn interleaved_kernel_matches_portable() {
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K and Q6_K; with VNNI or DotProd
-    // Q8_0 and Q8_K.
-    assert_eq!(formats, if full_bytes { 10 } else { 8 });
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K, Q6_K, Q5_0, Q5_1 and Q5_K; with
+    // VNNI or DotProd Q8_0 and Q8_K.
+    assert_eq!(formats, if full_bytes { 13 } else { 11 });
+}
+
+/// 5-bit codes at their largest (31) against activation codes at ±127: the AVX2
+/// instance's i16 running sums reach 4·2·31·127 = 31 496 of 32 767, and only stay
+/// exact if each widens to i32 on its own (`rows8`'s module docs). Every instance the
+/// CPU has must match the portable loop on them.
+#[test]
+fn five_bit_codes_at_their_bound_do_not_wrap() {
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Neon]
+        .into_iter()
+        .filter(|&isa| match isa {
+            Isa::Avx512 => CpuFeatures::get().avx512_vnni,
+            Isa::Neon => CpuFeatures::get().neon_dotprod,
+            _ => isa.is_available(),
+        })
+        .collect();
+    if isas.is_empty() {
+        eprintln!("skipped: this CPU has none of the interleaved kernels' instructions");
+        return;
+    }
+    let (rows, k) = (9, 512);
+    // Each 32-block: one value at −1, the rest just under +1, so every format's codes
+    // sit at 31 but for the one.
+    let data: Vec<f32> = (0..rows * k)
+        .map(|i| if i % QK == 5 { -1.0 } else { 0.96 })
+        .collect();
+    let mut five_bit = 0;
+    for dtype in BLOCK_DTYPES {
+        if !crate::with_block_format!(dtype, B => PackedWeights::five_bit::<B>(), _ => false) {
+            continue;
+        }
+        five_bit += 1;
+        let [row_major, interleaved] = &layouts(dtype, (rows, k), &data)[..] else {
+            panic!("{dtype}: 5-bit codes interleave");
+        };
+        let mut codes = [0u8; QK];
+        interleaved.chunk_codes(0, 0, &mut codes);
+        assert_eq!(
+            codes.iter().filter(|&&u| u == 31).count(),
+            QK - 1,
+            "{dtype}"
+        );
+        for sign in [1.0f32, -1.0] {
+            for m in [1, 3, 4] {
+                let x = vec![sign; m * k];
+                let want = apply(&x, (m, k, rows), |x, y| {
+                    qmatmul_int8(Isa::Scalar, 1, row_major, x, y)
+                });
+                let scale = k as f32;
+                for &isa in &isas {
+                    let got = apply(&x, (m, k, rows), |x, y| {
+                        qmatmul_int8(isa, 1, interleaved, x, y)
+                    });
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            (g - w).abs() <= 1e-5 * scale,
+                            "{dtype} {isa} m {m} sign {sign}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(five_bit, 3, "Q5_0, Q5_1 and Q5_K");
 }
 
 /// Activation quantization is compiled per ISA (it runs on one thread before every

@@ -117,7 +117,10 @@ fn is_int8(v: &Variant) -> bool {
 /// then (not full bytes, which only the VNNI and `sdot` kernels take).
 fn interleaves(dtype: DType) -> (bool, bool) {
     crate::with_block_format!(dtype,
-        B => (PackedWeights::can_interleave::<B>(), B::NIBBLES || B::SPLIT_I8_SCALES),
+        B => (
+            PackedWeights::can_interleave::<B>(),
+            B::NIBBLES || B::SPLIT_I8_SCALES || PackedWeights::five_bit::<B>(),
+        ),
         _ => (false, false))
 }
 

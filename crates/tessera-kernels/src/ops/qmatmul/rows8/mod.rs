@@ -17,13 +17,18 @@
 //! `vpdpbusd`'s one instruction for `vpmaddubsw` + `vpaddw` (+ `vpmaddwd` per chunk)
 //! pays there: Q4_1 16×3072×576 172–219 µs against 207–273 on a Zen 4 host
 //! (docs/performance.md, "Batching and serving"). `sdot` is the same step on NEON,
-//! signed by signed: nibble codes (< 16) go in as they are, full bytes as u − 128.
+//! signed by signed: nibble and 5-bit codes (< 32) go in as they are, full bytes as
+//! u − 128.
 //!
-//! On AVX2 the 8 partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`):
-//! codes ≤ 15 and |q_x| ≤ 127 bound each pair sum by 2·15·127 = 3810, and 8·3810 =
-//! 30480 < 2¹⁵. `vpdpbusd` and `sdot` sum in i32, so their instances also read
-//! full-byte codes ([`CodeLayout::Bytes8`]: Q8_0, Q8_K, up to 255·127·32 per chunk),
-//! which AVX2 never gets (the packer interleaves them only on VNNI and DotProd CPUs).
+//! Codes come in three kinds ([`Codes`]): nibbles, 5-bit codes a byte each (Q5_0, Q5_1,
+//! Q5_K) and full bytes (Q8_0, Q8_K), the last two in [`CodeLayout::Bytes8`]. On AVX2
+//! the partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`), two
+//! running sums of 4 steps each: |q_x| ≤ 127 bounds a pair sum by 2·31·127 = 7874 for
+//! 5-bit codes, and 4·7874 = 31496 < 2¹⁵, so each running sum widens to i32 on its own;
+//! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first. `vpdpbusd` and
+//! `sdot` sum in i32, so their instances also read full-byte codes (up to 255·127·32
+//! per chunk), which AVX2 never gets (the packer interleaves them only on VNNI and
+//! DotProd CPUs).
 //!
 //! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
 //! start value exact in i32, the minimum term from the activation's precomputed
@@ -53,8 +58,8 @@ pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, V
 /// (`L`) per instruction set.
 ///
 /// # Safety
-/// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata, and [`CodeLayout::Bytes8`]
-/// only where `L` takes full bytes; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
+/// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata, and full-byte codes
+/// ([`Codes::FULL`]) only where `L` takes them; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
 /// ≤ MC, the rows quantized for `w.cols` columns and `w`'s offset, starting at a slot
 /// that leaves MC slots in the panel; out.len() ≥ 8·acts.live(); `L`'s CPU features; for
 /// `L::GROUPS` = 2, r0 a multiple of 16 with row r0 + 8 below the rows, and out
@@ -118,7 +123,8 @@ trait RowLanes {
     /// start value is not added.
     const SIGNED_BYTES: bool = false;
     /// Activation rows from which each keeps one running sum per chunk instead of two
-    /// (enough independent dot products to hide the instruction's latency).
+    /// (enough independent dot products to hide the instruction's latency); never
+    /// reached on AVX2, whose i16 sums rely on two ([`Codes`]).
     const ONE_CHAIN_FROM: usize = 8;
     /// i32 lanes: codes and running sums.
     type I: Copy;
@@ -149,7 +155,7 @@ trait RowLanes {
     /// # Safety
     /// As [`RowLanes::nibbles`].
     unsafe fn start(init: i32) -> Self::I;
-    /// Adds the 4-byte dots of codes `u` (< 16 on `vpmaddubsw`, any byte with
+    /// Adds the 4-byte dots of codes `u` (< 32 on `vpmaddubsw`, any byte with
     /// `vpdpbusd`, a signed byte with `sdot`) and the activation bytes `x` (the same 4
     /// in every lane).
     ///
@@ -157,11 +163,11 @@ trait RowLanes {
     /// As [`RowLanes::nibbles`].
     unsafe fn add(sum: Self::I, u: Self::I, x: i32) -> Self::I;
     /// The chunk's i32 sums from its two running sums (the first started from `init`),
-    /// start value included.
+    /// start value included, for codes of kind `CODES` ([`Codes`]).
     ///
     /// # Safety
     /// As [`RowLanes::nibbles`].
-    unsafe fn finish(sums: [Self::I; 2], init: i32) -> Self::I;
+    unsafe fn finish<const CODES: u8>(sums: [Self::I; 2], init: i32) -> Self::I;
     /// Chunk c's scales (or minima, when MINS) of the groups covered, from their
     /// per-group metadata.
     ///
@@ -186,6 +192,30 @@ trait RowLanes {
     /// # Safety
     /// As [`RowLanes::nibbles`]; out holds 8·GROUPS floats.
     unsafe fn store(acc: Self::F, out: &mut [f32]);
+}
+
+/// The kinds of codes [`chunk`] reads (a const parameter, so each kind's loop is
+/// compiled apart): how they are stored, and how they go into the dot product.
+struct Codes;
+
+impl Codes {
+    /// Two per byte, a chunk pair's 32 bytes per row ([`CodeLayout::Nibbles8`]).
+    const NIBBLES: u8 = 0;
+    /// 5-bit codes, a byte each ([`CodeLayout::Bytes8`] of Q5_0, Q5_1, Q5_K): as they
+    /// are into every dot product, with the activation's start value.
+    const FIVE_BIT: u8 = 1;
+    /// Full bytes, offset 128 ([`CodeLayout::Bytes8`] of Q8_0, Q8_K): through
+    /// [`RowLanes::full_bytes`].
+    const FULL: u8 = 2;
+
+    /// The kind of `w`'s codes.
+    fn of(w: &PackedWeights) -> u8 {
+        match (w.layout == CodeLayout::Bytes8, w.signed_bytes()) {
+            (false, _) => Codes::NIBBLES,
+            (true, false) => Codes::FIVE_BIT,
+            (true, true) => Codes::FULL,
+        }
+    }
 }
 
 /// Eight f32 values in registers, as one width holds a group's 8 rows (a ymm, or a
@@ -347,7 +377,7 @@ pub(super) fn prefetch_pair(codes: *const u8, pair: usize, pair_bytes: usize) {
     }
 }
 
-/// One monomorphized loop per code width (nibbles or bytes), minimum / no minimum and
+/// One monomorphized loop per code kind ([`Codes`]), minimum / no minimum and
 /// activation-row count: 1 to 4 exactly, more (up to MC) as MC with the last row
 /// repeated and its extra outputs dropped.
 #[inline(always)]
@@ -360,21 +390,29 @@ unsafe fn by_rows<L: RowLanes, C: ChunkMeta, const MC: usize>(
     out: &mut [f32],
 ) {
     macro_rules! arms {
-        ($($bytes:literal, $min:literal;)*) => {
-            match (w.layout == CodeLayout::Bytes8, min, acts.live()) {
+        ($($codes:path, $min:literal;)*) => {
+            match (Codes::of(w), min, acts.live()) {
                 (_, _, 0) => {}
                 $(
-                    ($bytes, $min, 1) => dots_m::<L, $bytes, $min, C, 1>(w, meta, r0, acts, out),
-                    ($bytes, $min, 2) => dots_m::<L, $bytes, $min, C, 2>(w, meta, r0, acts, out),
-                    ($bytes, $min, 3) => dots_m::<L, $bytes, $min, C, 3>(w, meta, r0, acts, out),
-                    ($bytes, $min, 4) => dots_m::<L, $bytes, $min, C, 4>(w, meta, r0, acts, out),
-                    ($bytes, $min, _) => dots_m::<L, $bytes, $min, C, MC>(w, meta, r0, acts, out),
+                    ($codes, $min, 1) => dots_m::<L, { $codes }, $min, C, 1>(w, meta, r0, acts, out),
+                    ($codes, $min, 2) => dots_m::<L, { $codes }, $min, C, 2>(w, meta, r0, acts, out),
+                    ($codes, $min, 3) => dots_m::<L, { $codes }, $min, C, 3>(w, meta, r0, acts, out),
+                    ($codes, $min, 4) => dots_m::<L, { $codes }, $min, C, 4>(w, meta, r0, acts, out),
+                    ($codes, $min, _) => dots_m::<L, { $codes }, $min, C, MC>(w, meta, r0, acts, out),
                 )*
+                (_, true, _) => unreachable!("full-byte formats have no minimum"),
+                _ => unreachable!("three kinds of codes"),
             }
         };
     }
     // SAFETY: forwarded contract; each arm gets at most its count of rows.
-    unsafe { arms!(false, false; false, true; true, false; true, true;) }
+    unsafe {
+        arms!(
+            Codes::NIBBLES, false; Codes::NIBBLES, true;
+            Codes::FIVE_BIT, false; Codes::FIVE_BIT, true;
+            Codes::FULL, false;
+        )
+    }
 }
 
 /// The first group's codes, each covered group's metadata, and the distance from one
@@ -421,7 +459,7 @@ impl ActRecords {
 /// (`acts.live()` real ones, the rest of the M slots zero or later rows, their outputs
 /// dropped).
 #[inline(always)]
-unsafe fn dots_m<L: RowLanes, const BYTES: bool, const MIN: bool, C: ChunkMeta, const M: usize>(
+unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, const M: usize>(
     w: &PackedWeights,
     meta: [C; 2],
     r0: usize,
@@ -456,7 +494,7 @@ unsafe fn dots_m<L: RowLanes, const BYTES: bool, const MIN: bool, C: ChunkMeta, 
     // SAFETY: chunks c (and c + 1) < nb exist in the groups and in every activation row.
     unsafe {
         while c + 1 < nb {
-            let pair_bytes = if BYTES {
+            let pair_bytes = if CODES != Codes::NIBBLES {
                 2 * BYTES_CHUNK
             } else {
                 GROUP_PAIR_BYTES
@@ -464,12 +502,12 @@ unsafe fn dots_m<L: RowLanes, const BYTES: bool, const MIN: bool, C: ChunkMeta, 
             for j in 0..L::GROUPS {
                 prefetch_pair(g.codes.add(j * g.group_bytes), c / 2, pair_bytes);
             }
-            chunk::<L, BYTES, false, MIN, C, M>(&g, rows, c, &mut acc);
-            chunk::<L, BYTES, true, MIN, C, M>(&g, rows, c + 1, &mut acc);
+            chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
+            chunk::<L, CODES, true, MIN, C, M>(&g, rows, c + 1, &mut acc);
             c += 2;
         }
         if c < nb {
-            chunk::<L, BYTES, false, MIN, C, M>(&g, rows, c, &mut acc);
+            chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
         }
         for (a, o) in acc[..live].iter().zip(out.chunks_exact_mut(lanes)) {
             L::store(*a, o);
@@ -480,15 +518,15 @@ unsafe fn dots_m<L: RowLanes, const BYTES: bool, const MIN: bool, C: ChunkMeta, 
 /// Bytes of a [`CodeLayout::Bytes8`] group's chunk: 8 rows × 32 codes.
 const BYTES_CHUNK: usize = ROWS8 * QK;
 
-/// Adds chunk c (the high nibbles of its pair when HI; its own 256 bytes when BYTES) of
-/// the covered groups' rows, against every activation row, to `acc`.
+/// Adds chunk c (the high nibbles of its pair when HI; its own 256 bytes for byte
+/// [`Codes`]) of the covered groups' rows, against every activation row, to `acc`.
 ///
 /// # Safety
 /// `L`'s CPU features; chunk c exists in the groups and in every row of `rows`.
 #[inline(always)]
 unsafe fn chunk<
     L: RowLanes,
-    const BYTES: bool,
+    const CODES: u8,
     const HI: bool,
     const MIN: bool,
     C: ChunkMeta,
@@ -501,7 +539,8 @@ unsafe fn chunk<
 ) {
     // SAFETY: per the contract.
     unsafe {
-        let base = if BYTES {
+        let bytes = CODES != Codes::NIBBLES;
+        let base = if bytes {
             g.codes.add(c * BYTES_CHUNK)
         } else {
             g.codes.add((c / 2) * GROUP_PAIR_BYTES)
@@ -510,7 +549,7 @@ unsafe fn chunk<
         // accumulates in place, and one chain of 8 would wait on its latency.
         // Signed full bytes carry −128·Σq_x in their sums: no start value.
         let init = |i: usize| {
-            if BYTES && L::SIGNED_BYTES {
+            if CODES == Codes::FULL && L::SIGNED_BYTES {
                 0
             } else {
                 rows.meta::<i32>(c, INIT_AT, i)
@@ -522,10 +561,10 @@ unsafe fn chunk<
         }
         for t in 0..QK / 4 {
             let v = L::codes(base.add(QK * t), g.group_bytes);
-            let u = if BYTES {
-                L::full_bytes(v)
-            } else {
-                L::nibbles::<HI>(v)
+            let u = match CODES {
+                Codes::FULL => L::full_bytes(v),
+                Codes::FIVE_BIT => v,
+                _ => L::nibbles::<HI>(v),
             };
             for i in 0..M {
                 let k = if M >= L::ONE_CHAIN_FROM { 0 } else { t % 2 };
@@ -539,7 +578,7 @@ unsafe fn chunk<
             d
         };
         for i in 0..M {
-            let s = L::finish(sums[i], init(i));
+            let s = L::finish::<CODES>(sums[i], init(i));
             acc[i] = L::scale_add(s, d, rows.meta::<f32>(c, DX_AT, i), acc[i]);
             if MIN {
                 acc[i] = L::min_add(m, rows.meta::<f32>(c, SUMS_AT, i), acc[i]);

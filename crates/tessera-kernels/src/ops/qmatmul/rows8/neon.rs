@@ -3,7 +3,7 @@
 //! 0–3, rows 4–7), with the width's [`RowLanes`], [`PlaneLanes`] and [`Wide8`]
 //! primitives. The algorithms are in the parent module and `planes`.
 //!
-//! `sdot` multiplies signed by signed bytes: nibble codes (< 16) are already
+//! `sdot` multiplies signed by signed bytes: nibble and 5-bit codes (< 32) are already
 //! non-negative i8, and full-byte codes (offset 128: Q8_0, Q8_K) go in as u − 128,
 //! whose sums then include the −128·Σq_x that `vpdpbusd` takes from the start value
 //! ([`RowLanes::SIGNED_BYTES`]). Sums are i32 and exact.
@@ -120,7 +120,7 @@ impl RowLanes for Sdot8 {
         }
     }
     #[inline(always)]
-    unsafe fn finish([a, b]: [I8Rows; 2], _: i32) -> I8Rows {
+    unsafe fn finish<const CODES: u8>([a, b]: [I8Rows; 2], _: i32) -> I8Rows {
         // SAFETY: NEON.
         unsafe { I8Rows(vaddq_s32(a.0, b.0), vaddq_s32(a.1, b.1)) }
     }

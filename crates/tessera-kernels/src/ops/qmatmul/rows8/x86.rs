@@ -9,7 +9,7 @@ use super::super::avx2_int8::MetaElem;
 use super::super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, ROWS8};
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
-use super::{dots_with, ChunkMeta, RowLanes, Wide8};
+use super::{dots_with, ChunkMeta, Codes, RowLanes, Wide8};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -18,8 +18,8 @@ use std::arch::x86_64::*;
 /// `vpmaddubsw`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w.layout.interleaved()` but not [`CodeLayout::Bytes8`] (full
-/// bytes would saturate `vpmaddubsw`), and not `Meta::SplitI8` metadata; r0 a
+/// AVX2, FMA and F16C; `w.layout.interleaved()` but not full bytes (they would
+/// saturate `vpmaddubsw`), and not `Meta::SplitI8` metadata; r0 a
 /// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ M_CHUNK, the rows quantized for
 /// `w.cols` columns and `w`'s offset, starting at a slot that leaves M_CHUNK slots in
 /// the panel; out.len() ≥ 8·acts.live().
@@ -30,7 +30,7 @@ pub(in super::super) unsafe fn dots(
     acts: PanelRows<'_>,
     out: &mut [f32],
 ) {
-    debug_assert!(w.layout != CodeLayout::Bytes8);
+    debug_assert!(w.layout != CodeLayout::Bytes8 || !w.signed_bytes());
     // SAFETY: forwarded contract.
     unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, out) }
 }
@@ -46,7 +46,7 @@ pub(in super::super) const VNNI_M: usize = 8;
 /// `vpmaddwd` per chunk.
 ///
 /// # Safety
-/// As [`dots`] with [`VNNI_M`] for M_CHUNK, [`CodeLayout::Bytes8`] included, and the
+/// As [`dots`] with [`VNNI_M`] for M_CHUNK, full bytes included, and the
 /// CPU has AVX-512F/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(in super::super) unsafe fn dots_vnni(
@@ -120,18 +120,18 @@ trait Dot4 {
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn start(init: i32) -> Self::Sum;
-    /// Adds the 4-byte dots of codes `u` (< 16 for [`Maddubs`], any byte for [`Vnni`])
+    /// Adds the 4-byte dots of codes `u` (< 32 for [`Maddubs`], any byte for [`Vnni`])
     /// and activation bytes `x`.
     ///
     /// # Safety
     /// As [`Dot4::start`].
     unsafe fn add(sum: Self::Sum, u: __m256i, x: __m256i) -> Self::Sum;
     /// The chunk's i32 sums from its two running sums (the first started from `init`),
-    /// start value included.
+    /// start value included, for codes of kind `CODES` ([`super::Codes`]).
     ///
     /// # Safety
     /// As [`Dot4::start`].
-    unsafe fn finish(sums: [Self::Sum; 2], init: i32) -> __m256i;
+    unsafe fn finish<const CODES: u8>(sums: [Self::Sum; 2], init: i32) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see the module
@@ -151,14 +151,18 @@ impl Dot4 for Maddubs {
         unsafe { _mm256_add_epi16(sum, _mm256_maddubs_epi16(u, x)) }
     }
     #[inline(always)]
-    unsafe fn finish([a, b]: [__m256i; 2], init: i32) -> __m256i {
-        // SAFETY: AVX2 per the contract. The two i16 sums together obey the 8-step
-        // bound of the module docs.
+    unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], init: i32) -> __m256i {
+        // SAFETY: AVX2 per the contract. Nibbles' two i16 sums together obey the
+        // 8-step bound of the parent's module docs; 5-bit codes' only each their own
+        // 4 steps, so they widen apart.
         unsafe {
-            _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1)),
-                _mm256_set1_epi32(init),
-            )
+            let ones = _mm256_set1_epi16(1);
+            let s = if CODES == Codes::NIBBLES {
+                _mm256_madd_epi16(_mm256_add_epi16(a, b), ones)
+            } else {
+                _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
+            };
+            _mm256_add_epi32(s, _mm256_set1_epi32(init))
         }
     }
 }
@@ -179,7 +183,7 @@ impl Dot4 for Vnni {
         unsafe { _mm256_dpbusd_epi32(sum, u, x) }
     }
     #[inline(always)]
-    unsafe fn finish([a, b]: [__m256i; 2], _: i32) -> __m256i {
+    unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], _: i32) -> __m256i {
         // SAFETY: AVX2 per the contract.
         unsafe { _mm256_add_epi32(a, b) }
     }
@@ -216,9 +220,9 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
         unsafe { D::add(sum, u, _mm256_set1_epi32(x)) }
     }
     #[inline(always)]
-    unsafe fn finish(sums: [__m256i; 2], init: i32) -> __m256i {
+    unsafe fn finish<const CODES: u8>(sums: [__m256i; 2], init: i32) -> __m256i {
         // SAFETY: forwarded contract.
-        unsafe { D::finish(sums, init) }
+        unsafe { D::finish::<CODES>(sums, init) }
     }
     #[inline(always)]
     unsafe fn meta<C: ChunkMeta, const MINS: bool>(m: &[C; 2], c: usize) -> __m256 {
@@ -295,7 +299,7 @@ impl RowLanes for Zmm {
         unsafe { _mm512_dpbusd_epi32(sum, u, _mm512_set1_epi32(x)) }
     }
     #[inline(always)]
-    unsafe fn finish([a, b]: [__m512i; 2], _: i32) -> __m512i {
+    unsafe fn finish<const CODES: u8>([a, b]: [__m512i; 2], _: i32) -> __m512i {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_add_epi32(a, b) }
     }
