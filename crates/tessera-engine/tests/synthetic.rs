@@ -219,7 +219,7 @@ fn check_against_reference(formats: &Formats, label: &str) {
 }
 
 /// A prompt longer than `INT8_BATCH_M` keeps f32 activations in layers whose prefill is
-/// faster through the GEMM (every format but the interleaved 4-bit ones, see
+/// faster through the GEMM (every format but the interleaved 4- and 5-bit ones, see
 /// [`HEAD_ONLY_32`] and [`HEAD_ONLY_K`]) and sends only the last position through the output projection,
 /// which quantizes that one input row: the float64 forward rounding the same row is
 /// then matched to f32 accuracy (measured 5e-7), and any kernel mistake (a lane scale,
@@ -232,23 +232,39 @@ const INT8_HEAD_TOL: f64 = 1e-5;
 /// one, an order below what a kernel mistake gives.
 const INT8_ACTS_VS_EXACT_TOL: f64 = 0.1;
 
-/// [`MIXED_K`] without Q4_K in its layers, for the reason of [`HEAD_ONLY_32`].
+/// [`MIXED_K`] without Q4_K and Q5_K in its layers, for the reason of [`HEAD_ONLY_32`].
 const HEAD_ONLY_K: Formats = Formats {
     layer: [
-        DType::Q5_K,
-        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
         DType::Q6_K,
         DType::Q3_K,
         DType::Q2_K,
-        DType::Q2_K,
-        DType::Q5_K,
+        DType::Q3_K,
+        DType::Q6_K,
     ],
     ..MIXED_K
 };
 
 /// [`MIXED_32`] without Q4_0/Q4_1 in its layers: their prefill takes the integer path
-/// on AVX2 (where it is the faster one), which would round every layer's input.
+/// on AVX2 (where it is the faster one), which would round every layer's input; so
+/// does the 5-bit formats', which [`FIVE_BIT_32`] covers.
 const HEAD_ONLY_32: Formats = Formats {
+    layer: [
+        DType::Q8_0,
+        DType::F32,
+        DType::Q8_0,
+        DType::F32,
+        DType::Q8_0,
+        DType::Q8_0,
+        DType::F32,
+    ],
+    ..MIXED_32
+};
+
+/// The 32-weight 5-bit formats (interleaved a byte per code) between Q8_0 and f32
+/// layers.
+const FIVE_BIT_32: Formats = Formats {
     layer: [
         DType::Q5_1,
         DType::Q5_0,
@@ -272,6 +288,7 @@ fn int8_activations_match_float64_reference() {
     for (formats, label, f32_prefill) in [
         (&HEAD_ONLY_32, "32 head", true),
         (&MIXED_32, "32", false),
+        (&FIVE_BIT_32, "32 five-bit", false),
         (&STACKED_32, "32 stacked", false),
         (&HEAD_ONLY_K, "k head", true),
         (&MIXED_K, "k", false),
@@ -296,8 +313,8 @@ fn int8_activations_match_float64_reference() {
         if f32_prefill {
             assert!(e < INT8_HEAD_TOL, "{label}: prefill head {e}");
         } else {
-            // Q4_0/Q4_1/Q4_K layers may round their inputs at prefill too (on AVX2 they
-            // do).
+            // Q4_0/Q4_1/Q4_K and 5-bit layers may round their inputs at prefill too (on
+            // AVX2 they do).
             let e = rel(&got, &exact[prefill - 1]);
             assert!(e < INT8_ACTS_VS_EXACT_TOL, "{label}: prefill {e}");
         }
