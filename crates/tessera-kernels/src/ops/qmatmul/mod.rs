@@ -19,6 +19,7 @@ mod act_panel;
 mod byte_rows;
 mod fp8;
 mod int8;
+mod int_kernel;
 mod packed;
 mod spec;
 mod spec_fp8;
@@ -28,6 +29,7 @@ mod stack;
 pub use act16::qmatmul_a16;
 pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
+use int_kernel::IntKernel;
 pub use packed::PackedWeights;
 use packed::QuantActs;
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
@@ -39,7 +41,7 @@ use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use tessera_core::{CacheSizes, CpuFeatures};
+use tessera_core::CacheSizes;
 use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
@@ -492,124 +494,6 @@ fn with_panels(
         panels.refill(acts, chunks, threads);
         f(panels)
     })
-}
-
-/// The integer dot-product kernel an ISA runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum IntKernel {
-    /// `vpdpbusd` on ymm, 32 bytes per instruction (AVX-512 with AVX512_VNNI), the
-    /// row-major loop of `avx2_int8`.
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-    /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// `vpmaddubsw` over 4- and 5-bit weights interleaved 8 rows at a time, 8 rows per
-    /// call.
-    #[cfg(target_arch = "x86_64")]
-    Avx2Rows8,
-    /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
-    #[cfg(target_arch = "x86_64")]
-    VnniRows8,
-    /// `vpmaddubsw` over Q3_K/Q6_K interleaved 8 rows at a time with their split
-    /// scales (`rows8::planes`).
-    #[cfg(target_arch = "x86_64")]
-    Planes8,
-    /// The same loop with `vpdpbusd` on ymm (AVX512_VNNI + AVX512VL).
-    #[cfg(target_arch = "x86_64")]
-    VnniPlanes8,
-    /// NEON with DotProd, before `for_scales`: the row-scaled kernel where it applies,
-    /// else the portable loop (the row-major block formats, Q2_K alone by default, have
-    /// no NEON kernel).
-    #[cfg(target_arch = "aarch64")]
-    NeonDot,
-    /// `sdot` over weights interleaved 8 rows at a time (`rows8`): the 4- and 5-bit
-    /// formats with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
-    #[cfg(target_arch = "aarch64")]
-    NeonRows8,
-    /// `sdot` over Q3_K/Q6_K interleaved 8 rows at a time with their split scales
-    /// (`rows8::planes`).
-    #[cfg(target_arch = "aarch64")]
-    NeonPlanes8,
-    /// W8A8 with one scale per weight row and per activation row: integer sums over the
-    /// whole row, scaled once (`row_scaled`), with the instruction given.
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    RowScaled(row_scaled::Instr),
-    /// The portable loop compiled for the ISA (the scalar baseline).
-    Portable,
-}
-
-impl IntKernel {
-    /// The kernel for an available `isa`.
-    fn for_isa(isa: Isa) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        match isa {
-            Isa::Avx512 if CpuFeatures::get().avx512_vnni => return IntKernel::Vnni,
-            Isa::Avx512 | Isa::Avx2 if Isa::Avx2.is_available() => return IntKernel::Avx2,
-            _ => {}
-        }
-        #[cfg(target_arch = "aarch64")]
-        if isa == Isa::Neon && CpuFeatures::get().neon_dotprod {
-            return IntKernel::NeonDot;
-        }
-        let _ = isa;
-        IntKernel::Portable
-    }
-
-    /// The kernel that reads `w`'s layout: interleaved rows take the interleaved loop
-    /// of the same instruction set.
-    fn reading(self, w: &PackedWeights) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        match self {
-            IntKernel::Vnni if matches!(w.meta, packed::Meta::SplitI8(_)) => {
-                return IntKernel::VnniPlanes8
-            }
-            IntKernel::Avx2 if matches!(w.meta, packed::Meta::SplitI8(_)) => {
-                return IntKernel::Planes8
-            }
-            IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,
-            // Interleaved full bytes are packed only for the VNNI kernel
-            // (`PackedWeights::packs_interleaved`); `vpmaddubsw` would saturate on them,
-            // so AVX2 asked for explicitly reads them through the portable loop.
-            IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 && w.signed_bytes() => {
-                return IntKernel::Portable
-            }
-            IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,
-            _ => {}
-        }
-        #[cfg(target_arch = "aarch64")]
-        if self == IntKernel::NeonDot && w.layout.interleaved() {
-            return match w.meta {
-                packed::Meta::SplitI8(_) => IntKernel::NeonPlanes8,
-                _ => IntKernel::NeonRows8,
-            };
-        }
-        let _ = w;
-        self
-    }
-
-    /// The row kernel of the same instruction set specialised to row scales, where
-    /// weights and activations both have one scale per row (per-channel INT8 in W8A8).
-    fn for_scales(self, w: &PackedWeights, act: ActScales) -> Self {
-        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-        if act == ActScales::PerRow && w.one_scale_per_row() && w.cols() < row_scaled::MAX_COLS {
-            match self {
-                #[cfg(target_arch = "x86_64")]
-                IntKernel::Avx2 => return IntKernel::RowScaled(row_scaled::Instr::Maddubs),
-                #[cfg(target_arch = "x86_64")]
-                IntKernel::Vnni => return IntKernel::RowScaled(row_scaled::Instr::Vnni),
-                #[cfg(target_arch = "aarch64")]
-                IntKernel::NeonDot => return IntKernel::RowScaled(row_scaled::Instr::Sdot),
-                _ => {}
-            }
-        }
-        let _ = (w, act);
-        #[cfg(target_arch = "aarch64")]
-        if self == IntKernel::NeonDot {
-            return IntKernel::Portable;
-        }
-        self
-    }
 }
 
 /// Validates `x [M, K] · W[N, K]ᵀ → y [M, N]`; returns (M, N).
