@@ -49,7 +49,7 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// For the integer kernels; d and m are exact products of the stored fields.
     fn unsigned(&self, c: usize, u: &mut [u8; QK]) -> [(f32, f32); 2];
     /// For super-blocks whose 8 chunk scales and minima are small integers times one f16
-    /// each (Q4_K: d·sc and (−dmin)·mn, sc and mn < 64): (d, −dmin, per chunk (sc, mn)),
+    /// each (Q4_K, Q5_K: d·sc and (−dmin)·mn, sc and mn < 64): (d, −dmin, per chunk (sc, mn)),
     /// whose products are exactly [`BlockFormat::unsigned`]'s (d, m). None otherwise.
     fn factored_scales(&self) -> Option<FactoredScales> {
         None

@@ -319,6 +319,14 @@ impl BlockFormat for BlockQ5K {
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.dmin.is_finite()
     }
+    fn factored_scales(&self) -> Option<FactoredScales> {
+        // Q4_K's scale fields exactly; only the codes gain a fifth bit.
+        Some(FactoredScales {
+            d: self.d,
+            neg_dmin: -self.dmin,
+            chunks: std::array::from_fn(|c| scale_min_k4(c, &self.scales)),
+        })
+    }
 }
 
 impl KQuant for BlockQ5K {

@@ -147,8 +147,8 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
 /// f16 and factored metadata hold the same values as f32 (chosen only where exact), so
 /// every kernel, in either layout, must give the same outputs from either form up to the
 /// summation order ([`REORDER_TOL`]: the AVX-512 kernels group the two differently);
-/// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K
-/// gets factored metadata and interleaved Q3_K/Q6_K split i8 scales.
+/// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K and
+/// Q5_K get factored metadata and interleaved Q3_K/Q6_K split i8 scales.
 #[test]
 fn f16_metadata_matches_f32_metadata() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -173,7 +173,7 @@ fn f16_metadata_matches_f32_metadata() {
             let factored = matches!(p.meta, Meta::Factored(_));
             assert_eq!(
                 factored,
-                dtype == DType::Q4_K && p.layout.interleaved(),
+                matches!(dtype, DType::Q4_K | DType::Q5_K) && p.layout.interleaved(),
                 "{dtype}"
             );
             let split = matches!(p.meta, Meta::SplitI8(_));

@@ -310,7 +310,7 @@ impl<E: StoredMeta> ChunkMeta for Plain<E> {
     }
 }
 
-/// Q4_K's own fields ([`super::packed::Factored`]): per chunk 8 rows' 6-bit sc and mn
+/// Q4_K and Q5_K's own fields ([`super::packed::Factored`]): per chunk 8 rows' 6-bit sc and mn
 /// bytes, per super-block of 8 chunks their f16 d and −dmin. Widening each and one
 /// multiply (exact) cost ~10 more vector instructions per 256 weights than two f32
 /// loads (~25 % more), and save 5.5 of every 24 bytes streamed per 32 weights: 0.88×
