@@ -282,6 +282,15 @@ fn k4_scales(d: f16, dmin: f16, scales: &[u8; 12]) -> [(f32, f32); 16] {
     })
 }
 
+/// Q4_K and Q5_K's scales as [`FactoredScales`]: d·sc and (−dmin)·mn per chunk.
+fn k4_factored(d: f16, dmin: f16, scales: &[u8; 12]) -> FactoredScales {
+    FactoredScales {
+        d,
+        neg_dmin: -dmin,
+        chunks: std::array::from_fn(|c| scale_min_k4(c, scales)),
+    }
+}
+
 impl BlockFormat for BlockQ4K {
     const DTYPE: DType = DType::Q4_K;
     const OFFSET: i32 = 0;
@@ -292,11 +301,7 @@ impl BlockFormat for BlockQ4K {
         self.d.is_finite() && self.dmin.is_finite()
     }
     fn factored_scales(&self) -> Option<FactoredScales> {
-        Some(FactoredScales {
-            d: self.d,
-            neg_dmin: -self.dmin,
-            chunks: std::array::from_fn(|c| scale_min_k4(c, &self.scales)),
-        })
+        Some(k4_factored(self.d, self.dmin, &self.scales))
     }
 }
 
@@ -321,11 +326,7 @@ impl BlockFormat for BlockQ5K {
     }
     fn factored_scales(&self) -> Option<FactoredScales> {
         // Q4_K's scale fields exactly; only the codes gain a fifth bit.
-        Some(FactoredScales {
-            d: self.d,
-            neg_dmin: -self.dmin,
-            chunks: std::array::from_fn(|c| scale_min_k4(c, &self.scales)),
-        })
+        Some(k4_factored(self.d, self.dmin, &self.scales))
     }
 }
 
