@@ -56,10 +56,10 @@ pub trait BlockFormat: Copy + Send + Sync + std::fmt::Debug + 'static {
     }
     /// Whether [`BlockFormat::split_scales`] gives this format's half scales.
     const SPLIT_I8_SCALES: bool = false;
-    /// For super-blocks without minima whose 16 half scales are each an i8 times one
-    /// f16 (Q3_K: d·(sc − 32), Q6_K: d·sc): (d, per half the i8), whose products are
-    /// exactly [`BlockFormat::unsigned`]'s d. None unless
-    /// [`BlockFormat::SPLIT_I8_SCALES`].
+    /// For super-blocks whose 16 half scales are each an i8 times one f16 (Q3_K:
+    /// d·(sc − 32), Q6_K: d·sc, Q2_K: d·sc with minima (−dmin)·mn): (d, per half the i8,
+    /// and the minima's), whose products are exactly [`BlockFormat::unsigned`]'s (d, m).
+    /// None unless [`BlockFormat::SPLIT_I8_SCALES`].
     fn split_scales(&self) -> Option<SplitScales> {
         None
     }
@@ -72,6 +72,9 @@ pub struct SplitScales {
     pub d: f16,
     /// Per 16-weight half, in element order.
     pub sc: [i8; 16],
+    /// For formats with minima (Q2_K): −dmin and, per half, the integer it multiplies
+    /// (m = (−dmin)·mn, exact in f32).
+    pub mins: Option<(f16, [i8; 16])>,
 }
 
 /// A super-block's scales as [`BlockFormat::factored_scales`] gives them.

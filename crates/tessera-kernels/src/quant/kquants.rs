@@ -221,9 +221,18 @@ impl BlockFormat for BlockQ2K {
     const HAS_MIN: bool = true;
     const NIBBLES: bool = true;
     const SPLIT16: bool = true;
+    const SPLIT_I8_SCALES: bool = true;
     kquant_block_format!(kq::q2_k);
     fn scale_is_finite(&self) -> bool {
         self.d.is_finite() && self.dmin.is_finite()
+    }
+    fn split_scales(&self) -> Option<SplitScales> {
+        // 4-bit sc and mn: a byte's low and high nibble.
+        Some(SplitScales {
+            d: self.d,
+            sc: self.scales.map(|s| (s & 0xF) as i8),
+            mins: Some((-self.dmin, self.scales.map(|s| (s >> 4) as i8))),
+        })
     }
 }
 
@@ -255,6 +264,7 @@ impl BlockFormat for BlockQ3K {
             d: self.d,
             // 6-bit sc − 32 ∈ −32..32.
             sc: std::array::from_fn(|j| (scale_q3k(j, &self.scales) - 32) as i8),
+            mins: None,
         })
     }
 }
@@ -355,6 +365,7 @@ impl BlockFormat for BlockQ6K {
         Some(SplitScales {
             d: self.d,
             sc: self.scales,
+            mins: None,
         })
     }
 }

@@ -265,9 +265,14 @@ fn factored_forms_are_exact<B: BlockFormat>() {
                 assert_eq!(got, halves[0], "{} chunk {c}", B::DTYPE);
             }
             if let Some(s) = b.split_scales() {
-                for (h, &(d, m)) in halves.iter().enumerate() {
-                    let got = s.d.to_f32() * f32::from(s.sc[2 * c + h]);
-                    assert_eq!((got, m), (d, 0.0), "{} chunk {c} half {h}", B::DTYPE);
+                assert_eq!(s.mins.is_some(), B::HAS_MIN, "{}", B::DTYPE);
+                for (h, &want) in halves.iter().enumerate() {
+                    let j = 2 * c + h;
+                    let got = (
+                        s.d.to_f32() * f32::from(s.sc[j]),
+                        s.mins.map_or(0.0, |(n, mn)| n.to_f32() * f32::from(mn[j])),
+                    );
+                    assert_eq!(got, want, "{} chunk {c} half {h}", B::DTYPE);
                 }
             }
         }

@@ -29,7 +29,7 @@ pub(super) enum IntKernel {
     /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
     #[cfg(target_arch = "x86_64")]
     VnniRows8,
-    /// `vpmaddubsw` over Q3_K/Q6_K interleaved 8 rows at a time with their split
+    /// `vpmaddubsw` over Q2_K/Q3_K/Q6_K interleaved 8 rows at a time with their split
     /// scales (`rows8::planes`).
     #[cfg(target_arch = "x86_64")]
     Planes8,
@@ -45,7 +45,7 @@ pub(super) enum IntKernel {
     /// formats with one scale per 32 weights, and full bytes (Q8_0, Q8_K).
     #[cfg(target_arch = "aarch64")]
     NeonRows8,
-    /// `sdot` over Q3_K/Q6_K interleaved 8 rows at a time with their split scales
+    /// `sdot` over Q2_K/Q3_K/Q6_K interleaved 8 rows at a time with their split scales
     /// (`rows8::planes`).
     #[cfg(target_arch = "aarch64")]
     NeonPlanes8,

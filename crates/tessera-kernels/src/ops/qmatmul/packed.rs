@@ -28,10 +28,11 @@
 //! The VNNI kernel reads f32 only: on a VNNI CPU metadata stays f32, and f16 weights
 //! built elsewhere go to the AVX2 kernel.
 //!
-//! 4-bit formats with one scale per chunk, and Q3_K/Q6_K, are instead interleaved 8
+//! 4- and 5-bit formats with one scale per chunk, and Q2_K/Q3_K/Q6_K, are instead interleaved 8
 //! rows at a time ([`PackedWeights::interleaved`]), the layout the decode kernels need
 //! to stop being instruction-bound (`rows8`, with `vpmaddubsw`, `vpdpbusd` or `sdot`;
-//! on VNNI and DotProd CPUs the 8-bit formats too, [`CodeLayout::Bytes8`]); 4-bit bytes are the
+//! 5-bit codes a byte each, and on VNNI and DotProd CPUs the 8-bit formats too,
+//! [`CodeLayout::Bytes8`]); 4-bit bytes are the
 //! same, only their order changes, and Q6_K's codes split into a nibble plane and a
 //! 2-bit plane, its file's 6.5625 bits per weight instead of the row layout's 10.
 //! `dequantize_row` reads every layout.
@@ -53,9 +54,11 @@ pub(super) enum Meta {
         scales: Vec<f16>,
         mins: Vec<f16>,
     },
-    /// Interleaved Q4_K: the file's own fields, 2.5 bytes per chunk instead of f32's 8.
+    /// Interleaved Q4_K and Q5_K: the file's own fields, 2.5 bytes per chunk instead of
+    /// f32's 8.
     Factored(Factored),
-    /// Interleaved Q3_K/Q6_K: the file's own fields, 2.25 bytes per chunk instead of 8.
+    /// Interleaved Q2_K/Q3_K/Q6_K: the file's own fields, 2.25 bytes per chunk (Q2_K
+    /// 4.5, with its minima) instead of 8 (16).
     SplitI8(SplitI8),
 }
 
@@ -72,13 +75,17 @@ pub(super) struct Factored {
 }
 
 /// Half scales as [`crate::quant::SplitScales`] keeps them: d = d_s·sc, exact in f32
-/// (an f16 times an i8 needs 19 bits).
+/// (an f16 times an i8 needs 19 bits), and for Q2_K minima m = (−dmin)_s·mn.
 #[derive(Clone, Debug)]
 pub(super) struct SplitI8 {
     /// Per super-block of 8 chunks, at [`PackedWeights::super_index`].
     pub d: Vec<f16>,
     /// Per 16-weight half, at [`PackedWeights::meta_index`].
     pub sc: Vec<i8>,
+    /// −dmin per super-block as `d`; empty for formats without minima.
+    pub neg_dmin: Vec<f16>,
+    /// Per half as `sc`; empty for formats without minima.
+    pub mn: Vec<i8>,
 }
 
 impl Meta {
@@ -100,7 +107,7 @@ impl Meta {
             Meta::F32 { mins, .. } => !mins.is_empty(),
             Meta::F16 { mins, .. } => !mins.is_empty(),
             Meta::Factored(_) => true,
-            Meta::SplitI8(_) => false,
+            Meta::SplitI8(f) => !f.mn.is_empty(),
         }
     }
 }
@@ -197,12 +204,14 @@ impl PackedWeights {
     /// weight (`rows8`). Scales and minima go per group, per chunk, 8 rows
     /// contiguous, so one load covers a chunk's 8 rows.
     ///
-    /// Also Q3_K and Q6_K, whose 16-weight halves have their own i8 scales (times one
-    /// f16 per super-block, [`crate::quant::SplitScales`]): their codes' low 4 bits are
+    /// Also Q2_K, Q3_K and Q6_K, whose 16-weight halves have their own i8 scales (times
+    /// one f16 per super-block, [`crate::quant::SplitScales`]; Q2_K also its minima's
+    /// 4-bit integers times −dmin): their codes' low 4 bits are
     /// laid out as above, and Q6_K's top 2 bits follow each chunk pair's nibbles in 4
     /// registers of 32 bytes, at the same byte as their low bits, register t mod 4, bits
     /// 2·(2h + t/4) for chunk 2p + h (`rows8::planes`). The i8 scales go per chunk as 8
-    /// rows' (half 0, half 1) pairs, the f16s per super-block, 8 rows contiguous.
+    /// rows' (half 0, half 1) pairs (Q2_K's minima beside them alike), the f16s per
+    /// super-block, 8 rows contiguous.
     pub fn interleaved<B: BlockFormat>(w: &QuantMatrix<B>) -> Option<Self> {
         Self::can_interleave::<B>().then(|| Self::build(w, true))
     }
@@ -300,18 +309,28 @@ impl PackedWeights {
     /// `w`'s [`SplitI8`] metadata at this layout's indices.
     fn split_i8<B: BlockFormat>(&self, w: &QuantMatrix<B>) -> SplitI8 {
         let chunks = self.stored_rows() * (self.cols / QK);
+        let mins = B::HAS_MIN;
         let mut f = SplitI8 {
             d: vec![f16::ZERO; chunks / 8],
             sc: vec![0; 2 * chunks],
+            neg_dmin: vec![f16::ZERO; if mins { chunks / 8 } else { 0 }],
+            mn: vec![0; if mins { 2 * chunks } else { 0 }],
         };
         for r in 0..self.rows {
             for (s, blk) in w.row(r).iter().enumerate() {
                 let Some(ss) = blk.split_scales() else {
                     continue;
                 };
-                f.d[self.super_index(r, 8 * s)] = ss.d;
+                let at = self.super_index(r, 8 * s);
+                f.d[at] = ss.d;
                 for (half, &sc) in ss.sc.iter().enumerate() {
                     f.sc[self.meta_index(r, 8 * s + half / 2, half % 2)] = sc;
+                }
+                if let (true, Some((neg_dmin, mn))) = (mins, ss.mins) {
+                    f.neg_dmin[at] = neg_dmin;
+                    for (half, &m) in mn.iter().enumerate() {
+                        f.mn[self.meta_index(r, 8 * s + half / 2, half % 2)] = m;
+                    }
                 }
             }
         }
@@ -423,7 +442,11 @@ impl PackedWeights {
             }
             Meta::SplitI8(f) => {
                 let s = self.super_index(r, b);
-                (f.d[s].to_f32() * f32::from(f.sc[at]), 0.0)
+                let m = match (f.neg_dmin.get(s), f.mn.get(at)) {
+                    (Some(n), Some(&mn)) => n.to_f32() * f32::from(mn),
+                    _ => 0.0,
+                };
+                (f.d[s].to_f32() * f32::from(f.sc[at]), m)
             }
         }
     }
@@ -503,7 +526,7 @@ impl PackedWeights {
             Meta::F32 { scales, mins } => 4 * (scales.len() + mins.len()),
             Meta::F16 { scales, mins } => 2 * (scales.len() + mins.len()),
             Meta::Factored(f) => 2 * (f.d.len() + f.neg_dmin.len()) + f.sc.len() + f.mn.len(),
-            Meta::SplitI8(f) => 2 * f.d.len() + f.sc.len(),
+            Meta::SplitI8(f) => 2 * (f.d.len() + f.neg_dmin.len()) + f.sc.len() + f.mn.len(),
         };
         self.quants.len() + meta
     }

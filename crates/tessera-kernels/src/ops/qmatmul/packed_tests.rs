@@ -148,7 +148,7 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
 /// every kernel, in either layout, must give the same outputs from either form up to the
 /// summation order ([`REORDER_TOL`]: the AVX-512 kernels group the two differently);
 /// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K and
-/// Q5_K get factored metadata and interleaved Q3_K/Q6_K split i8 scales.
+/// Q5_K get factored metadata and interleaved Q2_K/Q3_K/Q6_K split i8 scales.
 #[test]
 fn f16_metadata_matches_f32_metadata() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -177,7 +177,7 @@ fn f16_metadata_matches_f32_metadata() {
                 "{dtype}"
             );
             let split = matches!(p.meta, Meta::SplitI8(_));
-            let split_format = matches!(dtype, DType::Q3_K | DType::Q6_K);
+            let split_format = matches!(dtype, DType::Q2_K | DType::Q3_K | DType::Q6_K);
             assert_eq!(split, split_format && p.layout.interleaved(), "{dtype}");
             let Some(q) = other_width(&p) else {
                 assert!(!thirty_two, "{dtype}: its scales are f16 values");
@@ -330,9 +330,9 @@ fn interleaved_kernel_matches_portable() {
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K, the three group formats, Q3_K, Q6_K, Q5_0, Q5_1 and Q5_K; with
-    // VNNI or DotProd Q8_0 and Q8_K.
-    assert_eq!(formats, if full_bytes { 13 } else { 11 });
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q2_K, Q3_K, Q6_K, Q5_0, Q5_1 and Q5_K;
+    // with VNNI or DotProd Q8_0 and Q8_K.
+    assert_eq!(formats, if full_bytes { 14 } else { 12 });
 }
 
 /// 5-bit codes at their largest (31) against activation codes at ±127: the AVX2

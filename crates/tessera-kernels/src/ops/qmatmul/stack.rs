@@ -130,14 +130,22 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
         }));
     }
     if all(|m| matches!(m, Meta::SplitI8(_))) {
-        let (mut d, mut sc) = (Vec::new(), Vec::new());
+        let (mut d, mut sc, mut neg_dmin, mut mn) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for m in &metas {
             if let Meta::SplitI8(f) = m {
                 d.extend_from_slice(&f.d);
                 sc.extend_from_slice(&f.sc);
+                neg_dmin.extend_from_slice(&f.neg_dmin);
+                mn.extend_from_slice(&f.mn);
             }
         }
-        return Some(Meta::SplitI8(SplitI8 { d, sc }));
+        return Some(Meta::SplitI8(SplitI8 {
+            d,
+            sc,
+            neg_dmin,
+            mn,
+        }));
     }
     None
 }

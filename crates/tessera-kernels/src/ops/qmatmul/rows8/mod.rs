@@ -3,7 +3,7 @@
 //! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows),
 //! AVX512_VNNI on ymm (`vpdpbusd`, 8 rows), AVX512_VNNI on zmm (16 rows: two adjacent
 //! groups, one per 256-bit half) (`x86`), and Arm's DotProd (`sdot` on two q registers,
-//! 8 rows) (`neon`); Q3_K/Q6_K's split scales go on to [`planes`].
+//! 8 rows) (`neon`); Q2_K/Q3_K/Q6_K's split scales go on to [`planes`].
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
@@ -34,7 +34,7 @@
 //! start value exact in i32, the minimum term from the activation's precomputed
 //! d_x·Σq_x. The activation rows come as [`super::act_panel`] records, one per chunk
 //! for up to 8 rows, so every activation load is a constant offset from one pointer.
-//! Q3_K/Q6_K's split scales have their own loop, [`planes`], over the same widths.
+//! Q2_K/Q3_K/Q6_K's split scales have their own loop, [`planes`], over the same widths.
 
 use super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::packed::{CodeLayout, Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};

@@ -1,4 +1,4 @@
-//! The integer kernel for Q3_K and Q6_K interleaved eight rows at a time
+//! The integer kernel for Q2_K, Q3_K and Q6_K interleaved eight rows at a time
 //! ([`PackedWeights::interleaved`], with [`SplitI8`] scales): one chunk loop
 //! ([`chunk`]) over [`PlaneLanes`], instantiated for AVX2 (`vpmaddubsw`, on AVX2 and
 //! VNNI CPUs alike) and NEON (`sdot`), the per-width primitives beside the parent's
@@ -18,7 +18,10 @@
 //! finishes the sum and applies the scale. `sdot` sums in i32 and a multiply-add applies
 //! the scale. The offset term −o·Σ_h sc_h·Σq_x,h comes from the activation's two half
 //! sums ([`QuantActs`]'s `half_sums`). The chunk's sub-scale-weighted sum is exact in
-//! i32 (|·| < 2²⁶), and one conversion and one FMA by d·d_x finish it.
+//! i32 (|·| < 2²⁶), and one conversion and one FMA by d·d_x finish it. Q2_K's minima
+//! (m = (−dmin)·mn per half, mn < 16) add (−dmin)·d_x·Σ_h mn_h·s_h: the same
+//! half-sum product as the offset term, with mn for sc, exact in i32, and one more
+//! conversion and FMA.
 
 use super::super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES};
 use super::{prefetch_pair, RowLanes, ROWS8};
@@ -103,6 +106,11 @@ struct Group {
     sc: *const i8,
     /// Per super-block, 8 rows' f16 d.
     d: *const f16,
+    /// Per chunk, 8 rows' (half 0, half 1) minimum integers, as `sc` (formats with
+    /// minima only).
+    mn: *const i8,
+    /// Per super-block, 8 rows' f16 −dmin, as `d` (formats with minima only).
+    neg_dmin: *const f16,
     offset: i32,
 }
 
@@ -124,22 +132,27 @@ pub(super) unsafe fn dots<L: PlaneLanes, const MC: usize>(
 ) {
     // SAFETY: forwarded contract; each arm gets exactly its count of rows.
     unsafe {
-        match (w.layout == CodeLayout::Planes8, acts.len()) {
-            (_, 0) => {}
-            (false, 1) => dots_m::<L, false, 1>(w, meta, r0, acts, out),
-            (false, 2) => dots_m::<L, false, 2>(w, meta, r0, acts, out),
-            (false, 3) => dots_m::<L, false, 3>(w, meta, r0, acts, out),
-            (false, _) => dots_m::<L, false, MC>(w, meta, r0, acts, out),
-            (true, 1) => dots_m::<L, true, 1>(w, meta, r0, acts, out),
-            (true, 2) => dots_m::<L, true, 2>(w, meta, r0, acts, out),
-            (true, 3) => dots_m::<L, true, 3>(w, meta, r0, acts, out),
-            (true, _) => dots_m::<L, true, MC>(w, meta, r0, acts, out),
+        let mins = !meta.mn.is_empty();
+        match (w.layout == CodeLayout::Planes8, mins, acts.len()) {
+            (_, _, 0) => {}
+            (false, false, 1) => dots_m::<L, false, false, 1>(w, meta, r0, acts, out),
+            (false, false, 2) => dots_m::<L, false, false, 2>(w, meta, r0, acts, out),
+            (false, false, 3) => dots_m::<L, false, false, 3>(w, meta, r0, acts, out),
+            (false, false, _) => dots_m::<L, false, false, MC>(w, meta, r0, acts, out),
+            (false, true, 1) => dots_m::<L, false, true, 1>(w, meta, r0, acts, out),
+            (false, true, 2) => dots_m::<L, false, true, 2>(w, meta, r0, acts, out),
+            (false, true, 3) => dots_m::<L, false, true, 3>(w, meta, r0, acts, out),
+            (false, true, _) => dots_m::<L, false, true, MC>(w, meta, r0, acts, out),
+            (true, _, 1) => dots_m::<L, true, false, 1>(w, meta, r0, acts, out),
+            (true, _, 2) => dots_m::<L, true, false, 2>(w, meta, r0, acts, out),
+            (true, _, 3) => dots_m::<L, true, false, 3>(w, meta, r0, acts, out),
+            (true, _, _) => dots_m::<L, true, false, MC>(w, meta, r0, acts, out),
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const M: usize>(
+unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const MINS: bool, const M: usize>(
     w: &PackedWeights,
     meta: &SplitI8,
     r0: usize,
@@ -155,6 +168,8 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const M: usize>(
     let pair_bytes = w.group_pair_bytes();
     debug_assert!(w.quants.len() >= (group + 1) * (nb / 2) * pair_bytes);
     debug_assert!(meta.sc.len() >= (group + 1) * nb * 2 * ROWS8);
+    // Only the 2-bit format (no crumb plane) has minima.
+    debug_assert!(!MINS || (!CRUMBS && meta.mn.len() == meta.sc.len()));
     debug_assert!(acts.iter().all(|a| a.half_sums.len() >= nb));
     // SAFETY: the group's codes and metadata start at these offsets (checked above).
     let g = unsafe {
@@ -163,6 +178,16 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const M: usize>(
             pair_bytes,
             sc: meta.sc.as_ptr().add(group * nb * 2 * ROWS8),
             d: meta.d.as_ptr().add(w.super_index(r0, 0)),
+            mn: if MINS {
+                meta.mn.as_ptr().add(group * nb * 2 * ROWS8)
+            } else {
+                std::ptr::null()
+            },
+            neg_dmin: if MINS {
+                meta.neg_dmin.as_ptr().add(w.super_index(r0, 0))
+            } else {
+                std::ptr::null()
+            },
             offset: w.offset,
         }
     };
@@ -184,8 +209,8 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const M: usize>(
     unsafe {
         for c in (0..nb).step_by(2) {
             prefetch_pair(g.codes, c / 2, pair_bytes);
-            chunk::<L, false, CRUMBS, M>(&g, &rows, c, &mut acc);
-            chunk::<L, true, CRUMBS, M>(&g, &rows, c + 1, &mut acc);
+            chunk::<L, false, CRUMBS, MINS, M>(&g, &rows, c, &mut acc);
+            chunk::<L, true, CRUMBS, MINS, M>(&g, &rows, c + 1, &mut acc);
         }
         for (a, o) in acc.iter().zip(out.chunks_exact_mut(ROWS8)) {
             L::store(*a, o);
@@ -199,7 +224,13 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const M: usize>(
 /// # Safety
 /// `L`'s CPU features; chunk c exists in the group and in every row of `rows`.
 #[inline(always)]
-unsafe fn chunk<L: PlaneLanes, const HI: bool, const CRUMBS: bool, const M: usize>(
+unsafe fn chunk<
+    L: PlaneLanes,
+    const HI: bool,
+    const CRUMBS: bool,
+    const MINS: bool,
+    const M: usize,
+>(
     g: &Group,
     rows: &[ActRow; M],
     c: usize,
@@ -241,6 +272,16 @@ unsafe fn chunk<L: PlaneLanes, const HI: bool, const CRUMBS: bool, const M: usiz
             let r = &rows[i];
             let s = L::minus_offset(total[i], sc, *r.half_sums.add(c), g.offset);
             acc[i] = L::scale_add(s, d, *r.dx.add(8 * c), acc[i]);
+        }
+        if MINS {
+            // Σ_h mn_h·s_h: the offset term's product with offset −1.
+            let mn = L::scales(g.mn.add(2 * ROWS8 * c));
+            let neg_dmin = L::d8(g.neg_dmin.add(ROWS8 * (c / 8)));
+            for i in 0..M {
+                let r = &rows[i];
+                let t = L::minus_offset(L::zero_i(), mn, *r.half_sums.add(c), -1);
+                acc[i] = L::scale_add(t, neg_dmin, *r.dx.add(8 * c), acc[i]);
+            }
         }
     }
 }

@@ -380,7 +380,7 @@ impl Wide8 for __m256 {
     }
 }
 
-/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` over Q3_K/Q6_K's split scales (`planes`)
+/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` over Q2_K/Q3_K/Q6_K's split scales (`planes`)
 /// for the group of 8 rows at r0 and up to M_CHUNK activation rows, with `vpmaddubsw`.
 ///
 /// # Safety
