@@ -22,8 +22,8 @@ pub(super) enum IntKernel {
     /// `vpmaddubsw` + `vpmaddwd`, 32 bytes (AVX2, and AVX-512 without VNNI).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// `vpmaddubsw` over 4- and 5-bit weights interleaved 8 rows at a time, 8 rows per
-    /// call.
+    /// `vpmaddubsw` over weights interleaved 8 rows at a time (full bytes as two nibble
+    /// planes), 8 rows per call.
     #[cfg(target_arch = "x86_64")]
     Avx2Rows8,
     /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
@@ -86,12 +86,6 @@ impl IntKernel {
                 return IntKernel::Planes8
             }
             IntKernel::Vnni if w.layout.interleaved() => return IntKernel::VnniRows8,
-            // Interleaved full bytes are packed only for the VNNI kernel
-            // (`PackedWeights::packs_interleaved`); `vpmaddubsw` would saturate on them,
-            // so AVX2 asked for explicitly reads them through the portable loop.
-            IntKernel::Avx2 if w.layout == packed::CodeLayout::Bytes8 && w.signed_bytes() => {
-                return IntKernel::Portable
-            }
             IntKernel::Avx2 if w.layout.interleaved() => return IntKernel::Avx2Rows8,
             _ => {}
         }

@@ -143,8 +143,8 @@ pub(super) enum CodeLayout {
     /// codes' top 2 bits (Q6_K).
     Planes8,
     /// [`ROWS8`] rows interleaved per chunk, a byte per code: the 5-bit formats (Q5_0,
-    /// Q5_1, Q5_K) everywhere, full bytes (Q8_0, Q8_K) only on CPUs with AVX512_VNNI or
-    /// Arm's DotProd ([`PackedWeights::can_interleave`]): register t of chunk c holds
+    /// Q5_1, Q5_K), and full bytes (Q8_0, Q8_K) where an integer kernel reads them
+    /// ([`PackedWeights::can_interleave`]): register t of chunk c holds
     /// each row's codes 4t..4t+4.
     Bytes8,
 }
@@ -218,12 +218,13 @@ impl PackedWeights {
 
     /// Whether [`PackedWeights::interleaved`] takes format B: nibbles and 5-bit codes
     /// with one scale per chunk, the split-scale 6-bit formats, and the 8-bit formats
-    /// (offset 128, one scale per chunk) only where the CPU has AVX512_VNNI or Arm's
-    /// DotProd: `vpdpbusd` takes full unsigned bytes and `sdot` signed ones (u − 128),
-    /// while `vpmaddubsw` would saturate on them, so on AVX2 they keep the row layout
-    /// and its signed-byte kernel (`avx2_int8`).
+    /// (offset 128, one scale per chunk) where an integer kernel reads them interleaved:
+    /// `vpdpbusd` takes full unsigned bytes, `sdot` signed ones (u − 128), and
+    /// `vpmaddubsw` their two nibble planes (`rows8`); elsewhere (an Arm CPU without
+    /// DotProd) they keep the row layout.
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
-        let full_bytes = CpuFeatures::get().avx512_vnni || CpuFeatures::get().neon_dotprod;
+        let f = CpuFeatures::get();
+        let full_bytes = Isa::Avx2.is_available() || f.avx512_vnni || f.neon_dotprod;
         (B::NIBBLES && !B::SPLIT16)
             || B::SPLIT_I8_SCALES
             || Self::five_bit::<B>()
@@ -239,15 +240,14 @@ impl PackedWeights {
 
     /// Whether [`PackedWeights::new`] interleaves format B: as
     /// [`PackedWeights::can_interleave`], but full bytes only where the default ISA
-    /// reaches the VNNI or `sdot` kernel. Under `TESSERA_ISA=avx2` they stay row-major,
-    /// for AVX2's signed-byte kernel, instead of falling to the portable loop
-    /// (`IntKernel::reading`).
+    /// reaches an interleaved integer kernel (AVX2, AVX-512 or `sdot`): under
+    /// `TESSERA_ISA=scalar` they stay row-major.
     pub(super) fn packs_interleaved<B: BlockFormat>() -> bool {
         Self::can_interleave::<B>()
             && (B::NIBBLES
                 || B::SPLIT_I8_SCALES
                 || Self::five_bit::<B>()
-                || matches!(Isa::best(), Isa::Avx512 | Isa::Neon))
+                || matches!(Isa::best(), Isa::Avx512 | Isa::Avx2 | Isa::Neon))
     }
 
     fn build<B: BlockFormat>(w: &QuantMatrix<B>, interleaved: bool) -> Self {

@@ -71,12 +71,11 @@ fn only_offset_128_formats_have_wide_codes() {
             widest = widest.max(*codes.iter().max().unwrap());
         }
         if p.signed_bytes() {
-            // Full bytes interleave only for `vpdpbusd` and `sdot`; `vpmaddubsw` reads
-            // them as rows.
-            let f = CpuFeatures::get();
-            let vnni = f.avx512_vnni && Isa::best() == Isa::Avx512;
-            let sdot = f.neon_dotprod && Isa::best() == Isa::Neon;
-            let want = if (vnni || sdot) && dtype != DType::I8 {
+            // Full bytes interleave where an integer kernel reads them so: `vpdpbusd`,
+            // `vpmaddubsw` (as two nibble planes) and `sdot`.
+            let x86 = Isa::Avx2.is_available() && matches!(Isa::best(), Isa::Avx2 | Isa::Avx512);
+            let sdot = CpuFeatures::get().neon_dotprod && Isa::best() == Isa::Neon;
+            let want = if (x86 || sdot) && dtype != DType::I8 {
                 CodeLayout::Bytes8
             } else {
                 CodeLayout::Bytes
@@ -286,7 +285,6 @@ fn interleaved_kernel_matches_portable() {
     if isas.is_empty() {
         return;
     }
-    let full_bytes = f.avx512_vnni || f.neon_dotprod;
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     let mut formats = 0;
     for dtype in BLOCK_DTYPES {
@@ -330,17 +328,19 @@ fn interleaved_kernel_matches_portable() {
             }
         }
     }
-    // Q4_0, Q4_1, Q4_K, the three group formats, Q2_K, Q3_K, Q6_K, Q5_0, Q5_1 and Q5_K;
-    // with VNNI or DotProd Q8_0 and Q8_K.
-    assert_eq!(formats, if full_bytes { 14 } else { 12 });
+    // Q4_0, Q4_1, Q4_K, the three group formats, Q2_K, Q3_K, Q6_K, Q5_0, Q5_1, Q5_K,
+    // Q8_0 and Q8_K.
+    assert_eq!(formats, 14);
 }
 
-/// 5-bit codes at their largest (31) against activation codes at ±127: the AVX2
-/// instance's i16 running sums reach 4·2·31·127 = 31 496 of 32 767, and only stay
-/// exact if each widens to i32 on its own (`rows8`'s module docs). Every instance the
-/// CPU has must match the portable loop on them.
+/// Byte codes at their largest against activation codes at ±127, where the AVX2
+/// instance's i16 running sums come nearest to wrapping (`rows8`'s module docs): 5-bit
+/// codes at 31 reach 4·2·31·127 = 31 496 of 32 767 and stay exact only if each sum
+/// widens to i32 on its own; full bytes at 255 put 15 in both nibble planes, whose
+/// sums reach 8·2·15·127 = 30 480 each. Every instance the CPU has must match the
+/// portable loop on them.
 #[test]
-fn five_bit_codes_at_their_bound_do_not_wrap() {
+fn byte_codes_at_their_bound_do_not_wrap() {
     let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Neon]
         .into_iter()
         .filter(|&isa| match isa {
@@ -354,37 +354,52 @@ fn five_bit_codes_at_their_bound_do_not_wrap() {
         return;
     }
     let (rows, k) = (9, 512);
-    // Each 32-block: one value at −1, the rest just under +1, so every format's codes
-    // sit at 31 but for the one.
-    let data: Vec<f32> = (0..rows * k)
-        .map(|i| if i % QK == 5 { -1.0 } else { 0.96 })
-        .collect();
-    let mut five_bit = 0;
+    // Each 32-block: one value at `odd`, the rest at `high`, so every 5-bit format's
+    // codes sit at 31 (−1, 0.96) and every full-byte format's at 255 but for the one.
+    let block = |odd: f32, high: f32| -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| if i % QK == 5 { odd } else { high })
+            .collect()
+    };
+    let (mut five_bit, mut full) = (0, 0);
     for dtype in BLOCK_DTYPES {
-        if !crate::with_block_format!(dtype, B => PackedWeights::five_bit::<B>(), _ => false) {
-            continue;
-        }
-        five_bit += 1;
-        let [row_major, interleaved] = &layouts(dtype, (rows, k), &data)[..] else {
-            panic!("{dtype}: 5-bit codes interleave");
+        let (is_five, is_full) = crate::with_block_format!(dtype,
+            B => (PackedWeights::five_bit::<B>(), B::OFFSET == 128 && !B::SPLIT16),
+            _ => (false, false));
+        // Q8_K maps its largest value to −127 (its scale takes that value's sign), so
+        // its codes reach 255 on the values of the other sign: whichever data puts
+        // them there.
+        let (candidates, top) = match (is_five, is_full) {
+            (true, _) => (vec![block(-1.0, 0.96)], 31),
+            (_, true) => (vec![block(-1.0, 1.0), block(1.0, -0.999)], 255),
+            _ => continue,
         };
-        let mut codes = [0u8; QK];
-        interleaved.chunk_codes(0, 0, &mut codes);
-        assert_eq!(
-            codes.iter().filter(|&&u| u == 31).count(),
-            QK - 1,
-            "{dtype}"
-        );
+        five_bit += usize::from(is_five);
+        full += usize::from(is_full);
+        let mut at_top = None;
+        for data in &candidates {
+            let [row_major, interleaved] = &layouts(dtype, (rows, k), data)[..] else {
+                panic!("{dtype}: byte codes interleave");
+            };
+            let mut codes = [0u8; QK];
+            interleaved.chunk_codes(0, 0, &mut codes);
+            if codes.iter().filter(|&&u| u == top).count() == QK - 1 {
+                at_top = Some((row_major.clone(), interleaved.clone()));
+            }
+        }
+        let Some((row_major, interleaved)) = at_top else {
+            panic!("{dtype}: no data put the codes at {top}");
+        };
         for sign in [1.0f32, -1.0] {
             for m in [1, 3, 4] {
                 let x = vec![sign; m * k];
                 let want = apply(&x, (m, k, rows), |x, y| {
-                    qmatmul_int8(Isa::Scalar, 1, row_major, x, y)
+                    qmatmul_int8(Isa::Scalar, 1, &row_major, x, y)
                 });
                 let scale = k as f32;
                 for &isa in &isas {
                     let got = apply(&x, (m, k, rows), |x, y| {
-                        qmatmul_int8(isa, 1, interleaved, x, y)
+                        qmatmul_int8(isa, 1, &interleaved, x, y)
                     });
                     for (g, w) in got.iter().zip(&want) {
                         assert!(
@@ -397,6 +412,7 @@ fn five_bit_codes_at_their_bound_do_not_wrap() {
         }
     }
     assert_eq!(five_bit, 3, "Q5_0, Q5_1 and Q5_K");
+    assert_eq!(full, 2, "Q8_0 and Q8_K");
 }
 
 /// Activation quantization is compiled per ISA (it runs on one thread before every

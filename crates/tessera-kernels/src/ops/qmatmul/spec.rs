@@ -113,15 +113,10 @@ fn is_int8(v: &Variant) -> bool {
     INT8.contains(v) || is_interleaved(v) || A16.contains(v)
 }
 
-/// Whether `dtype`'s weights can be interleaved, and whether the AVX2 kernel reads them
-/// then (not full bytes, which only the VNNI and `sdot` kernels take).
-fn interleaves(dtype: DType) -> (bool, bool) {
-    crate::with_block_format!(dtype,
-        B => (
-            PackedWeights::can_interleave::<B>(),
-            B::NIBBLES || B::SPLIT_I8_SCALES || PackedWeights::five_bit::<B>(),
-        ),
-        _ => (false, false))
+/// Whether `dtype`'s weights can be interleaved (every interleaved integer kernel then
+/// reads them).
+fn interleaves(dtype: DType) -> bool {
+    crate::with_block_format!(dtype, B => PackedWeights::can_interleave::<B>(), _ => false)
 }
 
 /// `y[M, N] = x[M, K] · W[N, K]ᵀ`, W quantized (the format is the dtype).
@@ -164,8 +159,8 @@ impl OpSpec for QMatmulOp {
     }
     fn variants(&self, dtype: DType) -> Vec<Variant> {
         let mut v = INT8.variants();
-        let (interleaved, avx2_reads) = interleaves(dtype);
-        if Isa::Avx2.is_available() && interleaved && avx2_reads {
+        let interleaved = interleaves(dtype);
+        if Isa::Avx2.is_available() && interleaved {
             v.insert(v.len() - 1, Variant::labelled(Isa::Avx2, INTERLEAVED));
         }
         if CpuFeatures::get().avx512_vnni && interleaved {

@@ -25,10 +25,13 @@
 //! the partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`), two
 //! running sums of 4 steps each: |q_x| ≤ 127 bounds a pair sum by 2·31·127 = 7874 for
 //! 5-bit codes, and 4·7874 = 31496 < 2¹⁵, so each running sum widens to i32 on its own;
-//! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first. `vpdpbusd` and
-//! `sdot` sum in i32, so their instances also read full-byte codes (up to 255·127·32
-//! per chunk), which AVX2 never gets (the packer interleaves them only on VNNI and
-//! DotProd CPUs).
+//! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first. A full byte
+//! would saturate `vpmaddubsw` (2·255·127 > 2¹⁵), so AVX2 splits it, u = 16·h + l, and
+//! adds each plane against the same activation bytes into its own running sum, each
+//! then obeying the nibbles' 8-step bound; the high sum is weighed by 16 as it widens
+//! (`vpmaddwd` against 16s): two `vpmaddubsw` per 4 bytes, twice a nibble's cost per
+//! weight, as their bits are. `vpdpbusd` and `sdot` sum in i32, so they take full bytes
+//! whole (up to 255·127·32 per chunk).
 //!
 //! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
 //! start value exact in i32, the minimum term from the activation's precomputed
@@ -58,8 +61,7 @@ pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, V
 /// (`L`) per instruction set.
 ///
 /// # Safety
-/// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata, and full-byte codes
-/// ([`Codes::FULL`]) only where `L` takes them; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
+/// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
 /// ≤ MC, the rows quantized for `w.cols` columns and `w`'s offset, starting at a slot
 /// that leaves MC slots in the panel; out.len() ≥ 8·acts.live(); `L`'s CPU features; for
 /// `L::GROUPS` = 2, r0 a multiple of 16 with row r0 + 8 below the rows, and out
@@ -122,6 +124,10 @@ trait RowLanes {
     /// ([`RowLanes::full_bytes`]), whose sums then include −128·Σq_x: the activation's
     /// start value is not added.
     const SIGNED_BYTES: bool = false;
+    /// Whether full-byte codes go in as two nibble planes, u = 16·h + l, each added
+    /// against the same activation bytes into its own running sum (`finish` weighs the
+    /// high one by 16): `vpmaddubsw` would saturate on whole bytes (2·255·127 > 2¹⁵).
+    const NIBBLE_PLANES: bool = false;
     /// Activation rows from which each keeps one running sum per chunk instead of two
     /// (enough independent dot products to hide the instruction's latency); never
     /// reached on AVX2, whose i16 sums rely on two ([`Codes`]).
@@ -546,7 +552,8 @@ unsafe fn chunk<
             g.codes.add((c / 2) * GROUP_PAIR_BYTES)
         };
         // Two running sums per activation row, even and odd steps: `vpdpbusd`
-        // accumulates in place, and one chain of 8 would wait on its latency.
+        // accumulates in place, and one chain of 8 would wait on its latency (or the
+        // low and high planes of full bytes, `RowLanes::NIBBLE_PLANES`).
         // Signed full bytes carry −128·Σq_x in their sums: no start value.
         let init = |i: usize| {
             if CODES == Codes::FULL && L::SIGNED_BYTES {
@@ -561,6 +568,15 @@ unsafe fn chunk<
         }
         for t in 0..QK / 4 {
             let v = L::codes(base.add(QK * t), g.group_bytes);
+            if CODES == Codes::FULL && L::NIBBLE_PLANES {
+                let (lo, hi) = (L::nibbles::<false>(v), L::nibbles::<true>(v));
+                for i in 0..M {
+                    let x = rows.four(c, i, t);
+                    sums[i][0] = L::add(sums[i][0], lo, x);
+                    sums[i][1] = L::add(sums[i][1], hi, x);
+                }
+                continue;
+            }
             let u = match CODES {
                 Codes::FULL => L::full_bytes(v),
                 Codes::FIVE_BIT => v,

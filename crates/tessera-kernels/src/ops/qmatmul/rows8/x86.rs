@@ -6,7 +6,7 @@
 
 use super::super::act_panel::PanelRows;
 use super::super::avx2_int8::MetaElem;
-use super::super::packed::{CodeLayout, Meta, PackedWeights, QuantActs, ROWS8};
+use super::super::packed::{Meta, PackedWeights, QuantActs, ROWS8};
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, Codes, RowLanes, Wide8};
@@ -18,8 +18,7 @@ use std::arch::x86_64::*;
 /// `vpmaddubsw`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `w.layout.interleaved()` but not full bytes (they would
-/// saturate `vpmaddubsw`), and not `Meta::SplitI8` metadata; r0 a
+/// AVX2, FMA and F16C; `w.layout.interleaved()`, not `Meta::SplitI8` metadata; r0 a
 /// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ M_CHUNK, the rows quantized for
 /// `w.cols` columns and `w`'s offset, starting at a slot that leaves M_CHUNK slots in
 /// the panel; out.len() ≥ 8·acts.live().
@@ -30,7 +29,6 @@ pub(in super::super) unsafe fn dots(
     acts: PanelRows<'_>,
     out: &mut [f32],
 ) {
-    debug_assert!(w.layout != CodeLayout::Bytes8 || !w.signed_bytes());
     // SAFETY: forwarded contract.
     unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, out) }
 }
@@ -46,8 +44,7 @@ pub(in super::super) const VNNI_M: usize = 8;
 /// `vpmaddwd` per chunk.
 ///
 /// # Safety
-/// As [`dots`] with [`VNNI_M`] for M_CHUNK, full bytes included, and the
-/// CPU has AVX-512F/VL and AVX512_VNNI.
+/// As [`dots`] with [`VNNI_M`] for M_CHUNK, and the CPU has AVX-512F/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(in super::super) unsafe fn dots_vnni(
     w: &PackedWeights,
@@ -117,6 +114,8 @@ pub(in super::super) unsafe fn dots_vnni16(
 trait Dot4 {
     /// A running chunk sum.
     type Sum: Copy;
+    /// As [`RowLanes::NIBBLE_PLANES`].
+    const NIBBLE_PLANES: bool = true;
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn start(init: i32) -> Self::Sum;
@@ -140,6 +139,7 @@ struct Maddubs;
 
 impl Dot4 for Maddubs {
     type Sum = __m256i;
+    const NIBBLE_PLANES: bool = true;
     #[inline(always)]
     unsafe fn start(_: i32) -> __m256i {
         // SAFETY: AVX per the contract.
@@ -154,13 +154,17 @@ impl Dot4 for Maddubs {
     unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], init: i32) -> __m256i {
         // SAFETY: AVX2 per the contract. Nibbles' two i16 sums together obey the
         // 8-step bound of the parent's module docs; 5-bit codes' only each their own
-        // 4 steps, so they widen apart.
+        // 4 steps, so they widen apart; full bytes' are their low and high planes
+        // (8 steps each), the high one weighed by 16 as it widens.
         unsafe {
             let ones = _mm256_set1_epi16(1);
-            let s = if CODES == Codes::NIBBLES {
-                _mm256_madd_epi16(_mm256_add_epi16(a, b), ones)
-            } else {
-                _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
+            let s = match CODES {
+                Codes::NIBBLES => _mm256_madd_epi16(_mm256_add_epi16(a, b), ones),
+                Codes::FULL => _mm256_add_epi32(
+                    _mm256_madd_epi16(a, ones),
+                    _mm256_madd_epi16(b, _mm256_set1_epi16(16)),
+                ),
+                _ => _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones)),
             };
             _mm256_add_epi32(s, _mm256_set1_epi32(init))
         }
@@ -194,6 +198,7 @@ struct Ymm<D>(std::marker::PhantomData<D>);
 
 impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
     const GROUPS: usize = 1;
+    const NIBBLE_PLANES: bool = D::NIBBLE_PLANES;
     type I = __m256i;
     type F = __m256;
     #[inline(always)]
