@@ -205,9 +205,10 @@ pub fn engine_int8_isa(isa: Isa, w: &PackedWeights) -> Isa {
 /// 192-row k/v), and so do the interleaved 5-bit formats (host B, Zen 3, 2026-11-27, 3 rounds:
 /// Q5_0 512×1536×576 0.62–0.82, Q5_1 0.48–1.04 (median 0.64), Q5_K 512×576×1536
 /// 0.51–0.86); Q3_K/Q6_K's split scales lose (1.06–1.2), and so keep the GEMM, as
-/// does Q2_K (split scales too, unmeasured at prefill); the row kernels (Q8_0) lose by
-/// 1.4–1.8×. The `vpdpbusd` instance of the same loop takes the same
-/// formats; interleaved full bytes (Q8_0 on VNNI) are unmeasured and keep the GEMM.
+/// does Q2_K (a tie: 512×1536×512 0.73–1.33, 512×576×1536 0.76–0.96, host B, 3
+/// rounds); so do full bytes, whose `vpmaddubsw` reads two nibble planes (Q8_0
+/// 512×1536×576 interleaved 1.02–1.27, host B, 2026-11-27; the row kernel lost by
+/// 1.4–1.8×). The `vpdpbusd` instance of the same loop takes the same formats.
 fn int8_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
     #[cfg(target_arch = "x86_64")]
     if isa.is_available()
