@@ -21,7 +21,7 @@
 //! i32 (|·| < 2²⁶), and one conversion and one FMA by d·d_x finish it. Q2_K's minima
 //! (m = (−dmin)·mn per half, mn < 16) add (−dmin)·d_x·Σ_h mn_h·s_h: the same
 //! half-sum product as the offset term, with mn for sc, exact in i32, and one more
-//! conversion and FMA.
+//! conversion and FMA; its offset is 0, so it skips the offset term.
 
 use super::super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES};
 use super::{prefetch_pair, RowLanes, ROWS8};
@@ -169,7 +169,7 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const MINS: bool, const M: u
     debug_assert!(w.quants.len() >= (group + 1) * (nb / 2) * pair_bytes);
     debug_assert!(meta.sc.len() >= (group + 1) * nb * 2 * ROWS8);
     // Only the 2-bit format (no crumb plane) has minima.
-    debug_assert!(!MINS || (!CRUMBS && meta.mn.len() == meta.sc.len()));
+    debug_assert!(!MINS || (!CRUMBS && meta.mn.len() == meta.sc.len() && w.offset == 0));
     debug_assert!(acts.iter().all(|a| a.half_sums.len() >= nb));
     // SAFETY: the group's codes and metadata start at these offsets (checked above).
     let g = unsafe {
@@ -270,7 +270,12 @@ unsafe fn chunk<
         let d = L::d8(g.d.add(ROWS8 * (c / 8)));
         for i in 0..M {
             let r = &rows[i];
-            let s = L::minus_offset(total[i], sc, *r.half_sums.add(c), g.offset);
+            // A format with minima (Q2_K) has offset 0: no offset term to take.
+            let s = if MINS {
+                total[i]
+            } else {
+                L::minus_offset(total[i], sc, *r.half_sums.add(c), g.offset)
+            };
             acc[i] = L::scale_add(s, d, *r.dx.add(8 * c), acc[i]);
         }
         if MINS {
