@@ -28,10 +28,10 @@
 //! The VNNI kernel reads f32 only: on a VNNI CPU metadata stays f32, and f16 weights
 //! built elsewhere go to the AVX2 kernel.
 //!
-//! 4- and 5-bit formats with one scale per chunk, and Q2_K/Q3_K/Q6_K, are instead interleaved 8
+//! Formats with one scale per chunk, and Q2_K/Q3_K/Q6_K, are instead interleaved 8
 //! rows at a time ([`PackedWeights::interleaved`]), the layout the decode kernels need
 //! to stop being instruction-bound (`rows8`, with `vpmaddubsw`, `vpdpbusd` or `sdot`;
-//! 5-bit codes a byte each, and on VNNI and DotProd CPUs the 8-bit formats too,
+//! 5-bit codes a byte each, and the 8-bit formats where an integer kernel reads them,
 //! [`CodeLayout::Bytes8`]); 4-bit bytes are the
 //! same, only their order changes, and Q6_K's codes split into a nibble plane and a
 //! 2-bit plane, its file's 6.5625 bits per weight instead of the row layout's 10.
