@@ -5,13 +5,17 @@
 //! so memory is O(seq·d), not O(seq²).
 //!
 //! Both products are outer-product tiles: each loaded K/V row feeds several query rows
-//! through broadcast FMAs, with no horizontal reductions. [`Tiles`] supplies them: explicit
-//! AVX-512 FMA tiles for d = 64/128 (LLVM does not contract the portable mul+add into FMA
-//! and splits the tiles badly), the portable tiles elsewhere. Kᵀ is packed block-major,
+//! through broadcast FMAs, with no horizontal reductions. [`Tiles`] supplies them: FMA
+//! tiles written once over [`Lanes`] (`LaneTiles`) for d = 64/128, instantiated for
+//! AVX-512, AVX2 and NEON with each width's register tile (LLVM does not contract the
+//! portable mul+add into FMA and splits the tiles badly: the portable tiles on AVX2 ran
+//! causal 512 × 9 heads at 10% of the FMA peak), the portable tiles elsewhere. Kᵀ is packed block-major,
 //! `[kv_block][d][BC]`, so one block's tile is 16 KiB contiguous: row-major Kᵀ put its
 //! rows `kv_len` floats apart, all in the same few L1 sets.
 
 use crate::multiversion;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::simd::lanes::Lanes;
 use crate::simd::{exp, exp_shifted_sum};
 
 /// Query rows per block: the 64×64 score tile (16 KiB) and 64 output rows stay in L1/L2
@@ -80,11 +84,20 @@ pub fn attend_block(
     qb: &QueryBlock<'_>,
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == tessera_core::Isa::Avx512 && isa.is_available() && matches!(kv.d, 64 | 128) {
-        // SAFETY: AVX-512 (F, and the FMA it implies on every AVX-512 CPU) was detected.
-        unsafe { avx512::attend(kv, qb, out) };
-        return;
+    use tessera_core::Isa;
+    if isa.is_available() && matches!(kv.d, 64 | 128) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-512 (F/BW/VL/DQ, with AVX2, FMA and F16C) was detected.
+            Isa::Avx512 => return unsafe { x86::attend_zmm(kv, qb, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 (with FMA and F16C, as `Isa::Avx2` means) was detected.
+            Isa::Avx2 => return unsafe { x86::attend_ymm(kv, qb, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: d checked above.
+            Isa::Neon => return unsafe { attend_neon(kv, qb, out) },
+            _ => {}
+        }
     }
     attend_portable(isa, kv, qb, out);
 }
@@ -195,69 +208,132 @@ impl Tiles for Portable {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    //! Explicit AVX-512 FMA tiles for head dims 64 and 128.
+/// The score and P·V tiles written once over [`Lanes`], with the register tile shape
+/// per width: SR query rows × SV vectors of keys in the score tile, PR output rows × PV
+/// vectors of the head dim in the P·V tile. Only reached from the `target_feature`
+/// entries below, which instantiate it for their width.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+struct LaneTiles<L, const SR: usize, const SV: usize, const PR: usize, const PV: usize>(
+    std::marker::PhantomData<L>,
+);
 
-    use super::{attend_body, PackedKv, QueryBlock, ScoreTile, Tiles, BC, ROWS};
-    /// Query rows per score tile: 6 × 4 zmm = 24 accumulators + 4 Kᵀ vectors.
-    const SROWS: usize = 6;
-    use std::arch::x86_64::*;
-
-    /// # Safety
-    /// The CPU supports AVX-512F and FMA; `kv.d` is 64 or 128.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub(super) unsafe fn attend(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
-        attend_body::<Avx512>(kv, qb, out)
-    }
-
-    struct Avx512;
-
-    impl Tiles for Avx512 {
-        #[inline(always)]
-        fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
-            let block = &kv.kt[(c0 / BC) * kv.d * BC..][..kv.d * BC];
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usize> Tiles
+    for LaneTiles<L, SR, SV, PR, PV>
+{
+    #[inline(always)]
+    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+        let d = kv.d;
+        let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
+        for cc in (0..BC).step_by(L::N * SV) {
             let mut r0 = 0;
             while r0 < qb.rows {
-                let nr = SROWS.min(qb.rows - r0);
-                // SAFETY: only reached from `attend` (AVX-512F + FMA present); the block
-                // holds d·BC floats and q holds rows·d, both checked by the slicing above.
+                let nr = SR.min(qb.rows - r0);
+                let q = &qb.q[r0 * d..(r0 + nr) * d];
+                // SAFETY: only reached from the width's entry (its CPU features checked
+                // by `attend_block`); block holds d rows of BC floats, cc + N·SV ≤ BC.
                 unsafe {
-                    score_rows(
-                        block,
-                        &qb.q[r0 * kv.d..(r0 + nr) * kv.d],
-                        kv.d,
-                        &mut s[r0..r0 + nr],
-                    )
-                };
-                r0 += nr;
-            }
-        }
-
-        #[inline(always)]
-        fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
-            let v = &kv.v[c0 * kv.d..(c0 + BC) * kv.d];
-            let mut r0 = 0;
-            while r0 < rows {
-                let nr = ROWS.min(rows - r0);
-                let o = &mut out[r0 * kv.d..(r0 + nr) * kv.d];
-                // SAFETY: as in `scores`; `v` holds BC rows of d, `o` nr rows of d.
-                unsafe {
-                    match kv.d {
-                        64 => pv_rows::<4>(v, &s[r0..r0 + nr], o),
-                        _ => pv_rows::<8>(v, &s[r0..r0 + nr], o),
+                    let mut acc = [[L::zero(); SV]; SR];
+                    for p in 0..d {
+                        // Loops, not closures: a closure's intrinsics may stay out of
+                        // line, without the entry's target features.
+                        let mut k = [L::zero(); SV];
+                        for (v, kv) in k.iter_mut().enumerate() {
+                            *kv = L::load(block.as_ptr().add(p * BC + cc + L::N * v));
+                        }
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            let qv = L::splat_f(if i < nr { q[i * d + p] } else { 0.0 });
+                            for v in 0..SV {
+                                a[v] = L::fmadd(qv, k[v], a[v]);
+                            }
+                        }
+                    }
+                    for (row, a) in s[r0..r0 + nr].iter_mut().zip(&acc) {
+                        for (v, &x) in a.iter().enumerate() {
+                            L::store(row.as_mut_ptr().add(cc + L::N * v), x);
+                        }
                     }
                 }
                 r0 += nr;
             }
         }
+    }
 
+    #[inline(always)]
+    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
+        let d = kv.d;
+        let v = &kv.v[c0 * d..(c0 + BC) * d];
+        let mut r0 = 0;
+        while r0 < rows {
+            let nr = PR.min(rows - r0);
+            let o = &mut out[r0 * d..(r0 + nr) * d];
+            for dc in (0..d).step_by(L::N * PV) {
+                // SAFETY: as in `scores`; v holds BC rows of d floats, o nr rows of d,
+                // dc + N·PV ≤ d (d a multiple of N·PV at every instantiation).
+                unsafe {
+                    let mut acc = [[L::zero(); PV]; PR];
+                    for (i, a) in acc.iter_mut().enumerate().take(nr) {
+                        for (x, ax) in a.iter_mut().enumerate() {
+                            *ax = L::load(o.as_ptr().add(i * d + dc + L::N * x));
+                        }
+                    }
+                    for c in 0..BC {
+                        let mut vr = [L::zero(); PV];
+                        for (x, vx) in vr.iter_mut().enumerate() {
+                            *vx = L::load(v.as_ptr().add(c * d + dc + L::N * x));
+                        }
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            let p = L::splat_f(if i < nr { s[r0 + i][c] } else { 0.0 });
+                            for x in 0..PV {
+                                a[x] = L::fmadd(p, vr[x], a[x]);
+                            }
+                        }
+                    }
+                    for (i, a) in acc.iter().enumerate().take(nr) {
+                        for (x, &ax) in a.iter().enumerate() {
+                            L::store(o.as_mut_ptr().add(i * d + dc + L::N * x), ax);
+                        }
+                    }
+                }
+            }
+            r0 += nr;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The x86 entries: zmm (AVX-512F) and ymm (AVX2 + FMA) instances of [`LaneTiles`],
+    //! the zmm one with AVX-512's `exp` and max.
+
+    use super::{attend_body, LaneTiles, PackedKv, QueryBlock, ScoreTile, Tiles};
+    use crate::simd::lanes::{Ymm, Zmm};
+
+    /// Zmm: scores 6 rows × 4 zmm (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4
+    /// rows × the head dim (d/16 zmm).
+    type ZmmTiles<const PV: usize> = LaneTiles<Zmm, 6, 4, 4, PV>;
+    /// Ymm (16 registers): scores 6 rows × 2 ymm (12 accumulators, 2 Kᵀ vectors, the
+    /// query broadcast), four passes over the 64 keys; P·V 4 rows × 2 ymm per pass over
+    /// the head dim.
+    type YmmTiles = LaneTiles<Ymm, 6, 2, 4, 2>;
+
+    /// The zmm tiles with AVX-512's own `exp` and max.
+    struct Avx512<const PV: usize>;
+
+    impl<const PV: usize> Tiles for Avx512<PV> {
+        #[inline(always)]
+        fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+            ZmmTiles::<PV>::scores(kv, qb, c0, s)
+        }
+        #[inline(always)]
+        fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
+            ZmmTiles::<PV>::pv(kv, rows, c0, s, out)
+        }
         #[inline(always)]
         fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
-            // SAFETY: only reached from `attend` (AVX-512F present).
+            // SAFETY: only reached from `attend_zmm` (AVX-512F present).
             unsafe { crate::simd::avx512::exp_shifted_sum(v, shift) }
         }
-
         #[inline(always)]
         fn max(v: &[f32]) -> f32 {
             // SAFETY: as above.
@@ -265,58 +341,28 @@ mod avx512 {
         }
     }
 
-    /// Up to 4 query rows × 64 keys: 16 zmm accumulators; per dim p, 4 Kᵀ loads feed 16 FMAs.
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn score_rows(block: &[f32], q: &[f32], d: usize, s: &mut [[f32; BC]]) {
-        let nr = s.len();
-        let mut acc = [[_mm512_setzero_ps(); 4]; SROWS];
-        for p in 0..d {
-            // SAFETY: block holds d rows of BC = 64 floats.
-            let k: [__m512; 4] = std::array::from_fn(|v| unsafe {
-                _mm512_loadu_ps(block.as_ptr().add(p * BC + 16 * v))
-            });
-            for (i, a) in acc.iter_mut().enumerate() {
-                let qv = _mm512_set1_ps(if i < nr { q[i * d + p] } else { 0.0 });
-                for v in 0..4 {
-                    a[v] = _mm512_fmadd_ps(qv, k[v], a[v]);
-                }
-            }
-        }
-        for (i, row) in s.iter_mut().enumerate() {
-            for v in 0..4 {
-                // SAFETY: row has 64 floats.
-                unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(16 * v), acc[i][v]) };
-            }
+    /// # Safety
+    /// The CPU supports AVX-512F/BW/VL/DQ, FMA and F16C; `kv.d` is 64 or 128.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn attend_zmm(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+        match kv.d {
+            64 => attend_body::<Avx512<4>>(kv, qb, out),
+            _ => attend_body::<Avx512<8>>(kv, qb, out),
         }
     }
 
-    /// Up to 4 output rows of d = 16·NV: accumulators in registers across the BC keys.
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn pv_rows<const NV: usize>(v: &[f32], s: &[[f32; BC]], o: &mut [f32]) {
-        let (nr, d) = (s.len(), 16 * NV);
-        let mut acc = [[_mm512_setzero_ps(); NV]; ROWS];
-        for (i, a) in acc.iter_mut().enumerate().take(nr) {
-            for x in 0..NV {
-                // SAFETY: o holds nr rows of d floats.
-                a[x] = unsafe { _mm512_loadu_ps(o.as_ptr().add(i * d + 16 * x)) };
-            }
-        }
-        for c in 0..BC {
-            // SAFETY: v holds BC rows of d floats.
-            let vr: [__m512; NV] =
-                std::array::from_fn(|x| unsafe { _mm512_loadu_ps(v.as_ptr().add(c * d + 16 * x)) });
-            for (i, a) in acc.iter_mut().enumerate() {
-                let p = _mm512_set1_ps(if i < nr { s[i][c] } else { 0.0 });
-                for x in 0..NV {
-                    a[x] = _mm512_fmadd_ps(p, vr[x], a[x]);
-                }
-            }
-        }
-        for (i, a) in acc.iter().enumerate().take(nr) {
-            for x in 0..NV {
-                // SAFETY: as above.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(i * d + 16 * x), a[x]) };
-            }
-        }
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C; `kv.d` is 64 or 128.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_ymm(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+        attend_body::<YmmTiles>(kv, qb, out)
     }
+}
+
+/// # Safety
+/// `kv.d` is 64 or 128 (NEON is baseline on aarch64).
+#[cfg(target_arch = "aarch64")]
+unsafe fn attend_neon(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
+    // Scores 6 rows × 4 q registers (24 accumulators of 32), P·V 4 rows × 4.
+    attend_body::<LaneTiles<crate::simd::lanes::Neon, 6, 4, 4, 4>>(kv, qb, out)
 }
