@@ -262,6 +262,7 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     #[inline(always)]
     fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
         let d = kv.d;
+        debug_assert!(d.is_multiple_of(L::N * PV) && BC.is_multiple_of(L::N * SV));
         let v = &kv.v[c0 * d..(c0 + BC) * d];
         let mut r0 = 0;
         while r0 < rows {

@@ -223,8 +223,8 @@ impl PackedWeights {
     /// `vpmaddubsw` their two nibble planes (`rows8`); elsewhere (an Arm CPU without
     /// DotProd) they keep the row layout.
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
-        let f = CpuFeatures::get();
-        let full_bytes = Isa::Avx2.is_available() || f.avx512_vnni || f.neon_dotprod;
+        // (AVX512_VNNI comes with AVX2 on every x86 CPU.)
+        let full_bytes = Isa::Avx2.is_available() || CpuFeatures::get().neon_dotprod;
         (B::NIBBLES && !B::SPLIT16)
             || B::SPLIT_I8_SCALES
             || Self::five_bit::<B>()
