@@ -114,8 +114,9 @@ pub(in super::super) unsafe fn dots_vnni16(
 trait Dot4 {
     /// A running chunk sum.
     type Sum: Copy;
-    /// As [`RowLanes::NIBBLE_PLANES`].
-    const NIBBLE_PLANES: bool = true;
+    /// As [`RowLanes::NIBBLE_PLANES`]: stated by each instance (no default), as its
+    /// `finish` must weigh the high plane exactly when it is true.
+    const NIBBLE_PLANES: bool;
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn start(init: i32) -> Self::Sum;
@@ -171,11 +172,13 @@ impl Dot4 for Maddubs {
     }
 }
 
-/// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32 directly.
+/// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32 directly, so it
+/// takes full bytes whole (no nibble planes, which its `finish` would not weigh).
 struct Vnni;
 
 impl Dot4 for Vnni {
     type Sum = __m256i;
+    const NIBBLE_PLANES: bool = false;
     #[inline(always)]
     unsafe fn start(init: i32) -> __m256i {
         // SAFETY: AVX per the contract.
