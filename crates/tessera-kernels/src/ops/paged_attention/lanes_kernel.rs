@@ -96,11 +96,11 @@ unsafe fn zmm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Ymm;
-    // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + CV + 1 ≤ 16 registers.
+    // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers.
     unsafe {
         match job.cache.d {
-            64 => kernel::<Ymm, T, 8, 2>(job, s, o, ml),
-            _ => kernel::<Ymm, T, 16, 2>(job, s, o, ml),
+            64 => kernel::<Ymm, T, 8, 4>(job, s, o, ml),
+            _ => kernel::<Ymm, T, 16, 4>(job, s, o, ml),
         }
     }
 }
@@ -256,7 +256,11 @@ struct VPart {
 /// Σ_t p[h, t]·V[t, kvh] over the part's tile for heads h0..h0+H, CV vectors of the head
 /// dim at a time, added in registers to what `o` holds from earlier tiles (nothing before
 /// the first). Accumulating through `o` on every token put a store→load→FMA chain on
-/// each (~80 ns per token measured).
+/// each (~80 ns per token measured). Per token the H probabilities are broadcast first
+/// and each V vector is converted and used at once, so the pass holds H·CV accumulators,
+/// H broadcasts and one V vector: CV = 4 fits AVX2's 16 registers at H = 3, where
+/// converting all CV vectors first needed CV more and left CV at 2, twice the passes
+/// (each with its own per-token record lookup and broadcasts) over d.
 ///
 /// # Safety
 /// As for [`kernel`]; heads h0..h0+H belong to `part.kvh`.
@@ -270,6 +274,9 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
     let c = job.cache;
     let d = L::N * NV;
     let (n, h0) = (part.n, part.h0);
+    let records = &job.records[part.tokens.clone()];
+    debug_assert!(scores.len() >= (h0 + H) * n && part.tokens.end <= n);
+    debug_assert!(records.iter().all(|&at| at + c.kv_heads * d <= c.v.len()));
     for cb in (0..NV).step_by(CV) {
         let at = |hh: usize, v: usize| (h0 + hh) * d + L::N * (cb + v);
         // SAFETY: L's features, per the contract.
@@ -282,24 +289,25 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
                 }
             }
         }
-        for i in part.tokens.clone() {
+        for (j, &rec_at) in records.iter().enumerate() {
+            let i = part.tokens.start + j;
             if part.kvh == 0 && cb == 0 {
                 let rec_len = c.kv_heads * d;
                 prefetch_record::<L, T>(c.v, job.records, i + PREFETCH_AHEAD, rec_len, false);
             }
-            let rec = c.v[job.records[i] + part.kvh * d + L::N * cb..][..L::N * CV].as_ptr();
-            // SAFETY: L's features, per the contract.
-            let mut vr = [unsafe { L::zero() }; CV];
-            for (v, x) in vr.iter_mut().enumerate() {
-                // SAFETY: rec addresses N·CV elements of a validated record.
-                *x = unsafe { load_row::<L, T>(rec.add(L::N * v)) };
-            }
-            for (hh, row) in acc.iter_mut().enumerate() {
-                // SAFETY: L's features, per the contract.
-                unsafe {
-                    let p = L::splat_f(scores[(h0 + hh) * n + i]);
-                    for (a, &x) in row.iter_mut().zip(&vr) {
-                        *a = L::fmadd(p, x, *a);
+            // SAFETY: every record holds kv_heads·d elements inside the cache buffer
+            // (`check` validated the block tables; asserted above in debug builds), and
+            // kvh·d + N·(cb + CV) ≤ kv_heads·d; scores holds (h0 + H)·n floats, i < n.
+            unsafe {
+                let rec = c.v.as_ptr().add(rec_at + part.kvh * d + L::N * cb);
+                let mut p = [L::zero(); H];
+                for (hh, ph) in p.iter_mut().enumerate() {
+                    *ph = L::splat_f(*scores.as_ptr().add((h0 + hh) * n + i));
+                }
+                for v in 0..CV {
+                    let x = load_row::<L, T>(rec.add(L::N * v));
+                    for hh in 0..H {
+                        acc[hh][v] = L::fmadd(p[hh], x, acc[hh][v]);
                     }
                 }
             }
