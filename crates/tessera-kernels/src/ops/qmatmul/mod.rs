@@ -681,8 +681,8 @@ fn prefill(
     Ok(())
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2_acts;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod act_quant;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

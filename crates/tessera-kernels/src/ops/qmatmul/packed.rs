@@ -717,15 +717,22 @@ impl QuantActs {
         for (s, four) in sums.iter_mut().zip(q.chunks_exact(4)) {
             *s = four.iter().map(|&v| v as i32).sum();
         }
-        let total: i32 = sums.iter().sum();
+        self.finish_sums(b, d, sums, offset);
+    }
+
+    /// [`QuantActs::finish_block`] from the block's sums of each 4 consecutive codes
+    /// (lane l: codes 4l..4l+4), as the vector quantizer has them.
+    #[inline(always)]
+    pub(super) fn finish_sums(&mut self, b: usize, d: f32, sums: [i32; 8], offset: i32) {
+        let (lo, hi) = (sums[..4].iter().sum::<i32>(), sums[4..].iter().sum::<i32>());
+        let total = lo + hi;
         self.d8[b] = [d; 8];
         self.init[b] = sums.map(|s| -offset * s);
         self.lane_sums[b] = sums.map(|s| s as f32);
         self.block_init[b] = -offset * total;
         self.block_sums[b] = d * total as f32;
         // |Σ| ≤ 16·127 fits an i16.
-        let half = |s: &[i32]| i32::from(s.iter().sum::<i32>() as i16 as u16);
-        self.half_sums[b] = half(&sums[..4]) | (half(&sums[4..]) << 16);
+        self.half_sums[b] = i32::from(lo as i16 as u16) | (i32::from(hi as i16 as u16) << 16);
     }
 
     /// The values the kernel effectively multiplies by, q·d_x, exactly (f64).
@@ -752,21 +759,27 @@ pub(super) fn amax_finite(x: &[f32]) -> (f32, bool) {
 }
 
 /// Fills `a` (sized for `x`) with `x` quantized per 32-block, and what the kernels
-/// preload. Non-finite input makes its block's (or row's) scale NaN. On x86 the AVX2
-/// quantizer (bit-exact with the portable loop, which stays scalar when compiled).
+/// preload. Non-finite input makes its block's (or row's) scale NaN. The vector
+/// quantizer of `act_quant` on AVX2, AVX-512 and NEON (bit-exact with the portable
+/// loop, which stays mostly scalar when compiled).
 pub(super) fn quantize_into(isa: Isa, x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
         // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
         // `refill` sized a's arrays for them.
-        return unsafe { super::avx2_acts::quantize_into(x, offset, act, a) };
+        return unsafe { super::act_quant::quantize_ymm(x, offset, act, a) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: NEON is baseline on aarch64; as above for x and a.
+        return unsafe { super::act_quant::quantize_neon(x, offset, act, a) };
     }
     quantize_portable(isa, x, offset, act, a)
 }
 
 multiversion! {
-    /// [`quantize_into`] in portable Rust, compiled per ISA (NEON, and the baseline the
-    /// AVX2 quantizer is checked against).
+    /// [`quantize_into`] in portable Rust, compiled per ISA (the scalar baseline the
+    /// vector quantizer is checked against).
     fn quantize_portable(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
         let row = match act {
             ActScales::PerBlock => None,
