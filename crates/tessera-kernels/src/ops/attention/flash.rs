@@ -25,6 +25,16 @@ pub const BR: usize = 64;
 pub const BC: usize = 64;
 /// Query rows sharing each loaded K/V row in a tile (4 × 4 zmm = 16 accumulators).
 const ROWS: usize = 4;
+/// A query block's rows are padded with zeros to a multiple of this, so the register
+/// tiles (score tiles of 6 rows or fewer, P·V tiles of 4) run whole, without a per-row
+/// test in their inner loops; the padded rows' results are never stored.
+const Q_ROW_PAD: usize = 12;
+
+/// Floats a [`QueryBlock`]'s `q` holds for `rows` query rows of `d` dims (the rows
+/// padded with zeros to a multiple of [`Q_ROW_PAD`]).
+pub const fn padded_q_len(rows: usize, d: usize) -> usize {
+    rows.next_multiple_of(Q_ROW_PAD) * d
+}
 
 /// Pre-packed keys and values of one KV head, zero-padded to a whole number of BC blocks:
 /// `kt[(j / BC)·d·BC + p·BC + j % BC]` (Kᵀ, block-major) and `v[j·d + p]`.
@@ -47,7 +57,7 @@ impl PackedKv<'_> {
 /// The block of queries a task processes (already multiplied by the softmax scale).
 #[derive(Debug)]
 pub struct QueryBlock<'a> {
-    /// `rows·d` scaled queries.
+    /// `rows·d` scaled queries, then zeros to [`padded_q_len`]`(rows, d)`.
     pub q: &'a [f32],
     /// Index of the first query row in the sequence.
     pub first: usize,
@@ -85,6 +95,13 @@ pub fn attend_block(
     out: &mut [f32],
 ) {
     use tessera_core::Isa;
+    assert!(
+        qb.q.len() >= padded_q_len(qb.rows, kv.d) && qb.rows <= BR,
+        "query block of {} rows: {} floats, not the padded {}",
+        qb.rows,
+        qb.q.len(),
+        padded_q_len(qb.rows, kv.d)
+    );
     if isa.is_available() && matches!(kv.d, 64 | 128) {
         match isa {
             #[cfg(target_arch = "x86_64")]
@@ -225,13 +242,16 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
         let d = kv.d;
         let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
+        const { assert!(Q_ROW_PAD.is_multiple_of(SR)) };
         for cc in (0..BC).step_by(L::N * SV) {
             let mut r0 = 0;
             while r0 < qb.rows {
                 let nr = SR.min(qb.rows - r0);
-                let q = &qb.q[r0 * d..(r0 + nr) * d];
+                // All SR rows: the block's rows are zero-padded to a multiple of SR.
+                let q = &qb.q[r0 * d..(r0 + SR) * d];
                 // SAFETY: only reached from the width's entry (its CPU features checked
-                // by `attend_block`); block holds d rows of BC floats, cc + N·SV ≤ BC.
+                // by `attend_block`); block holds d rows of BC floats, cc + N·SV ≤ BC;
+                // q holds SR rows of d floats (i < SR, p < d).
                 unsafe {
                     let mut acc = [[L::zero(); SV]; SR];
                     for p in 0..d {
@@ -242,7 +262,7 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
                             *kv = L::load(block.as_ptr().add(p * BC + cc + L::N * v));
                         }
                         for (i, a) in acc.iter_mut().enumerate() {
-                            let qv = L::splat_f(if i < nr { q[i * d + p] } else { 0.0 });
+                            let qv = L::splat_f(*q.as_ptr().add(i * d + p));
                             for v in 0..SV {
                                 a[v] = L::fmadd(qv, k[v], a[v]);
                             }
@@ -263,6 +283,9 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
         let d = kv.d;
         debug_assert!(d.is_multiple_of(L::N * PV) && BC.is_multiple_of(L::N * SV));
+        // Rows past `rows` (up to the next multiple of PR, inside the tile) hold scores
+        // of no query: they feed accumulators that are never stored.
+        const { assert!(BR.is_multiple_of(PR)) };
         let v = &kv.v[c0 * d..(c0 + BC) * d];
         let mut r0 = 0;
         while r0 < rows {
@@ -270,8 +293,10 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
             let o = &mut out[r0 * d..(r0 + nr) * d];
             for dc in (0..d).step_by(L::N * PV) {
                 // SAFETY: as in `scores`; v holds BC rows of d floats, o nr rows of d,
-                // dc + N·PV ≤ d (d a multiple of N·PV at every instantiation).
+                // dc + N·PV ≤ d (d a multiple of N·PV at every instantiation); s has
+                // BR rows and r0 + PR ≤ BR (r0 a multiple of PR, BR one too).
                 unsafe {
+                    let srows = s.as_ptr().add(r0);
                     let mut acc = [[L::zero(); PV]; PR];
                     for (i, a) in acc.iter_mut().enumerate().take(nr) {
                         for (x, ax) in a.iter_mut().enumerate() {
@@ -284,7 +309,7 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
                             *vx = L::load(v.as_ptr().add(c * d + dc + L::N * x));
                         }
                         for (i, a) in acc.iter_mut().enumerate() {
-                            let p = L::splat_f(if i < nr { s[r0 + i][c] } else { 0.0 });
+                            let p = L::splat_f(*(*srows.add(i)).as_ptr().add(c));
                             for x in 0..PV {
                                 a[x] = L::fmadd(p, vr[x], a[x]);
                             }
