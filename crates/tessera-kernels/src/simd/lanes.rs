@@ -58,6 +58,13 @@ pub(crate) trait Lanes {
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
     /// `a·b + c` per lane, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// Lanes limited to `[lo, hi]`; a NaN lane stays NaN.
+    unsafe fn clamp(v: Self::F, lo: Self::F, hi: Self::F) -> Self::F;
+    /// Lanes rounded to the nearest integer (ties to even).
+    unsafe fn round(v: Self::F) -> Self::F;
+    /// 2ⁿ for lanes holding integers n in [−127, 127], built in the exponent bits
+    /// (n = −127 gives +0).
+    unsafe fn exp2_int(n: Self::F) -> Self::F;
     /// All zero.
     unsafe fn zero() -> Self::F;
     /// N floats at `p`. # Safety: N floats readable at `p`.
@@ -79,4 +86,15 @@ pub(crate) trait Lanes {
     unsafe fn prefetch_l1(p: *const u8);
     /// Asks for the 64-byte line at `p` in L2 (never faults, whatever `p` is).
     unsafe fn prefetch_l2(p: *const u8);
+    /// `v[i] = e^(v[i] − shift)`, returning Σv: the FMA exp written over this trait
+    /// ([`super::lanes_exp`]) unless the width has a better one.
+    #[inline(always)]
+    unsafe fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32
+    where
+        Self: Sized,
+    {
+        let p = v.as_mut_ptr();
+        // SAFETY: the width's features per the contract; v holds v.len() floats.
+        unsafe { super::lanes_exp::exp_shifted_sum::<Self>(p, p, v.len(), shift) }
+    }
 }

@@ -136,6 +136,25 @@ impl Lanes for Neon {
         unsafe { vfmaq_f32(c, a, b) }
     }
     #[inline(always)]
+    unsafe fn clamp(v: float32x4_t, lo: float32x4_t, hi: float32x4_t) -> float32x4_t {
+        // fmax/fmin (not fmaxnm) return NaN when either operand is NaN.
+        // SAFETY: NEON.
+        unsafe { vminq_f32(vmaxq_f32(v, lo), hi) }
+    }
+    #[inline(always)]
+    unsafe fn round(v: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON (`frintn`, ties to even).
+        unsafe { vrndnq_f32(v) }
+    }
+    #[inline(always)]
+    unsafe fn exp2_int(n: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe {
+            let e = vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127));
+            vreinterpretq_f32_s32(vshlq_n_s32::<23>(e))
+        }
+    }
+    #[inline(always)]
     unsafe fn zero() -> float32x4_t {
         // SAFETY: NEON.
         unsafe { vdupq_n_f32(0.0) }

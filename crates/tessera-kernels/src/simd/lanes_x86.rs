@@ -85,6 +85,25 @@ impl Lanes for Ymm {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn clamp(v: __m256, lo: __m256, hi: __m256) -> __m256 {
+        // vmaxps/vminps return their second operand when either is NaN: v, then NaN.
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) }
+    }
+    #[inline(always)]
+    unsafe fn round(v: __m256) -> __m256 {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
+    }
+    #[inline(always)]
+    unsafe fn exp2_int(n: __m256) -> __m256 {
+        // SAFETY: AVX2 per the contract.
+        unsafe {
+            let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
+        }
+    }
+    #[inline(always)]
     unsafe fn zero() -> __m256 {
         // SAFETY: AVX per the contract.
         unsafe { _mm256_setzero_ps() }
@@ -234,6 +253,25 @@ impl Lanes for Zmm {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn clamp(v: __m512, lo: __m512, hi: __m512) -> __m512 {
+        // vmaxps/vminps return their second operand when either is NaN: v, then NaN.
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
+    }
+    #[inline(always)]
+    unsafe fn round(v: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
+    }
+    #[inline(always)]
+    unsafe fn exp2_int(n: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe {
+            let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+        }
+    }
+    #[inline(always)]
     unsafe fn zero() -> __m512 {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_setzero_ps() }
@@ -285,6 +323,12 @@ impl Lanes for Zmm {
     unsafe fn prefetch_l2(p: *const u8) {
         // SAFETY: a prefetch never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+        // `vscalefps` builds 2ⁿ with exact overflow and gradual underflow.
+        // SAFETY: AVX-512F per the contract.
+        unsafe { super::avx512::exp_shifted_sum(v, shift) }
     }
 }
 

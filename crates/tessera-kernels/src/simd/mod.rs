@@ -15,6 +15,8 @@
 pub mod avx512;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) mod lanes;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod lanes_exp;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod lanes_neon;
 #[cfg(target_arch = "x86_64")]
@@ -215,6 +217,17 @@ pub fn exp_shifted_sum_on(isa: Isa, src: &[f32], shift: f32, dst: &mut [f32]) ->
     if isa == Isa::Avx512 && isa.is_available() {
         // SAFETY: AVX-512F was detected.
         return unsafe { avx512::exp_shifted_sum_into(src, shift, dst) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && isa.is_available() {
+        assert_eq!(src.len(), dst.len(), "exp_shifted_sum_on: lengths differ");
+        // SAFETY: AVX2, FMA and F16C (what `Isa::Avx2` means) were detected.
+        return unsafe { lanes_exp::exp_shifted_sum_ymm(src, shift, dst) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        assert_eq!(src.len(), dst.len(), "exp_shifted_sum_on: lengths differ");
+        return lanes_exp::exp_shifted_sum_neon(src, shift, dst);
     }
     exp_shifted_sum_portable(isa, src, shift, dst)
 }

@@ -239,6 +239,13 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     for LaneTiles<L, SR, SV, PR, PV>
 {
     #[inline(always)]
+    fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+        // SAFETY: only reached from the width's entry (its CPU features checked by
+        // `attend_block`).
+        unsafe { L::exp_shifted_sum(v, shift) }
+    }
+
+    #[inline(always)]
     fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
         let d = kv.d;
         let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
@@ -357,12 +364,11 @@ mod x86 {
         }
         #[inline(always)]
         fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
-            // SAFETY: only reached from `attend_zmm` (AVX-512F present).
-            unsafe { crate::simd::avx512::exp_shifted_sum(v, shift) }
+            ZmmTiles::<PV>::exp_shifted_sum(v, shift)
         }
         #[inline(always)]
         fn max(v: &[f32]) -> f32 {
-            // SAFETY: as above.
+            // SAFETY: only reached from `attend_zmm` (AVX-512F present).
             unsafe { crate::simd::avx512::max(v) }
         }
     }

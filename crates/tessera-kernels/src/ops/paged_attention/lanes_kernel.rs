@@ -10,7 +10,6 @@
 //! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
 //! ahead (K and V both, from the K pass) and into L1 just ahead.
 
-use super::cpu::softmax_pieces;
 use super::ChunkAll;
 use crate::simd::lanes::Lanes;
 use half::{bf16, f16};
@@ -215,7 +214,12 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
             }
         }
     }
-    softmax_pieces(scores, n, ml);
+    for (h, slot) in ml.iter_mut().enumerate() {
+        let s = &mut scores[h * n..(h + 1) * n];
+        let m = crate::simd::max(s);
+        // SAFETY: L's features (the entry's) per this function's contract.
+        *slot = (m, unsafe { L::exp_shifted_sum(s, m) });
+    }
     let mut from = 0;
     while from < n {
         let tokens = from..(from + V_TILE).min(n);

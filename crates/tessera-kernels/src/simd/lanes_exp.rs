@@ -1,0 +1,237 @@
+//! e^x written once over [`Lanes`], for softmax rows (flash attention, paged decode
+//! attention, the softmax op) on AVX2 and NEON.
+//!
+//! Why not the portable [`super::exp`]: Rust never contracts its mul+add pairs into FMA,
+//! and its range fix-ups are compare-and-blend pairs, ~30 operations per vector; here
+//! the Cody–Waite reduction and the polynomial are FMAs and the range is handled by two
+//! clamps, ~17. AVX-512 keeps [`super::avx512::exp16`] (`Zmm` overrides
+//! [`Lanes::exp_shifted_sum`]): its `vscalefps` builds 2ⁿ with exact overflow and
+//! gradual underflow, which this width-generic version gets from clamping instead.
+//!
+//! Range: x is clamped to [−88, 89] and n = round(x·log₂e) to [−127, 127], so 2ⁿ is
+//! always an exponent field: e^x underflows to 0 where n reaches −127 (x ≲ −87.7, as
+//! FTZ hardware would), and x ≥ 88.73 (n capped, r ≥ 0.7) overflows to +∞ in the final
+//! product. A NaN lane stays NaN.
+
+use super::lanes::Lanes;
+
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// Clamp of x: below −88, n = −127 and the result is 0; above 89, +∞ anyway.
+const X_LO: f32 = -88.0;
+const X_HI: f32 = 89.0;
+/// Taylor coefficients 1/k!, k = 2..7: degree 7 keeps r up to 0.7 (the top of the
+/// range, where n is capped at 127) within ~5e-7 relative; |r| ≤ ln2/2 elsewhere.
+const C: [f32; 6] = [
+    1.0 / 2.0,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+];
+/// Vectors in flight per loop step: independent chains overlap their latency.
+const GROUP: usize = 4;
+
+/// e^x per lane (see the module docs for the range).
+///
+/// # Safety
+/// The CPU features of `L`.
+#[inline(always)]
+pub(crate) unsafe fn exp<L: Lanes>(x: L::F) -> L::F {
+    // SAFETY: L's features per the caller.
+    unsafe {
+        let x = L::clamp(x, L::splat_f(X_LO), L::splat_f(X_HI));
+        let n = L::round(L::mul(x, L::splat_f(std::f32::consts::LOG2_E)));
+        let n = L::clamp(n, L::splat_f(-127.0), L::splat_f(127.0));
+        let r = L::fmadd(n, L::splat_f(-LN2_HI), x);
+        let r = L::fmadd(n, L::splat_f(-LN2_LO), r);
+        let mut p = L::splat_f(C[C.len() - 1]);
+        for &c in C[..C.len() - 1].iter().rev() {
+            p = L::fmadd(p, r, L::splat_f(c));
+        }
+        let one = L::splat_f(1.0);
+        p = L::fmadd(p, r, one);
+        p = L::fmadd(p, r, one);
+        L::mul(p, L::exp2_int(n))
+    }
+}
+
+/// `dst[i] = e^(src[i] − shift)` for i < len, returning the sum; the last len mod N
+/// through the scalar [`super::exp`].
+///
+/// # Safety
+/// The CPU features of `L`; `src` readable and `dst` writable for `len` floats (they may
+/// be the same buffer).
+#[inline(always)]
+pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
+    src: *const f32,
+    dst: *mut f32,
+    len: usize,
+    shift: f32,
+) -> f32 {
+    // SAFETY: L's features per the caller; every access is at an offset below len.
+    unsafe {
+        let s = L::splat_f(shift);
+        let neg_one = L::splat_f(-1.0);
+        let mut acc = [L::zero(); GROUP];
+        let mut i = 0;
+        while i + L::N * GROUP <= len {
+            let mut y = [L::zero(); GROUP];
+            for (g, y) in y.iter_mut().enumerate() {
+                *y = exp::<L>(L::fmadd(s, neg_one, L::load(src.add(i + L::N * g))));
+            }
+            for (g, (a, &y)) in acc.iter_mut().zip(&y).enumerate() {
+                L::store(dst.add(i + L::N * g), y);
+                *a = L::add(*a, y);
+            }
+            i += L::N * GROUP;
+        }
+        while i + L::N <= len {
+            let y = exp::<L>(L::fmadd(s, neg_one, L::load(src.add(i))));
+            L::store(dst.add(i), y);
+            acc[0] = L::add(acc[0], y);
+            i += L::N;
+        }
+        let mut tail = 0.0;
+        for j in i..len {
+            let y = super::exp(*src.add(j) - shift);
+            *dst.add(j) = y;
+            tail += y;
+        }
+        L::sum(L::add(L::add(acc[0], acc[1]), L::add(acc[2], acc[3]))) + tail
+    }
+}
+
+/// [`exp_shifted_sum`] on AVX2 (`Ymm`).
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `src.len() == dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exp_shifted_sum_ymm(src: &[f32], shift: f32, dst: &mut [f32]) -> f32 {
+    debug_assert_eq!(src.len(), dst.len());
+    let len = src.len().min(dst.len());
+    // SAFETY: AVX2/FMA/F16C per the caller; both slices hold len floats.
+    unsafe { exp_shifted_sum::<super::lanes::Ymm>(src.as_ptr(), dst.as_mut_ptr(), len, shift) }
+}
+
+/// [`exp_shifted_sum`] on NEON.
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn exp_shifted_sum_neon(src: &[f32], shift: f32, dst: &mut [f32]) -> f32 {
+    let len = src.len().min(dst.len());
+    // SAFETY: NEON is baseline on aarch64; both slices hold len floats.
+    unsafe { exp_shifted_sum::<super::lanes::Neon>(src.as_ptr(), dst.as_mut_ptr(), len, shift) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Relative error allowed where e^x is a normal f32: the polynomial's truncation at
+    /// r = 0.7 (~5e-7) plus a few roundings.
+    const TOL: f64 = 1e-6;
+
+    /// A width's `exp_shifted_sum` over slices.
+    type ExpSum = fn(&[f32], f32, &mut [f32]) -> f32;
+
+    /// `exp_shifted_sum` on this host's widths: AVX2 if the CPU has it, NEON on Arm.
+    #[cfg(target_arch = "x86_64")]
+    fn widths() -> Vec<(&'static str, ExpSum)> {
+        if !tessera_core::Isa::Avx2.is_available() {
+            println!("lanes_exp: no AVX2 on this CPU, nothing to check here");
+            return Vec::new();
+        }
+        // SAFETY: AVX2 (with FMA and F16C) was detected; the tests pass equal lengths.
+        let ymm: ExpSum = |s, shift, d| unsafe { exp_shifted_sum_ymm(s, shift, d) };
+        vec![("ymm", ymm)]
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    fn widths() -> Vec<(&'static str, ExpSum)> {
+        vec![("neon", exp_shifted_sum_neon as ExpSum)]
+    }
+
+    /// Every lane against f64's exp: random x over the whole range, the range's edges
+    /// (underflow to 0, overflow to +∞, ±∞, NaN), ragged lengths for the scalar tail.
+    #[test]
+    fn exp_matches_f64_over_the_range() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut xs: Vec<f32> = (0..4093).map(|_| rng.random_range(-104.0..92.0)).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            0.346,
+            -0.347,
+            88.0,
+            88.03,
+            88.5,
+            88.72,
+            88.73,
+            89.0,
+            100.0,
+            -87.3,
+            -87.33,
+            -87.5,
+            -87.7,
+            -88.0,
+            -100.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+        ]);
+        for (name, f) in widths() {
+            for len in [xs.len(), 37, 8, 3, 0] {
+                let src = &xs[xs.len() - len..];
+                let mut dst = vec![f32::NAN; len];
+                let sum = f(src, 0.0, &mut dst);
+                let mut want_sum = 0.0f64;
+                for (&x, &y) in src.iter().zip(&dst) {
+                    let want = (x as f64).exp();
+                    let ctx = format!("{name}: e^{x} = {y}, want {want:e} (seed {seed})");
+                    if x.is_nan() {
+                        assert!(y.is_nan(), "{ctx}");
+                    } else if want > f32::MAX as f64 * (1.0 + TOL) {
+                        assert_eq!(y, f32::INFINITY, "{ctx}");
+                    } else if want < f32::MIN_POSITIVE as f64 {
+                        // Below the normal range: 0 or the (less precise) subnormal.
+                        assert!((0.0..=f32::MIN_POSITIVE).contains(&y), "{ctx}");
+                    } else {
+                        assert!(((y as f64 - want) / want).abs() <= TOL, "{ctx}");
+                    }
+                    want_sum += y as f64;
+                }
+                if want_sum.is_finite() {
+                    let err = (sum as f64 - want_sum).abs() / want_sum.max(f64::MIN_POSITIVE);
+                    assert!(
+                        err <= 1e-5,
+                        "{name}: sum {sum} against {want_sum} (seed {seed})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The shift is subtracted before the exp (a softmax row: max 0, the rest below).
+    #[test]
+    fn shifted_rows_sum_like_a_softmax() {
+        for (name, f) in widths() {
+            let src: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+            let m = src.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut dst = vec![0.0; src.len()];
+            let sum = f(&src, m, &mut dst);
+            let want: f64 = src.iter().map(|&x| ((x - m) as f64).exp()).sum();
+            assert!(
+                ((sum as f64 - want) / want).abs() <= 1e-6,
+                "{name}: {sum} against {want}"
+            );
+            assert!(dst.iter().all(|&y| (0.0..=1.0).contains(&y)), "{name}");
+        }
+    }
+}
