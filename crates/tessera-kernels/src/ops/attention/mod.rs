@@ -114,22 +114,56 @@ pub fn attention<T: Element>(
     attention_with(Isa::best(), pool::global().threads(), q, k, v, o, p)
 }
 
-/// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads).
+/// Packed Kᵀ and V, reused across calls on a thread (a prefill calls attention once
+/// per layer; fresh zeroed buffers cost a page fault per 4 KiB on first write).
+struct KvScratch {
+    kt: AlignedVec<f32>,
+    vv: AlignedVec<f32>,
+}
+
+impl KvScratch {
+    fn empty() -> Result<Self> {
+        Ok(KvScratch {
+            kt: AlignedVec::zeroed(0)?,
+            vv: AlignedVec::zeroed(0)?,
+        })
+    }
+}
+
+/// Most floats per buffer a thread keeps between calls (16 MiB: 16k tokens of 4 KV
+/// heads at d = 64); larger calls allocate their own.
+const REUSED_KV_FLOATS: usize = 4 << 20;
+
+thread_local! {
+    static REUSED_KV: std::cell::RefCell<Option<KvScratch>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads)
+/// into `s`, each head `kv_pad·d` floats, the keys past `kv_len` zero.
 fn pack_kv<T: Element>(
     isa: Isa,
     k: &TensorView<'_, T>,
     v: &TensorView<'_, T>,
     dm: Dims,
     threads: usize,
-) -> Result<(AlignedVec<f32>, AlignedVec<f32>)> {
+    s: &mut KvScratch,
+) -> Result<()> {
     let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
     let per_head = kv_pad * dm.d;
-    let mut kt = AlignedVec::<f32>::zeroed(dm.kv_heads * per_head)?;
-    let mut vv = AlignedVec::<f32>::zeroed(dm.kv_heads * per_head)?;
-    let (ktp, vvp) = (SharedMut(kt.as_mut_ptr()), SharedMut(vv.as_mut_ptr()));
+    let len = dm
+        .kv_heads
+        .checked_mul(per_head)
+        .ok_or_else(|| Error::Overflow(format!("K/V of {} x {:?}", dm.kv_heads, per_head)))?;
+    for buf in [&mut s.kt, &mut s.vv] {
+        if buf.len() < len {
+            *buf = AlignedVec::zeroed(len)?;
+        }
+    }
+    let (ktp, vvp) = (SharedMut(s.kt.as_mut_ptr()), SharedMut(s.vv.as_mut_ptr()));
     let (kl, vl) = (k.layout(), v.layout());
     pool::global().run(dm.kv_heads, threads, |h| {
-        // SAFETY: task h writes only head h's disjoint `per_head` slice of each buffer.
+        // SAFETY: task h writes only head h's disjoint `per_head` slice of each buffer,
+        // both at least kv_heads·per_head long.
         let (kt, vv) = unsafe {
             (
                 std::slice::from_raw_parts_mut(ktp.get().add(h * per_head), per_head),
@@ -146,8 +180,16 @@ fn pack_kv<T: Element>(
             }
             gather_row(isa, v.data(), vb, v_cs, 1.0, &mut vv[j * dm.d..][..dm.d]);
         }
+        // Padded keys: zero scores' inputs and zero values (their weight is zeroed too,
+        // but 0 × a stale NaN would not be 0).
+        for j in dm.kv_len..kv_pad {
+            for p in 0..dm.d {
+                kt[PackedKv::kt_index(dm.d, j, p)] = 0.0;
+            }
+        }
+        vv[dm.kv_len * dm.d..].fill(0.0);
     });
-    Ok((kt, vv))
+    Ok(())
 }
 
 /// Attention on a chosen ISA and thread count.
@@ -171,66 +213,84 @@ pub fn attention_with<T: Element>(
     if dm.kv_len == 0 {
         return Err(Error::shape("attention", "no keys to attend to"));
     }
-    let (kt, vv) = pack_kv(isa, k, v, dm, threads)?;
-    let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
-    let per_head = kv_pad * dm.d;
-    let group = dm.heads / dm.kv_heads;
-    let q_blocks = dm.q_len.div_ceil(BR);
-    let (ql, ol) = (*q.layout(), *o.layout());
-    let optr = SharedMut(o.data_mut().as_mut_ptr());
-    // Blocks in reverse so the long causal rows (last blocks) start first: better balance.
-    pool::global().run(dm.heads * q_blocks, threads, |t| {
-        let (h, qb) = (t % dm.heads, q_blocks - 1 - t / dm.heads);
-        let first = qb * BR;
-        let rows = BR.min(dm.q_len - first);
-        let mut qbuf = vec![0f32; flash::padded_q_len(rows, dm.d)];
-        let q_row = |r: usize| ql.index_of(&[first + r, h, 0]);
-        if ql.stride(2) == 1 {
-            // The block's rows are a head's slice of each token, 4 lines per row at
-            // d = 64, too far apart for the hardware prefetcher: ask for all of them
-            // first so their misses overlap.
-            (0..rows).for_each(|r| crate::simd::prefetch(&q.data()[q_row(r)..][..dm.d]));
-        }
-        for r in 0..rows {
-            let base = q_row(r);
-            let dst = &mut qbuf[r * dm.d..(r + 1) * dm.d];
-            gather_row(isa, q.data(), base, ql.stride(2), p.scale, dst);
-        }
-        let kvh = h / group;
-        let kv = PackedKv {
-            kt: &kt[kvh * per_head..(kvh + 1) * per_head],
-            v: &vv[kvh * per_head..(kvh + 1) * per_head],
-            kv_len: dm.kv_len,
-            d: dm.d,
+    REUSED_KV.with(|cell| {
+        let mut fresh = None;
+        let mut reused = cell.try_borrow_mut().ok();
+        let need = dm
+            .kv_heads
+            .saturating_mul(dm.kv_len.next_multiple_of(flash::BC) * dm.d);
+        let slot = match reused.as_deref_mut() {
+            Some(s) if need <= REUSED_KV_FLOATS => s,
+            _ => &mut fresh,
         };
-        let block = QueryBlock {
-            q: &qbuf,
-            first,
-            rows,
-            q_len: dm.q_len,
-            causal: p.causal,
-            window: p.window,
+        let scratch = match slot {
+            Some(s) => s,
+            None => slot.insert(KvScratch::empty()?),
         };
-        let mut out = vec![0f32; rows * dm.d];
-        flash::attend_block(isa, &kv, &block, &mut out);
-        let o_cs = ol.stride(2);
-        for r in 0..rows {
-            let base = ol.index_of(&[first + r, h, 0]);
-            let src = &out[r * dm.d..(r + 1) * dm.d];
-            if o_cs == 1 {
-                // SAFETY: (first+r, h, 0..d) is a contiguous run inside the validated,
-                // non-overlapping O view; each task owns a distinct (head, row block).
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), optr.get().add(base), dm.d) };
-                continue;
+        pack_kv(isa, k, v, dm, threads, scratch)?;
+        let (kt, vv) = (&scratch.kt, &scratch.vv);
+        let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
+        let per_head = kv_pad * dm.d;
+        let group = dm.heads / dm.kv_heads;
+        let q_blocks = dm.q_len.div_ceil(BR);
+        let (ql, ol) = (*q.layout(), *o.layout());
+        let optr = SharedMut(o.data_mut().as_mut_ptr());
+        // Blocks in reverse so the long causal rows (last blocks) start first: better balance.
+        pool::global().run(dm.heads * q_blocks, threads, |t| {
+            let (h, qb) = (t % dm.heads, q_blocks - 1 - t / dm.heads);
+            let first = qb * BR;
+            let rows = BR.min(dm.q_len - first);
+            let mut qbuf = vec![0f32; flash::padded_q_len(rows, dm.d)];
+            let q_row = |r: usize| ql.index_of(&[first + r, h, 0]);
+            if ql.stride(2) == 1 {
+                // The block's rows are a head's slice of each token, 4 lines per row at
+                // d = 64, too far apart for the hardware prefetcher: ask for all of them
+                // first so their misses overlap.
+                (0..rows).for_each(|r| crate::simd::prefetch(&q.data()[q_row(r)..][..dm.d]));
             }
-            for (c, &x) in src.iter().enumerate() {
-                // SAFETY: (first+r, h, c) is inside the validated, non-overlapping O view;
-                // each task owns a distinct (head, row block) and so distinct elements.
-                unsafe { *optr.get().add(base + c * o_cs) = x };
+            for r in 0..rows {
+                let base = q_row(r);
+                let dst = &mut qbuf[r * dm.d..(r + 1) * dm.d];
+                gather_row(isa, q.data(), base, ql.stride(2), p.scale, dst);
             }
-        }
-    });
-    Ok(())
+            let kvh = h / group;
+            let kv = PackedKv {
+                kt: &kt[kvh * per_head..(kvh + 1) * per_head],
+                v: &vv[kvh * per_head..(kvh + 1) * per_head],
+                kv_len: dm.kv_len,
+                d: dm.d,
+            };
+            let block = QueryBlock {
+                q: &qbuf,
+                first,
+                rows,
+                q_len: dm.q_len,
+                causal: p.causal,
+                window: p.window,
+            };
+            let mut out = vec![0f32; rows * dm.d];
+            flash::attend_block(isa, &kv, &block, &mut out);
+            let o_cs = ol.stride(2);
+            for r in 0..rows {
+                let base = ol.index_of(&[first + r, h, 0]);
+                let src = &out[r * dm.d..(r + 1) * dm.d];
+                if o_cs == 1 {
+                    // SAFETY: (first+r, h, 0..d) is a contiguous run inside the validated,
+                    // non-overlapping O view; each task owns a distinct (head, row block).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), optr.get().add(base), dm.d)
+                    };
+                    continue;
+                }
+                for (c, &x) in src.iter().enumerate() {
+                    // SAFETY: (first+r, h, c) is inside the validated, non-overlapping O view;
+                    // each task owns a distinct (head, row block) and so distinct elements.
+                    unsafe { *optr.get().add(base + c * o_cs) = x };
+                }
+            }
+        });
+        Ok(())
+    })
 }
 
 /// `dst[c] = data[base + c·stride]·scale` widened to f32: one head's row of Q or V. A
@@ -338,6 +398,45 @@ mod tests {
             );
             let err = rel_error(&got, &expected);
             assert!(err <= TOL_F32.rel, "{isa}: error {err:.2e} (seed {seed})");
+        }
+    }
+
+    /// The packed K/V buffers are reused across calls on a thread: a call whose keys
+    /// end inside a block must not see the values an earlier, longer call left in its
+    /// padding (here NaN), on any ISA.
+    #[test]
+    fn reused_kv_padding_is_zeroed() {
+        let (heads, d) = (2, 64);
+        let params = AttentionParams {
+            causal: false,
+            scale: 0.125,
+            window: None,
+        };
+        let run = |isa: Isa, len: usize, v: &[f32], o: &mut [f32]| {
+            let l = Layout::contiguous(&[len, heads, d]).expect("layout");
+            let ones = vec![0.5f32; len * heads * d];
+            attention_with(
+                isa,
+                1,
+                &TensorView::new(&ones, l).expect("q"),
+                &TensorView::new(&ones, l).expect("k"),
+                &TensorView::new(v, l).expect("v"),
+                &mut TensorViewMut::new(o, l).expect("o"),
+                params,
+            )
+            .expect("attention");
+        };
+        for isa in Isa::available() {
+            let long = vec![f32::NAN; 128 * heads * d];
+            run(isa, 128, &long, &mut vec![0.0; 128 * heads * d]);
+            // Equal scores: every output is the mean of the values, here 1.0.
+            let mut o = vec![f32::NAN; 70 * heads * d];
+            run(isa, 70, &vec![1.0; 70 * heads * d], &mut o);
+            assert!(
+                o.iter().all(|&x| (x - 1.0).abs() < 1e-6),
+                "{isa}: {:?}",
+                &o[..4]
+            );
         }
     }
 }
