@@ -241,15 +241,8 @@ pub fn attention_with<T: Element>(
             let first = qb * BR;
             let rows = BR.min(dm.q_len - first);
             let mut qbuf = vec![0f32; flash::padded_q_len(rows, dm.d)];
-            let q_row = |r: usize| ql.index_of(&[first + r, h, 0]);
-            if ql.stride(2) == 1 {
-                // The block's rows are a head's slice of each token, 4 lines per row at
-                // d = 64, too far apart for the hardware prefetcher: ask for all of them
-                // first so their misses overlap.
-                (0..rows).for_each(|r| crate::simd::prefetch(&q.data()[q_row(r)..][..dm.d]));
-            }
             for r in 0..rows {
-                let base = q_row(r);
+                let base = ql.index_of(&[first + r, h, 0]);
                 let dst = &mut qbuf[r * dm.d..(r + 1) * dm.d];
                 gather_row(isa, q.data(), base, ql.stride(2), p.scale, dst);
             }
