@@ -37,6 +37,17 @@ struct Dims {
     d: usize,
 }
 
+impl Dims {
+    /// Keys padded to whole BC blocks.
+    fn kv_pad(&self) -> usize {
+        self.kv_len.next_multiple_of(flash::BC)
+    }
+    /// Floats of one KV head's packed Kᵀ (and of its V).
+    fn packed_head(&self) -> usize {
+        self.kv_pad() * self.d
+    }
+}
+
 fn check<T: Element>(
     q: &TensorView<'_, T>,
     k: &TensorView<'_, T>,
@@ -148,12 +159,11 @@ fn pack_kv<T: Element>(
     threads: usize,
     s: &mut KvScratch,
 ) -> Result<()> {
-    let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
-    let per_head = kv_pad * dm.d;
+    let (kv_pad, per_head) = (dm.kv_pad(), dm.packed_head());
     let len = dm
         .kv_heads
         .checked_mul(per_head)
-        .ok_or_else(|| Error::Overflow(format!("K/V of {} x {:?}", dm.kv_heads, per_head)))?;
+        .ok_or_else(|| Error::Overflow(format!("packed K/V of {} x {per_head}", dm.kv_heads)))?;
     for buf in [&mut s.kt, &mut s.vv] {
         if buf.len() < len {
             *buf = AlignedVec::zeroed(len)?;
@@ -216,11 +226,8 @@ pub fn attention_with<T: Element>(
     REUSED_KV.with(|cell| {
         let mut fresh = None;
         let mut reused = cell.try_borrow_mut().ok();
-        let need = dm
-            .kv_heads
-            .saturating_mul(dm.kv_len.next_multiple_of(flash::BC) * dm.d);
         let slot = match reused.as_deref_mut() {
-            Some(s) if need <= REUSED_KV_FLOATS => s,
+            Some(s) if dm.kv_heads.saturating_mul(dm.packed_head()) <= REUSED_KV_FLOATS => s,
             _ => &mut fresh,
         };
         let scratch = match slot {
@@ -229,8 +236,7 @@ pub fn attention_with<T: Element>(
         };
         pack_kv(isa, k, v, dm, threads, scratch)?;
         let (kt, vv) = (&scratch.kt, &scratch.vv);
-        let kv_pad = dm.kv_len.next_multiple_of(flash::BC);
-        let per_head = kv_pad * dm.d;
+        let per_head = dm.packed_head();
         let group = dm.heads / dm.kv_heads;
         let q_blocks = dm.q_len.div_ceil(BR);
         let (ql, ol) = (*q.layout(), *o.layout());
