@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use tessera_core::{Isa, Layout, TensorView, TensorViewMut};
-use tessera_kernels::ops::gemm::{gemm_with, Blocking, GemmParams, TOL_F32};
+use tessera_kernels::ops::gemm::{gemm_bt_rows, gemm_with, Blocking, GemmParams, TOL_F32};
 
 /// Row-major `rows×cols` data viewed as stored, or stored transposed and viewed back.
 fn view<'a>(data: &'a [f32], rows: usize, cols: usize, trans: bool) -> TensorView<'a, f32> {
@@ -60,5 +60,69 @@ proptest! {
             let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
             prop_assert!(rel <= TOL_F32.rel, "{isa}: rel {rel:e} (m{m} n{n} k{k} ta{ta} tb{tb})");
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// `gemm_bt_rows` (prefill's GEMM against weight rows produced on demand) against the
+    /// f64 triple loop: ragged M, N and K across the MR/NR tiles, the KC blocks and the
+    /// task split; x viewed transposed or not, y contiguous or transposed (column stride
+    /// ≠ 1, the edge path only); y poisoned with NaN, which must be overwritten.
+    #[test]
+    fn gemm_bt_rows_matches_f64(
+        m in 1usize..140, n in 1usize..150, k in 1usize..600,
+        tx: bool, ty: bool, threads in 1usize..3, seed: u64,
+    ) {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + 1e-3
+        };
+        let x: Vec<f32> = (0..m * k).map(|_| next()).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| next()).collect(); // Bᵀ, row-major n×k
+        let xv = view(&x, m, k, tx);
+        let fill = |r: usize, out: &mut [f32]| out.copy_from_slice(&w[r * k..][..k]);
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                (0..k)
+                    .map(|p| xv.get(&[i, p]).expect("in range") as f64 * w[j * k + p] as f64)
+                    .sum()
+            })
+            .collect();
+        for isa in Isa::available() {
+            let mut y = vec![f32::NAN; m * n];
+            let layout = if ty {
+                Layout::contiguous(&[n, m]).and_then(|l| l.transposed(0, 1))
+            } else {
+                Layout::contiguous(&[m, n])
+            }
+            .expect("dims");
+            let mut yv = TensorViewMut::new(&mut y, layout).expect("fits");
+            gemm_bt_rows(isa, threads, &xv, (n, &fill), &mut yv).expect("valid problem");
+            let got = |ij: usize| {
+                let (i, j) = (ij / n, ij % n);
+                y[if ty { j * m + i } else { ij }] as f64
+            };
+            let err: f64 = (0..m * n).map(|ij| (got(ij) - want[ij]).powi(2)).sum();
+            let norm: f64 = want.iter().map(|y| y * y).sum();
+            let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
+            prop_assert!(rel <= TOL_F32.rel, "{isa}: rel {rel:e} (m{m} n{n} k{k} tx{tx} ty{ty})");
+        }
+    }
+}
+
+#[test]
+fn gemm_bt_rows_rejects_mismatched_shapes() {
+    let x = vec![1f32; 6 * 4];
+    let xv = TensorView::contiguous(&x, &[6, 4]).expect("dims");
+    let fill = |_: usize, out: &mut [f32]| out.fill(1.0);
+    for (rows, cols, n) in [(5, 3, 3), (6, 3, 4), (6, 0, 1)] {
+        let mut y = vec![0f32; rows * cols];
+        let mut yv = TensorViewMut::new(&mut y, Layout::contiguous(&[rows, cols]).expect("dims"))
+            .expect("fits");
+        let err = gemm_bt_rows(Isa::Scalar, 2, &xv, (n, &fill), &mut yv);
+        assert!(err.is_err(), "y {rows}x{cols} with n {n} accepted");
     }
 }

@@ -41,7 +41,7 @@ pub struct Blocking {
 
 impl Blocking {
     /// Rounds block sizes to whole tiles (and KC to whole k-pairs for bf16).
-    fn round<P: Packed>(self, k: &MicroKernel<P>) -> Self {
+    pub(super) fn round<P: Packed>(self, k: &MicroKernel<P>) -> Self {
         let up = |v: usize, q: usize| v.max(1).div_ceil(q) * q;
         Blocking {
             mc: up(self.mc, k.mr),
@@ -129,7 +129,7 @@ thread_local! {
         RefCell::new((AlignedVec::zeroed(0).expect("empty"), AlignedVec::zeroed(0).expect("empty")));
 }
 
-fn grow(buf: &mut AlignedVec<f32>, len: usize) {
+pub(super) fn grow(buf: &mut AlignedVec<f32>, len: usize) {
     if buf.len() < len {
         *buf = AlignedVec::zeroed(len).expect("GEMM packing buffer (sized by validated blocking)");
     }
@@ -246,7 +246,7 @@ fn compute_rect<T: PackSource, P: Packed>(
 }
 
 /// Adds a partial tile (kept in `tmp`, row stride `nr`) into a strided C.
-fn merge_edge(
+pub(super) fn merge_edge(
     c: &MatMut,
     tmp: &[f32],
     (i0, j0, rows, cols, nr): (usize, usize, usize, usize, usize),

@@ -8,6 +8,7 @@
 //! bf16 on AVX512_BF16 runs `vdpbf16ps` on bf16 pairs; elsewhere bf16 and f16 are widened
 //! to f32 while packing (exact) and run the f32 kernel.
 
+mod bt_rows;
 mod driver;
 mod gemv;
 mod micro;
@@ -15,6 +16,7 @@ mod pack;
 pub mod reference;
 mod spec;
 
+pub use bt_rows::{gemm_bt_rows, FillRow};
 pub use driver::Blocking;
 pub use spec::{GemmOp, GemmProblem, TOL_BF16, TOL_F16, TOL_F32};
 

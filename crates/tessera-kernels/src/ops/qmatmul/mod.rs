@@ -6,9 +6,9 @@
 //!   once from memory, dequantized once into registers, and multiplied into up to
 //!   `M_CHUNK` activation rows; threads split N. An explicit AVX-512 kernel expands the
 //!   nibbles/bytes with `vpmovzxbd`/`vpmovsxbd` and FMA-accumulates per block.
-//! - **prefill** (M > 48): compute-bound. Panels of `PANEL_ROWS` weight rows are
-//!   dequantized to f32 and handed to the f32 GEMM, so the dequantization cost is
-//!   amortised over M rows and the GEMM's register tiling does the work.
+//! - **prefill** (M > 48): compute-bound. Weight rows are dequantized to f32 as the f32
+//!   GEMM packs them ([`gemm_bt_rows`]), so the dequantization cost is amortised over M
+//!   rows and the GEMM's register tiling does the work.
 //!
 //! Dequantization here is exactly the format's definition (the same f32 values
 //! [`QuantMatrix::dequantize`] gives), so the only error is f32 accumulation.
@@ -36,13 +36,13 @@ pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 pub use spec_fp8::{Fp8Problem, QMatmulFp8Op};
 pub use spec_int8::{I8Problem, QMatmulI8Op};
 
-use super::gemm::{gemm_with, tuned_blocking, GemmParams};
+use super::gemm::gemm_bt_rows;
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use tessera_core::CacheSizes;
-use tessera_core::{Error, Isa, Layout, Result, TensorView, TensorViewMut};
+use tessera_core::{Error, Isa, Result, TensorView, TensorViewMut};
 
 /// Largest M that takes the per-block (GEMV-like) path.
 pub const SMALL_M: usize = 16;
@@ -57,8 +57,6 @@ pub const F32_BATCH_M: usize = 48;
 const M_CHUNK: usize = 4;
 /// Fewest weight rows per task on the small-M path (~5 KiB of Q4_0 blocks at K = 576).
 const ROWS_PER_TASK: usize = 16;
-/// Weight rows dequantized per GEMM call on the prefill path (≤ 1.5 MiB f32 at K = 1536).
-const PANEL_ROWS: usize = 256;
 
 /// `y = x·Wᵀ` on a chosen ISA and thread count.
 pub fn qmatmul<B: BlockFormat>(
@@ -641,8 +639,8 @@ multiversion! {
     }
 }
 
-/// M > SMALL_M: dequantize panels of weight rows (`dequant(r, out)` writes row r) and run
-/// the f32 GEMM on each.
+/// M > SMALL_M: the f32 GEMM against weight rows dequantized as they are packed
+/// ([`gemm_bt_rows`]: x packed once, slabs of weight rows claimed per task).
 fn prefill(
     isa: Isa,
     threads: usize,
@@ -651,34 +649,8 @@ fn prefill(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    let m = x.dims()[0];
-    let mut blocking = tuned_blocking(isa, tessera_core::DType::F32, m, PANEL_ROWS.min(n), k);
-    blocking.threads = threads.max(1);
-    let mut panel = vec![0f32; PANEL_ROWS.min(n) * k];
-    let yl = *y.layout();
-    let mut n0 = 0;
-    while n0 < n {
-        let np = PANEL_ROWS.min(n - n0);
-        let dst = SharedMut(panel.as_mut_ptr());
-        pool::global().run(np.div_ceil(ROWS_PER_TASK), threads.max(1), |t| {
-            for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(np) {
-                // SAFETY: task t writes only its own rows i of the panel, the k floats
-                // at i·k < np·k.
-                let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * k), k) };
-                dequant(n0 + i, out);
-            }
-        });
-        let wt = TensorView::contiguous(&panel[..np * k], &[np, k])?.transposed(0, 1)?;
-        let sub = Layout::strided(
-            &[m, np],
-            &[yl.stride(0), yl.stride(1)],
-            yl.index_of(&[0, n0]),
-        )?;
-        let mut ys = TensorViewMut::new(y.data_mut(), sub)?;
-        gemm_with(isa, blocking, x, &wt, &mut ys, GemmParams::default())?;
-        n0 += np;
-    }
-    Ok(())
+    debug_assert_eq!(x.dims()[1], k);
+    gemm_bt_rows(isa, threads, x, (n, &dequant), y)
 }
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

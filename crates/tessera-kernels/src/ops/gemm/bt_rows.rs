@@ -1,0 +1,336 @@
+//! `y = x·Bᵀ` where the rows of Bᵀ (a linear layer's weight rows) are produced on demand
+//! by `fill(row, out)`: a quantized matrix dequantized as it is packed (prefill).
+//!
+//! Why a driver of its own and not [`super::gemm_with`] over a dequantized panel of the
+//! weights (what prefill did before): that driver gives each thread one rectangle of C
+//! and packs A inside it, so every panel of weight rows repacked all of x once per
+//! thread (x is 512×576 at a 512-token prefill), and reading the panel transposed packed
+//! B one strided element at a time; the dequantize and the GEMM were two pool jobs per
+//! panel. Here x is packed once per call into a buffer every task reads, and each task
+//! claims a slab of weight rows, dequantizes it NR rows at a time into a row buffer,
+//! transposes that into its own packed B and runs the micro-kernel over every row of x.
+//! Slabs are claimed from the pool's counter, several per thread, so a thread the OS
+//! took away delays nobody (issue #24's contention case).
+//!
+//! Loop nest per task (B slab ≤ [`MAX_PANELS_PER_TASK`] micro-panels, all of K):
+//! ```text
+//! for pc in K step KC:          packed B slab block (KC×slab), its micro-panels in L1
+//!   for ic in rows step MC:     packed x block (MC×KC, shared, read from L2/L3)
+//!     for jr in slab step NR:   B micro-panel
+//!       for ir in MC step MR:   micro-kernel: MR×NR tile of y in registers
+//! ```
+
+use super::driver::{grow, merge_edge, Blocking, MatMut, MicroKernel};
+use super::micro::TileOut;
+use super::pack::{pack, Block, Mat};
+use crate::pool::{self, SharedMut};
+use std::cell::RefCell;
+use tessera_core::{AlignedVec, Error, Isa, Result, TensorView, TensorViewMut};
+
+/// Writes row `r` of Bᵀ (its K values) into `out`.
+pub type FillRow<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
+
+/// Most micro-panels one task packs: 4·16 = 64 weight rows on AVX2, so a 576-row matrix
+/// is ≥ 9 tasks and a slab's packed B (64·K floats) stays within L2.
+const MAX_PANELS_PER_TASK: usize = 4;
+
+/// Tasks wanted per thread: with several, claiming balances uneven slabs and absorbs a
+/// descheduled thread. Below this many slabs the rows of x are split as well (each part
+/// then dequantizes its slab again, a few percent of its work).
+const TASKS_PER_THREAD: usize = 4;
+
+/// Panels of x one packing task handles (48 rows on AVX2).
+const PACK_PANELS_PER_TASK: usize = 8;
+
+/// Buffers up to this many floats (64 MiB) are kept per thread for the next call; a
+/// larger call allocates its own (a 2,048-token prefill at K = 1,536 packs 3 M floats).
+const REUSED_FLOATS: usize = 16 << 20;
+
+thread_local! {
+    /// The packed x of the calling thread's current call.
+    static PACKED_X: RefCell<AlignedVec<f32>> =
+        RefCell::new(AlignedVec::zeroed(0).expect("empty"));
+    /// A task's packed B slab and its NR-row dequantize buffer.
+    static SLAB: RefCell<(AlignedVec<f32>, AlignedVec<f32>)> =
+        RefCell::new((AlignedVec::zeroed(0).expect("empty"), AlignedVec::zeroed(0).expect("empty")));
+}
+
+/// Runs `job` on this thread's reused buffer (or a fresh one when it is borrowed or the
+/// call is larger than [`REUSED_FLOATS`]), grown to `len` floats.
+fn with_buffer<R>(
+    cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
+    len: usize,
+    job: impl FnOnce(&mut AlignedVec<f32>) -> R,
+) -> Result<R> {
+    cell.with(|c| match c.try_borrow_mut() {
+        Ok(mut buf) if len <= REUSED_FLOATS => {
+            grow(&mut buf, len);
+            Ok(job(&mut buf))
+        }
+        _ => Ok(job(&mut AlignedVec::zeroed(len)?)),
+    })
+}
+
+/// The shape of one call after validation.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// Rows of x padded to whole MR panels.
+    m_pad: usize,
+}
+
+/// One task: weight-row panels `p0..p1` (of NR rows) against x panels `r0..r1` (of MR).
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    p0: usize,
+    p1: usize,
+    r0: usize,
+    r1: usize,
+}
+
+/// Slabs of weight rows and parts of x for `threads` threads (see the constants).
+fn plan(n_panels: usize, m_panels: usize, threads: usize) -> Vec<Task> {
+    let want = threads.max(1) * TASKS_PER_THREAD;
+    let slabs = n_panels
+        .div_ceil(MAX_PANELS_PER_TASK)
+        .max(want.min(n_panels))
+        .max(1);
+    let parts = if slabs >= want || threads <= 1 {
+        1
+    } else {
+        want.div_ceil(slabs).min(m_panels).max(1)
+    };
+    let cut = |len: usize, parts: usize, i: usize| (i * len / parts, (i + 1) * len / parts);
+    let mut tasks = Vec::with_capacity(slabs * parts);
+    for s in 0..slabs {
+        let (p0, p1) = cut(n_panels, slabs, s);
+        for part in 0..parts {
+            let (r0, r1) = cut(m_panels, parts, part);
+            if p0 < p1 && r0 < r1 {
+                tasks.push(Task { p0, p1, r0, r1 });
+            }
+        }
+    }
+    tasks
+}
+
+/// `y = x·Bᵀ` with row `r` of Bᵀ from `fill(r, out)` (B is K×N, so `fill` gives N rows
+/// of K values), on `isa` with `threads` threads. x is M×K and y M×N, any strides; y is
+/// overwritten (NaN in it ignored).
+pub fn gemm_bt_rows(
+    isa: Isa,
+    threads: usize,
+    x: &TensorView<'_, f32>,
+    (n, fill): (usize, FillRow<'_>),
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let (xd, yd) = (x.dims(), y.dims());
+    if xd.len() != 2 || yd.len() != 2 || yd[0] != xd[0] || yd[1] != n {
+        return Err(Error::shape(
+            "gemm_bt_rows",
+            format!("x {xd:?} · Bᵀ [{n}, K] → y {yd:?}"),
+        ));
+    }
+    let (m, k) = (xd[0], xd[1]);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let kern = super::f32_kernel(isa);
+    let blk = super::default_blocking(isa).round(&kern);
+    let m_pad = m.div_ceil(kern.mr) * kern.mr;
+    let packed_len = m_pad
+        .checked_mul(k)
+        .ok_or_else(|| Error::Overflow(format!("packed x of {m} x {k}")))?;
+    let shape = Shape { m, n, k, m_pad };
+    let yl = *y.layout();
+    let c = MatMut {
+        // SAFETY: the view was validated; its offset is inside its buffer.
+        ptr: SharedMut(unsafe { y.data_mut().as_mut_ptr().add(yl.offset()) }),
+        rows: m,
+        cols: n,
+        rs: yl.stride(0),
+        cs: yl.stride(1),
+    };
+    if k == 0 {
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: (i, j) inside the validated y view.
+                unsafe { *c.ptr.get().add(i * c.rs + j * c.cs) = 0.0 };
+            }
+        }
+        return Ok(());
+    }
+    let threads = threads.max(1);
+    let xm = Mat::of(x);
+    with_buffer(&PACKED_X, packed_len, |xp| {
+        pack_x(&kern, &blk, &xm, shape, threads, &mut xp[..packed_len]);
+        let tasks = plan(n.div_ceil(kern.nr), m_pad / kern.mr, threads);
+        let xp: &[f32] = &xp[..packed_len];
+        pool::global().run(tasks.len(), threads, |t| {
+            let slab_len = (tasks[t].p1 - tasks[t].p0) * kern.nr * k;
+            let run = |(slab, rows): &mut (AlignedVec<f32>, AlignedVec<f32>)| {
+                grow(slab, slab_len);
+                grow(rows, kern.nr * k);
+                let bufs = (&mut slab[..slab_len], &mut rows[..kern.nr * k]);
+                run_task(&kern, &blk, shape, (xp, fill), tasks[t], bufs, &c);
+            };
+            SLAB.with(|s| match s.try_borrow_mut() {
+                Ok(mut bufs) => run(&mut bufs),
+                Err(_) => run(&mut (
+                    AlignedVec::zeroed(0).expect("empty"),
+                    AlignedVec::zeroed(0).expect("empty"),
+                )),
+            });
+        });
+    })
+}
+
+/// Packs all of x: K blocks of KC in order, each `[x panel][k][MR]` (rows past M zero).
+fn pack_x(
+    kern: &MicroKernel<f32>,
+    blk: &Blocking,
+    xm: &Mat<f32>,
+    s: Shape,
+    threads: usize,
+    out: &mut [f32],
+) {
+    let mr = kern.mr;
+    let panels = s.m_pad / mr;
+    let dst = SharedMut(out.as_mut_ptr());
+    let out_len = out.len();
+    pool::global().run(panels.div_ceil(PACK_PANELS_PER_TASK), threads, |t| {
+        let p0 = t * PACK_PANELS_PER_TASK;
+        let p1 = (p0 + PACK_PANELS_PER_TASK).min(panels);
+        for pc in (0..s.k).step_by(blk.kc) {
+            let kc = blk.kc.min(s.k - pc);
+            let at = pc * s.m_pad + p0 * mr * kc;
+            let len = (p1 - p0) * mr * kc;
+            debug_assert!(at + len <= out_len);
+            // SAFETY: block pc occupies [pc·m_pad, (pc+kc)·m_pad) of `out` (pc and kc
+            // sum to ≤ K, and out holds m_pad·K); within it this task's panels p0..p1
+            // are the disjoint range [at, at + len), written by no other task.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(at), len) };
+            let b = Block {
+                r0: p0 * mr,
+                rows: (p1 - p0) * mr,
+                k0: pc,
+                k_len: kc,
+                panel: mr,
+            };
+            pack(xm, b, false, o);
+        }
+    });
+}
+
+/// One task: dequantize and pack its slab of weight rows, then every MR×NR tile of its
+/// rows of y.
+fn run_task(
+    kern: &MicroKernel<f32>,
+    blk: &Blocking,
+    s: Shape,
+    (xp, fill): (&[f32], FillRow<'_>),
+    task: Task,
+    (slab, rows): (&mut [f32], &mut [f32]),
+    c: &MatMut,
+) {
+    let (mr, nr, k) = (kern.mr, kern.nr, s.k);
+    let width = (task.p1 - task.p0) * nr;
+    let n0 = task.p0 * nr;
+    for p in 0..task.p1 - task.p0 {
+        for (i, row) in rows.chunks_exact_mut(k).enumerate() {
+            let r = n0 + p * nr + i;
+            if r < s.n {
+                fill(r, row);
+            } else {
+                row.fill(0.0);
+            }
+        }
+        for pc in (0..k).step_by(blk.kc) {
+            let kc = blk.kc.min(k - pc);
+            let panel = &mut slab[pc * width + p * nr * kc..][..nr * kc];
+            transpose_rows(rows, k, pc, nr, panel);
+        }
+    }
+    let mut tmp = [0f32; 8 * 64]; // MR·NR ≤ 512 for every kernel
+    debug_assert!(mr * nr <= tmp.len());
+    for pc in (0..k).step_by(blk.kc) {
+        let kc = blk.kc.min(k - pc);
+        let beta = if pc == 0 { 0.0 } else { 1.0 };
+        let (xb, bb) = (&xp[pc * s.m_pad..], &slab[pc * width..]);
+        for ic in (task.r0..task.r1).step_by(blk.mc / mr) {
+            let ic1 = (ic + blk.mc / mr).min(task.r1);
+            for jp in 0..task.p1 - task.p0 {
+                let j0 = n0 + jp * nr;
+                let cols = nr.min(s.n - j0);
+                let b_panel = bb[jp * nr * kc..][..nr * kc].as_ptr();
+                for ip in ic..ic1 {
+                    let i0 = ip * mr;
+                    let nrows = mr.min(s.m - i0);
+                    let a_panel = xb[ip * mr * kc..][..mr * kc].as_ptr();
+                    if nrows == mr && cols == nr && c.cs == 1 {
+                        let out = TileOut {
+                            // SAFETY: the whole tile (i0.., j0..) is inside y (rows and
+                            // cols checked above).
+                            c: unsafe { c.ptr.get().add(i0 * c.rs + j0) },
+                            rs_c: c.rs,
+                            alpha: 1.0,
+                            beta,
+                        };
+                        // SAFETY: the panels hold kc·MR and kc·NR packed floats; the tile
+                        // is inside y, which only this task writes there (tasks cover
+                        // disjoint rows × weight-row slabs).
+                        unsafe { (kern.run)(kc, a_panel, b_panel, out) };
+                    } else {
+                        let out = TileOut {
+                            c: tmp.as_mut_ptr(),
+                            rs_c: nr,
+                            alpha: 1.0,
+                            beta: 0.0,
+                        };
+                        // SAFETY: panels as above; tmp holds MR·NR floats.
+                        unsafe { (kern.run)(kc, a_panel, b_panel, out) };
+                        merge_edge(c, &tmp, (i0, j0, nrows, cols, nr), 1.0, beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes k-values `pc..pc + panel.len()/nr` of the `nr` rows in `rows` (each K long)
+/// as `[k][nr]`: one packed B micro-panel.
+fn transpose_rows(rows: &[f32], k: usize, pc: usize, nr: usize, panel: &mut [f32]) {
+    for (i, row) in rows.chunks_exact(k).enumerate() {
+        let src = &row[pc..][..panel.len() / nr];
+        for (d, &v) in panel.iter_mut().skip(i).step_by(nr).zip(src) {
+            *d = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_covers_every_tile_once() {
+        for (n_panels, m_panels, threads) in [(36, 86, 2), (1, 1, 2), (12, 86, 2), (192, 3, 1)] {
+            let tasks = plan(n_panels, m_panels, threads);
+            let mut seen = vec![0u8; n_panels * m_panels];
+            for t in &tasks {
+                for p in t.p0..t.p1 {
+                    for r in t.r0..t.r1 {
+                        seen[p * m_panels + r] += 1;
+                    }
+                }
+                assert!(t.p1 - t.p0 <= MAX_PANELS_PER_TASK);
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{n_panels} x {m_panels}");
+        }
+    }
+}
