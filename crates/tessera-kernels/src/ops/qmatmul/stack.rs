@@ -75,6 +75,20 @@ impl PackedWeights {
     }
 }
 
+/// `Meta::$variant` with each field the parts' fields concatenated in order (every
+/// field of the wrapped K-quant layouts is stored per row group, in row order). The
+/// caller checked that every part has this variant.
+macro_rules! concat_fields {
+    ($metas:expr, $variant:ident($ty:ident { $($field:ident),+ })) => {{
+        let mut out = $ty { $($field: Vec::new()),+ };
+        for m in &$metas {
+            let Meta::$variant(part) = m else { return None };
+            $(out.$field.extend_from_slice(&part.$field);)+
+        }
+        Some(Meta::$variant(out))
+    }};
+}
+
 /// The parts' metadata concatenated; f16 and f32 parts (each packed its own way, f16
 /// where its values allowed) meet in f32, which holds every f16 exactly. None where the
 /// kinds cannot meet (a format's parts always share theirs).
@@ -112,40 +126,26 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
         });
     }
     if all(|m| matches!(m, Meta::Factored(_))) {
-        let (mut d, mut neg_dmin, mut sc, mut mn) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for m in &metas {
-            if let Meta::Factored(f) = m {
-                d.extend_from_slice(&f.d);
-                neg_dmin.extend_from_slice(&f.neg_dmin);
-                sc.extend_from_slice(&f.sc);
-                mn.extend_from_slice(&f.mn);
-            }
-        }
-        return Some(Meta::Factored(Factored {
-            d,
-            neg_dmin,
-            sc,
-            mn,
-        }));
+        return concat_fields!(
+            metas,
+            Factored(Factored {
+                d,
+                neg_dmin,
+                sc,
+                mn
+            })
+        );
     }
     if all(|m| matches!(m, Meta::SplitI8(_))) {
-        let (mut d, mut sc, mut neg_dmin, mut mn) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for m in &metas {
-            if let Meta::SplitI8(f) = m {
-                d.extend_from_slice(&f.d);
-                sc.extend_from_slice(&f.sc);
-                neg_dmin.extend_from_slice(&f.neg_dmin);
-                mn.extend_from_slice(&f.mn);
-            }
-        }
-        return Some(Meta::SplitI8(SplitI8 {
-            d,
-            sc,
-            neg_dmin,
-            mn,
-        }));
+        return concat_fields!(
+            metas,
+            SplitI8(SplitI8 {
+                d,
+                sc,
+                neg_dmin,
+                mn
+            })
+        );
     }
     None
 }
