@@ -20,8 +20,7 @@
 //!       for ir in MC step MR:   micro-kernel: MR×NR tile of y in registers
 //! ```
 
-use super::driver::{grow, merge_edge, Blocking, MatMut, MicroKernel};
-use super::micro::TileOut;
+use super::driver::{grow, run_tile, Blocking, MatMut, MicroKernel, Tile};
 use super::pack::{pack, Block, Mat};
 use crate::pool::{self, SharedMut};
 use std::cell::RefCell;
@@ -272,30 +271,16 @@ fn run_task(
                     let i0 = ip * mr;
                     let nrows = mr.min(s.m - i0);
                     let a_panel = xb[ip * mr * kc..][..mr * kc].as_ptr();
-                    if nrows == mr && cols == nr && c.cs == 1 {
-                        let out = TileOut {
-                            // SAFETY: the whole tile (i0.., j0..) is inside y (rows and
-                            // cols checked above).
-                            c: unsafe { c.ptr.get().add(i0 * c.rs + j0) },
-                            rs_c: c.rs,
-                            alpha: 1.0,
-                            beta,
-                        };
-                        // SAFETY: the panels hold kc·MR and kc·NR packed floats; the tile
-                        // is inside y, which only this task writes there (tasks cover
-                        // disjoint rows × weight-row slabs).
-                        unsafe { (kern.run)(kc, a_panel, b_panel, out) };
-                    } else {
-                        let out = TileOut {
-                            c: tmp.as_mut_ptr(),
-                            rs_c: nr,
-                            alpha: 1.0,
-                            beta: 0.0,
-                        };
-                        // SAFETY: panels as above; tmp holds MR·NR floats.
-                        unsafe { (kern.run)(kc, a_panel, b_panel, out) };
-                        merge_edge(c, &tmp, (i0, j0, nrows, cols, nr), 1.0, beta);
-                    }
+                    let tile = Tile {
+                        at: (i0, j0, nrows, cols),
+                        ks: kc,
+                        a_panel,
+                        b_panel,
+                    };
+                    // SAFETY: the panels hold kc·MR and kc·NR packed floats; the tile is
+                    // inside y, which only this task writes there (tasks cover disjoint
+                    // rows × weight-row slabs).
+                    unsafe { run_tile(kern, tile, c, (1.0, beta), &mut tmp) };
                 }
             }
         }

@@ -215,29 +215,15 @@ fn compute_rect<T: PackSource, P: Packed>(
                         let cols = nr.min(nc - jr * nr);
                         let b_panel = bp[jr * ks * nr..].as_ptr();
                         let (i0, j0) = (ic + ir * mr, jc + jr * nr);
-                        let c = &ops.c;
-                        if rows == mr && cols == nr && c.cs == 1 {
-                            let out = TileOut {
-                                // SAFETY: (i0, j0) + full tile is inside C (rows/cols checked).
-                                c: unsafe { c.ptr.get().add(i0 * c.rs + j0) },
-                                rs_c: c.rs,
-                                alpha,
-                                beta: beta_eff,
-                            };
-                            // SAFETY: panels hold ks·MR / ks·NR packed elements; the tile is
-                            // inside C, which this task alone writes (disjoint rectangles).
-                            unsafe { (kern.run)(ks, a_panel, b_panel, out) };
-                        } else {
-                            let out = TileOut {
-                                c: tmp.as_mut_ptr(),
-                                rs_c: nr,
-                                alpha: 1.0,
-                                beta: 0.0,
-                            };
-                            // SAFETY: panels as above; tmp holds MR·NR floats.
-                            unsafe { (kern.run)(ks, a_panel, b_panel, out) };
-                            merge_edge(c, &tmp, (i0, j0, rows, cols, nr), alpha, beta_eff);
-                        }
+                        let tile = Tile {
+                            at: (i0, j0, rows, cols),
+                            ks,
+                            a_panel,
+                            b_panel,
+                        };
+                        // SAFETY: the panels hold ks·MR / ks·NR packed elements; the tile is
+                        // inside C, which this task alone writes (disjoint rectangles).
+                        unsafe { run_tile(kern, tile, &ops.c, (alpha, beta_eff), &mut tmp) };
                     }
                 }
             }
@@ -245,8 +231,57 @@ fn compute_rect<T: PackSource, P: Packed>(
     }
 }
 
+/// One micro-kernel call: C rows `i0..i0+rows`, columns `j0..j0+cols` from `ks` packed
+/// steps of an A and a B micro-panel.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tile<P> {
+    pub at: (usize, usize, usize, usize),
+    pub ks: usize,
+    pub a_panel: *const P,
+    pub b_panel: *const P,
+}
+
+/// Runs `t` into C: straight into C when the tile is whole and C's rows are contiguous,
+/// otherwise into `tmp` and then merged (ragged edges, strided C).
+///
+/// # Safety
+/// The panels hold `ks·MR` and `ks·NR` packed elements; rows `i0..i0+rows` and columns
+/// `j0..j0+cols` lie inside C, and no other thread writes them during the call.
+pub(super) unsafe fn run_tile<P>(
+    kern: &MicroKernel<P>,
+    t: Tile<P>,
+    c: &MatMut,
+    (alpha, beta): (f32, f32),
+    tmp: &mut [f32; 8 * 64],
+) {
+    let (mr, nr) = (kern.mr, kern.nr);
+    let (i0, j0, rows, cols) = t.at;
+    debug_assert!(mr * nr <= tmp.len());
+    if rows == mr && cols == nr && c.cs == 1 {
+        let out = TileOut {
+            // SAFETY: the whole tile is inside C (the caller's contract).
+            c: unsafe { c.ptr.get().add(i0 * c.rs + j0) },
+            rs_c: c.rs,
+            alpha,
+            beta,
+        };
+        // SAFETY: the caller's contract: panels of ks steps, the tile inside C.
+        unsafe { (kern.run)(t.ks, t.a_panel, t.b_panel, out) };
+    } else {
+        let out = TileOut {
+            c: tmp.as_mut_ptr(),
+            rs_c: nr,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        // SAFETY: panels as above; tmp holds MR·NR ≤ 512 floats.
+        unsafe { (kern.run)(t.ks, t.a_panel, t.b_panel, out) };
+        merge_edge(c, tmp, (i0, j0, rows, cols, nr), alpha, beta);
+    }
+}
+
 /// Adds a partial tile (kept in `tmp`, row stride `nr`) into a strided C.
-pub(super) fn merge_edge(
+fn merge_edge(
     c: &MatMut,
     tmp: &[f32],
     (i0, j0, rows, cols, nr): (usize, usize, usize, usize, usize),
