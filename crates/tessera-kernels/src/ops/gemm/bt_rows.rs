@@ -30,7 +30,9 @@ use tessera_core::{AlignedVec, Error, Isa, Result, TensorView, TensorViewMut};
 pub type FillRow<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
 
 /// Most micro-panels one task packs: 4·16 = 64 weight rows on AVX2, so a 576-row matrix
-/// is ≥ 9 tasks and a slab's packed B (64·K floats) stays within L2.
+/// is ≥ 9 tasks and a slab's packed B (64·K floats, 384 KiB at K = 1,536) stays within
+/// Zen 3's 512 KiB L2; AVX-512's 64-wide panels make 256-row slabs, whose KC blocks
+/// (384·256 floats) are what must stay there.
 const MAX_PANELS_PER_TASK: usize = 4;
 
 /// Tasks wanted per thread: with several, claiming balances uneven slabs and absorbs a
