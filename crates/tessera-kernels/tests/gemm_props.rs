@@ -126,3 +126,17 @@ fn gemm_bt_rows_rejects_mismatched_shapes() {
         assert!(err.is_err(), "y {rows}x{cols} with n {n} accepted");
     }
 }
+
+#[test]
+fn gemm_bt_rows_with_empty_k_writes_zeros() {
+    let x: Vec<f32> = Vec::new();
+    let xv = TensorView::contiguous(&x, &[3, 0]).expect("dims");
+    let fill = |_: usize, out: &mut [f32]| out.fill(1.0);
+    for isa in Isa::available() {
+        let mut y = vec![f32::NAN; 3 * 5];
+        let mut yv =
+            TensorViewMut::new(&mut y, Layout::contiguous(&[3, 5]).expect("dims")).expect("fits");
+        gemm_bt_rows(isa, 2, &xv, (5, &fill), &mut yv).expect("valid problem");
+        assert!(y.iter().all(|&v| v == 0.0), "{isa}: {y:?}");
+    }
+}

@@ -158,12 +158,7 @@ pub fn gemm_bt_rows(
         cs: yl.stride(1),
     };
     if k == 0 {
-        for i in 0..m {
-            for j in 0..n {
-                // SAFETY: (i, j) inside the validated y view.
-                unsafe { *c.ptr.get().add(i * c.rs + j * c.cs) = 0.0 };
-            }
-        }
+        super::scale_c(&|_| c, 1, 0.0); // an empty product: y = 0
         return Ok(());
     }
     let threads = threads.max(1);

@@ -91,7 +91,7 @@ pub(super) fn weight_matmul(
         return Ok(());
     }
     if m > F32_BATCH_M {
-        return prefill(isa, threads, (n, k), dequant, x, y);
+        return gemm_bt_rows(isa, threads, x, (n, &dequant), y);
     }
     let (xs, ld) = contiguous_rows(x);
     for_weight_rows::<M_CHUNK, 1>(threads, (n, m, m), y, |r, m0, mc, out| {
@@ -170,7 +170,7 @@ fn packed_f32(
         return Ok(());
     }
     let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
-    prefill(isa, threads, (n, w.cols()), dequant, x, y)
+    gemm_bt_rows(isa, threads, x, (n, &dequant), y)
 }
 
 /// Up to this many rows [`qmatmul_packed`] takes the integer path for every layout: the
@@ -637,20 +637,6 @@ multiversion! {
             *o = crate::simd::hsum(l16);
         }
     }
-}
-
-/// M > SMALL_M: the f32 GEMM against weight rows dequantized as they are packed
-/// ([`gemm_bt_rows`]: x packed once, slabs of weight rows claimed per task).
-fn prefill(
-    isa: Isa,
-    threads: usize,
-    (n, k): (usize, usize),
-    dequant: impl Fn(usize, &mut [f32]) + Sync,
-    x: &TensorView<'_, f32>,
-    y: &mut TensorViewMut<'_, f32>,
-) -> Result<()> {
-    debug_assert_eq!(x.dims()[1], k);
-    gemm_bt_rows(isa, threads, x, (n, &dequant), y)
 }
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
