@@ -365,6 +365,7 @@ impl PackedWeights {
 
     /// Where row r's code j (0..32) of chunk b is stored: the byte and bit shift of
     /// its low bits ([`PackedWeights::low_mask`]), and in 6-bit planes of its top 2.
+    #[inline(always)]
     fn code_places(&self, r: usize, b: usize, j: usize) -> ((usize, u32), Option<(usize, u32)>) {
         let nibble = 4 * (b % 2) as u32;
         let lane = (r % ROWS8) * 4 + j % 4;
@@ -404,6 +405,7 @@ impl PackedWeights {
     }
 
     /// Where row r's scale (and minimum) for chunk b, half h, is stored.
+    #[inline(always)]
     pub(super) fn meta_index(&self, r: usize, b: usize, h: usize) -> usize {
         let nb = self.cols / QK;
         if self.layout.interleaved() {
@@ -415,6 +417,7 @@ impl PackedWeights {
 
     /// Where row r's super-block scales for chunk b (of 8 per super-block) are stored
     /// ([`Meta::Factored`]).
+    #[inline(always)]
     pub(super) fn super_index(&self, r: usize, b: usize) -> usize {
         let ns = self.cols / QK / 8;
         if self.layout.interleaved() {
@@ -425,6 +428,7 @@ impl PackedWeights {
     }
 
     /// Row r's (d, m) for chunk b, half h (m = 0 without minima).
+    #[inline(always)]
     pub(super) fn scale_min(&self, r: usize, b: usize, h: usize) -> (f32, f32) {
         let at = self.meta_index(r, b, h);
         match &self.meta {
@@ -454,6 +458,7 @@ impl PackedWeights {
     /// Row r's 32 codes of chunk b. Places are found once per chunk (prefill over
     /// packed rows dequantizes every weight through here): in every layout, codes
     /// 4t..4t+4 are 4 consecutive bytes, the groups of 4 `stride` bytes apart.
+    #[inline(always)]
     fn chunk_codes(&self, r: usize, b: usize, out: &mut [u8; QK]) {
         let ((low, shift), top) = self.code_places(r, b, 0);
         if self.layout == CodeLayout::Bytes {
@@ -461,22 +466,25 @@ impl PackedWeights {
             return;
         }
         let stride = if self.layout.interleaved() { QK } else { 4 };
-        let mask = self.low_mask();
-        for (t, four) in out.chunks_exact_mut(4).enumerate() {
-            let bytes = &self.quants[low + t * stride..][..4];
-            for (o, &v) in four.iter_mut().zip(bytes) {
-                *o = (v >> shift) & mask;
-            }
+        // One shift and mask per 4 codes: a word holds 4 codes' bytes.
+        let mask = u32::from(self.low_mask()) * 0x0101_0101;
+        let word = |at: usize| {
+            let bytes: [u8; 4] = self.quants[at..at + 4].try_into().expect("4 bytes");
+            u32::from_le_bytes(bytes)
+        };
+        let mut words = [0u32; QK / 4];
+        for (t, w) in words.iter_mut().enumerate() {
+            *w = (word(low + t * stride) >> shift) & mask;
         }
         if let Some((top, _)) = top {
             // Register t mod 4, crumb 2·(b mod 2) + t/4 (see `code_places`).
-            for (t, four) in out.chunks_exact_mut(4).enumerate() {
+            for (t, w) in words.iter_mut().enumerate() {
                 let shift = 2 * (2 * (b % 2) + t / 4);
-                let bytes = &self.quants[top + (t % 4) * QK..][..4];
-                for (o, &v) in four.iter_mut().zip(bytes) {
-                    *o |= ((v >> shift) & 3) << 4;
-                }
+                *w |= ((word(top + (t % 4) * QK) >> shift) & 0x0303_0303) << 4;
             }
+        }
+        for (four, w) in out.chunks_exact_mut(4).zip(words) {
+            four.copy_from_slice(&w.to_le_bytes());
         }
     }
 
@@ -540,23 +548,7 @@ impl PackedWeights {
             "row {r} of {} values",
             self.cols
         );
-        let halves = self.halves();
-        let has_min = self.meta.has_min();
-        let mut codes = [0u8; QK];
-        for (b, chunk) in out.chunks_exact_mut(QK).enumerate() {
-            self.chunk_codes(r, b, &mut codes);
-            let parts = chunk
-                .chunks_exact_mut(QK / halves)
-                .zip(codes.chunks_exact(QK / halves));
-            for (h, (part, cs)) in parts.enumerate() {
-                let (d, m) = self.scale_min(r, b, h);
-                for (o, &u) in part.iter_mut().zip(cs) {
-                    let v = (i32::from(u) - self.offset) as f32 * d;
-                    // No `+ 0.0` without a minimum: it would turn the format's −0 into +0.
-                    *o = if has_min { v + m } else { v };
-                }
-            }
-        }
+        dequantize_row_into(Isa::best(), self, r, out);
     }
     /// Input features (columns of W).
     pub fn cols(&self) -> usize {
@@ -831,3 +823,34 @@ multiversion! {
 #[cfg(test)]
 #[path = "packed_tests.rs"]
 mod tests;
+
+multiversion! {
+    /// [`PackedWeights::dequantize_row`]'s body, compiled per ISA: prefill dequantizes every
+    /// weight through here once per call, so the helpers are inlined, the minimum test is
+    /// taken once per half-chunk and the 32-value conversions vectorize.
+    fn dequantize_row_into(w: &PackedWeights, r: usize, out: &mut [f32]) {
+        let halves = w.halves();
+        let has_min = w.meta.has_min();
+        let offset = w.offset;
+        let mut codes = [0u8; QK];
+        for (b, chunk) in out.chunks_exact_mut(QK).enumerate() {
+            w.chunk_codes(r, b, &mut codes);
+            let parts = chunk
+                .chunks_exact_mut(QK / halves)
+                .zip(codes.chunks_exact(QK / halves));
+            for (h, (part, cs)) in parts.enumerate() {
+                let (d, m) = w.scale_min(r, b, h);
+                if has_min {
+                    for (o, &u) in part.iter_mut().zip(cs) {
+                        *o = (i32::from(u) - offset) as f32 * d + m;
+                    }
+                } else {
+                    // No `+ 0.0` without a minimum: it would turn the format's −0 into +0.
+                    for (o, &u) in part.iter_mut().zip(cs) {
+                        *o = (i32::from(u) - offset) as f32 * d;
+                    }
+                }
+            }
+        }
+    }
+}
