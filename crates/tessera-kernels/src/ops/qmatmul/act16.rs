@@ -24,15 +24,37 @@ use crate::quant::QK;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
 /// Largest |q| of a block: 127 in each plane, q = 255·h + l.
-const SPLIT_RANGE: f32 = 127.0 * 255.0;
+pub(super) const SPLIT_RANGE: f32 = 127.0 * 255.0;
 
 /// The ratio of the two planes' scales.
-const PLANE_RATIO: f32 = 255.0;
+pub(super) const PLANE_RATIO: f32 = 255.0;
+
+/// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block: the vector
+/// steps of `act_quant` on AVX2 (which AVX-512 hosts run too) and NEON, bit-exact with
+/// [`split_portable`] (each value's arithmetic is the same IEEE operations, and the
+/// block maximum and code sums are exact in any order). At decode this runs on one
+/// thread before every matmul: the portable loop, its maximum fold lane-serial, was
+/// 1.7% of a16 decode's samples on host B (`perf`, 2026-11-28).
+fn split_into(isa: Isa, x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
+        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
+        // `size_for` sized both planes for them.
+        return unsafe { super::act_quant::split_ymm(x, offset, hi, lo) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: NEON is baseline on aarch64; as above for x and the planes.
+        return unsafe { super::act_quant::split_neon(x, offset, hi, lo) };
+    }
+    split_portable(isa, x, offset, hi, lo)
+}
 
 multiversion! {
-    /// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block. A
-    /// non-finite block gets NaN scales in both, so the outputs it reaches are NaN.
-    fn split_into(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+    /// [`split_into`] in portable Rust, compiled per ISA (the baseline the vector steps
+    /// are checked against). A non-finite block gets NaN scales in both planes, so the
+    /// outputs it reaches are NaN.
+    fn split_portable(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let (amax, finite) = amax_finite(xb);
             let d = amax / SPLIT_RANGE;
@@ -57,9 +79,14 @@ multiversion! {
 impl QuantActs {
     /// `x` as its two planes ([`split_into`]), into `hi` and `lo`'s buffers.
     pub(super) fn refill_split(hi: &mut QuantActs, lo: &mut QuantActs, x: &[f32], offset: i32) {
+        Self::refill_split_on(Isa::best(), hi, lo, x, offset);
+    }
+
+    /// [`QuantActs::refill_split`] with the splitter `isa` runs (for tests).
+    fn refill_split_on(isa: Isa, hi: &mut QuantActs, lo: &mut QuantActs, x: &[f32], offset: i32) {
         hi.size_for(x.len());
         lo.size_for(x.len());
-        split_into(Isa::best(), x, offset, hi, lo);
+        split_into(isa, x, offset, hi, lo);
     }
 }
 
@@ -104,7 +131,11 @@ pub fn qmatmul_a16(
             let per_task = 2 * m.div_ceil(threads.max(1));
             pool::global().for_each_chunk_mut(&mut acts[..2 * m], per_task, threads, split);
         }
-        pairs.resize(2 * m * n, 0.0);
+        // Grown, never shrunk: the LM head's 2×49152 after a layer's 2×576 would zero
+        // ~0.4 MB again every token (memset was 1.3% of a16 decode's samples).
+        if pairs.len() < 2 * m * n {
+            pairs.resize(2 * m * n, 0.0);
+        }
         let mut pv = TensorViewMut::contiguous(&mut pairs[..2 * m * n], &[2 * m, n])?;
         run_int8(
             isa,
@@ -119,8 +150,16 @@ pub fn qmatmul_a16(
         let out = y.data_mut();
         for (i, two) in pairs[..2 * m * n].chunks_exact(2 * n).enumerate() {
             let (h, l) = two.split_at(n);
-            for (j, (a, b)) in h.iter().zip(l).enumerate() {
-                out[origin + i * ld + j * step] = a + b;
+            if step == 1 {
+                // Contiguous rows (every engine call): a loop the compiler vectorizes.
+                let row = &mut out[origin + i * ld..][..n];
+                for ((o, a), b) in row.iter_mut().zip(h).zip(l) {
+                    *o = a + b;
+                }
+            } else {
+                for (j, (a, b)) in h.iter().zip(l).enumerate() {
+                    out[origin + i * ld + j * step] = a + b;
+                }
             }
         }
         Ok(())
@@ -164,6 +203,65 @@ mod tests {
                     let bound = amax / 64770.0 * STEP_ROUNDING_SLACK;
                     assert!((back - v as f64).abs() <= bound, "{v}: {back}");
                 }
+            }
+        }
+    }
+
+    /// Every field of both planes, as bits (f32 by `to_bits`).
+    fn plane_bits(a: &QuantActs) -> Vec<u32> {
+        let mut v: Vec<u32> = a.q.iter().map(|&q| q as u8 as u32).collect();
+        v.extend(a.d8.iter().flatten().map(|x| x.to_bits()));
+        v.extend(a.init.iter().flatten().map(|&x| x as u32));
+        v.extend(a.lane_sums.iter().flatten().map(|x| x.to_bits()));
+        v.extend(a.block_init.iter().map(|&x| x as u32));
+        v.extend(a.block_sums.iter().map(|x| x.to_bits()));
+        v.extend(a.half_sums.iter().map(|&x| x as u32));
+        v
+    }
+
+    /// The split is compiled per ISA (vector steps on AVX2 and NEON): each must give
+    /// the portable loop's planes bit for bit. Bit-equality holds by construction here,
+    /// not by luck of a reduction order: each value goes through the same IEEE
+    /// operations, and the block maximum and the code sums are exact in any order.
+    /// Covers ties of the rounding (to even), an all-zero block, a block whose 1/d
+    /// overflows, NaN and ∞, and random rows of every magnitude.
+    #[test]
+    fn split_is_the_same_on_every_isa() {
+        let mut rng = rand::rng();
+        let mut x: Vec<f32> = (0..8 * QK).map(|_| rng.random_range(-3.0..3.0)).collect();
+        // Block 1: amax = 127·255 makes d = 1, so n + 0.5 is a tie (to even).
+        for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
+            *v = j as f32 - 15.5;
+        }
+        x[QK] = SPLIT_RANGE;
+        x[2 * QK..3 * QK].fill(0.0);
+        for v in &mut x[3 * QK..4 * QK] {
+            *v = rng.random_range(-1e-38..1e-38);
+        }
+        x[5 * QK + 3] = f32::NAN;
+        x[6 * QK + 30] = f32::NEG_INFINITY;
+        let run = |isa: Isa, x: &[f32], offset: i32| {
+            let (mut hi, mut lo) = (QuantActs::default(), QuantActs::default());
+            QuantActs::refill_split_on(isa, &mut hi, &mut lo, x, offset);
+            (plane_bits(&hi), plane_bits(&lo))
+        };
+        let want = run(Isa::Scalar, &x, 8);
+        let (mut hi, mut lo) = (QuantActs::default(), QuantActs::default());
+        QuantActs::refill_split_on(Isa::Scalar, &mut hi, &mut lo, &x, 8);
+        // The ties went to even: −1.5 → −2, −0.5 and 0.5 → 0, 1.5 → 2 (block 1).
+        let q = |j: usize| 255 * i32::from(hi.q[QK + j]) + i32::from(lo.q[QK + j]);
+        assert_eq!([14, 15, 16, 17, 0].map(q), [-2, 0, 0, 2, 32385]);
+        assert!(hi.d8[5][0].is_nan() && lo.d8[6][0].is_nan() && lo.d8[4][0].is_finite());
+        for isa in Isa::available() {
+            assert!(run(isa, &x, 8) == want, "{isa}");
+        }
+        for _ in 0..200 {
+            let k = QK * rng.random_range(1..40);
+            let scale = 10f32.powi(rng.random_range(-6..6));
+            let x: Vec<f32> = (0..k).map(|_| rng.random_range(-scale..scale)).collect();
+            let want = run(Isa::Scalar, &x, 128);
+            for isa in Isa::available() {
+                assert!(run(isa, &x, 128) == want, "{isa} K = {k}, scale {scale}");
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Activation quantization for the integer kernels ([`QuantActs`]): the algorithm
-//! written once ([`quantize_with`]), its two vector steps per width ([`QuantLanes`]),
-//! instantiated for AVX2 (ymm, which AVX-512 hosts run too) and NEON.
+//! written once ([`quantize_with`], and the 16-bit activations' two-plane split,
+//! [`split_with`]), its vector steps per width ([`QuantLanes`]), instantiated for AVX2
+//! (ymm, which AVX-512 hosts run too) and NEON.
 //!
 //! Why by hand: it runs on one thread before every integer matmul, and the portable
 //! loop stays mostly scalar when compiled (the saturating `as i8` and the round-away-
@@ -15,6 +16,7 @@
 //! and `fcvtas` on NEON; NaN products give code 0 (the saturating cast's) and ±∞ give
 //! ±127 (the portable loop's clamp).
 
+use super::act16::{PLANE_RATIO, SPLIT_RANGE};
 use super::packed::QuantActs;
 use super::ActScales;
 use crate::quant::QK;
@@ -41,6 +43,14 @@ trait QuantLanes {
     /// # Safety
     /// The width's CPU features; 32 floats readable at `xb`, 32 bytes writable at `q`.
     unsafe fn block_codes(xb: *const f32, id: f32, q: *mut i8) -> [i32; 8];
+    /// Writes the block at `xb`'s two 8-bit planes ([`super::act16`]) to `hi` and `lo`,
+    /// as the portable split: q = round_ties_even(v·id) clamped to ±127·255 (NaN → 0),
+    /// h = round_ties_even(q·(1/255)), l = q − 255·h; returns each plane's sums of 4
+    /// consecutive codes, as [`QuantLanes::block_codes`].
+    ///
+    /// # Safety
+    /// As [`QuantLanes::block_codes`], for both planes.
+    unsafe fn block_split(xb: *const f32, id: f32, hi: *mut i8, lo: *mut i8) -> [[i32; 8]; 2];
 }
 
 /// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
@@ -112,11 +122,85 @@ pub(super) unsafe fn quantize_neon(x: &[f32], offset: i32, act: ActScales, a: &m
     unsafe { quantize_with::<neon::Neon>(x, offset, act, a) }
 }
 
+/// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block, as act16's
+/// portable `split_portable`: the body of every instance, grouped as [`quantize_with`].
+///
+/// # Safety
+/// `Q`'s CPU features; `x.len()` a multiple of 32; both planes' arrays hold at least
+/// `x.len() / 32` blocks.
+#[inline(always)]
+unsafe fn split_with<Q: QuantLanes>(
+    x: &[f32],
+    offset: i32,
+    hi: &mut QuantActs,
+    lo: &mut QuantActs,
+) {
+    let nb = x.len() / QK;
+    debug_assert!(x.len().is_multiple_of(QK));
+    for a in [&*hi, &*lo] {
+        debug_assert!(a.q.len() >= x.len());
+        debug_assert!([a.d8.len(), a.init.len(), a.lane_sums.len()]
+            .iter()
+            .all(|&l| l >= nb));
+        debug_assert!([a.block_init.len(), a.block_sums.len(), a.half_sums.len()]
+            .iter()
+            .all(|&l| l >= nb));
+    }
+    for g0 in (0..nb).step_by(GROUP) {
+        let n = GROUP.min(nb - g0);
+        let (mut amax, mut finite) = ([0f32; GROUP], [true; GROUP]);
+        for j in 0..n {
+            // SAFETY: Q's features per the contract; a block is 32 floats.
+            (amax[j], finite[j]) = unsafe { Q::amax_finite(&x[(g0 + j) * QK..][..QK]) };
+        }
+        // The portable split's `d = amax / SPLIT_RANGE` and its inverse (or 0).
+        let d = amax.map(|m| m / SPLIT_RANGE);
+        let id = d.map(|d| if d > 0.0 { 1.0 / d } else { 0.0 });
+        for j in 0..n {
+            let b = g0 + j;
+            // SAFETY: block b < nb lies inside x and (per the contract) inside both
+            // planes' codes.
+            let [sh, sl] = unsafe {
+                Q::block_split(
+                    x.as_ptr().add(b * QK),
+                    id[j],
+                    hi.q.as_mut_ptr().add(b * QK),
+                    lo.q.as_mut_ptr().add(b * QK),
+                )
+            };
+            let d = if finite[j] { d[j] } else { f32::NAN };
+            hi.finish_sums(b, PLANE_RATIO * d, sh, offset);
+            lo.finish_sums(b, d, sl, offset);
+        }
+    }
+}
+
+/// [`split_with`] on ymm.
+///
+/// # Safety
+/// AVX2 and FMA; as for [`split_with`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn split_ymm(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+    // SAFETY: forwarded contract.
+    unsafe { split_with::<x86::Ymm>(x, offset, hi, lo) }
+}
+
+/// [`split_with`] on NEON (baseline on aarch64).
+///
+/// # Safety
+/// As for [`split_with`].
+#[cfg(target_arch = "aarch64")]
+pub(super) unsafe fn split_neon(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+    // SAFETY: forwarded contract.
+    unsafe { split_with::<neon::Neon>(x, offset, hi, lo) }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! AVX2's steps: a ymm of 8 floats, the block's codes in one ymm.
 
-    use super::QuantLanes;
+    use super::{QuantLanes, PLANE_RATIO, SPLIT_RANGE};
     use std::arch::x86_64::*;
 
     pub(super) struct Ymm;
@@ -163,24 +247,65 @@ mod x86 {
                     let away = _mm256_or_ps(_mm256_and_ps(p, sign), half);
                     *out = _mm256_cvttps_epi32(_mm256_add_ps(p, away));
                 }
-                // packs interleave the 128-bit halves: dwords come out as 0,2,4,6,1,3,5,7
-                // of the wanted order.
-                let words = (
-                    _mm256_packs_epi32(ints[0], ints[1]),
-                    _mm256_packs_epi32(ints[2], ints[3]),
-                );
-                let bytes = _mm256_packs_epi16(words.0, words.1);
-                let codes =
-                    _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_storeu_si256(q.cast(), codes);
-                let sums = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), codes),
-                    _mm256_set1_epi16(1),
-                );
-                let mut out = [0i32; 8];
-                _mm256_storeu_si256(out.as_mut_ptr().cast(), sums);
-                out
+                store_codes(ints, q)
             }
+        }
+
+        #[inline(always)]
+        unsafe fn block_split(xb: *const f32, id: f32, hi: *mut i8, lo: *mut i8) -> [[i32; 8]; 2] {
+            // SAFETY: for the whole body, AVX2 per the contract; 32 floats at xb, 32
+            // bytes at hi and at lo.
+            unsafe {
+                const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                let (min, max) = (_mm256_set1_ps(-SPLIT_RANGE), _mm256_set1_ps(SPLIT_RANGE));
+                let (inv, ratio) = (
+                    _mm256_set1_ps(1.0 / PLANE_RATIO),
+                    _mm256_set1_ps(PLANE_RATIO),
+                );
+                let id = _mm256_set1_ps(id);
+                let (mut h, mut l) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+                for i in 0..4 {
+                    let p = _mm256_mul_ps(_mm256_loadu_ps(xb.add(8 * i)), id);
+                    // NaN → 0 in both planes (the portable casts of NaN); ±∞ (a subnormal
+                    // d's overflowing 1/d) → the clamp, as the portable loop.
+                    let p = _mm256_and_ps(p, _mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
+                    let q = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps::<NEAREST>(p), min), max);
+                    let hq = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(q, inv));
+                    // Exact: integers below 2²⁴.
+                    let lq = _mm256_sub_ps(q, _mm256_mul_ps(ratio, hq));
+                    (h[i], l[i]) = (_mm256_cvttps_epi32(hq), _mm256_cvttps_epi32(lq));
+                }
+                [store_codes(h, hi), store_codes(l, lo)]
+            }
+        }
+    }
+
+    /// Stores 32 codes in [−127, 127] (four ymm of i32, in order) as bytes at `q`, and
+    /// returns the sums of each 4 consecutive codes.
+    ///
+    /// # Safety
+    /// AVX2; 32 bytes writable at `q`.
+    #[inline(always)]
+    unsafe fn store_codes(ints: [__m256i; 4], q: *mut i8) -> [i32; 8] {
+        // SAFETY: for the whole body, AVX2 per the contract; 32 bytes at q.
+        unsafe {
+            // packs interleave the 128-bit halves: dwords come out as 0,2,4,6,1,3,5,7
+            // of the wanted order.
+            let words = (
+                _mm256_packs_epi32(ints[0], ints[1]),
+                _mm256_packs_epi32(ints[2], ints[3]),
+            );
+            let bytes = _mm256_packs_epi16(words.0, words.1);
+            let codes =
+                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.cast(), codes);
+            let sums = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_set1_epi8(1), codes),
+                _mm256_set1_epi16(1),
+            );
+            let mut out = [0i32; 8];
+            _mm256_storeu_si256(out.as_mut_ptr().cast(), sums);
+            out
         }
     }
 }
@@ -189,7 +314,7 @@ mod x86 {
 mod neon {
     //! NEON's steps: q registers of 4 floats, the block's codes in two.
 
-    use super::QuantLanes;
+    use super::{QuantLanes, PLANE_RATIO, SPLIT_RANGE};
     use std::arch::aarch64::*;
 
     pub(super) struct Neon;
@@ -229,21 +354,59 @@ mod neon {
                     // Round to nearest, ties away from zero, as `f32::round`.
                     *out = vcvtaq_s32_f32(p);
                 }
-                let mut sums = [0i32; 8];
-                for half in 0..2 {
-                    let i = &ints[4 * half..4 * half + 4];
-                    let words = (
-                        vcombine_s16(vmovn_s32(i[0]), vmovn_s32(i[1])),
-                        vcombine_s16(vmovn_s32(i[2]), vmovn_s32(i[3])),
-                    );
-                    let codes = vcombine_s8(vmovn_s16(words.0), vmovn_s16(words.1));
-                    vst1q_s8(q.add(16 * half), codes);
-                    // Pairs, then quads: lane l of the 4 is Σ codes 4l..4l+4.
-                    let quads = vpaddlq_s16(vpaddlq_s8(codes));
-                    vst1q_s32(sums.as_mut_ptr().add(4 * half), quads);
-                }
-                sums
+                store_codes(ints, q)
             }
+        }
+
+        #[inline(always)]
+        unsafe fn block_split(xb: *const f32, id: f32, hi: *mut i8, lo: *mut i8) -> [[i32; 8]; 2] {
+            // SAFETY: for the whole body, NEON is baseline; 32 floats at xb, 32 bytes
+            // at hi and at lo.
+            unsafe {
+                let (min, max) = (vdupq_n_f32(-SPLIT_RANGE), vdupq_n_f32(SPLIT_RANGE));
+                let (inv, ratio) = (vdupq_n_f32(1.0 / PLANE_RATIO), vdupq_n_f32(PLANE_RATIO));
+                let id = vdupq_n_f32(id);
+                let (mut h, mut l) = ([vdupq_n_s32(0); 8], [vdupq_n_s32(0); 8]);
+                for i in 0..8 {
+                    let p = vmulq_f32(vld1q_f32(xb.add(4 * i)), id);
+                    // NaN → 0 in both planes, ±∞ → the clamp, as the portable loop.
+                    let ordered = vceqq_f32(p, p);
+                    let p = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(p), ordered));
+                    // frintn: to nearest, ties to even, as `round_ties_even`.
+                    let q = vminq_f32(vmaxq_f32(vrndnq_f32(p), min), max);
+                    let hq = vrndnq_f32(vmulq_f32(q, inv));
+                    // Exact: integers below 2²⁴.
+                    let lq = vsubq_f32(q, vmulq_f32(ratio, hq));
+                    (h[i], l[i]) = (vcvtq_s32_f32(hq), vcvtq_s32_f32(lq));
+                }
+                [store_codes(h, hi), store_codes(l, lo)]
+            }
+        }
+    }
+
+    /// Stores 32 codes in [−127, 127] (eight q registers of i32, in order) as bytes at
+    /// `q`, and returns the sums of each 4 consecutive codes.
+    ///
+    /// # Safety
+    /// 32 bytes writable at `q`.
+    #[inline(always)]
+    unsafe fn store_codes(ints: [int32x4_t; 8], q: *mut i8) -> [i32; 8] {
+        // SAFETY: for the whole body, NEON is baseline; 32 bytes at q.
+        unsafe {
+            let mut sums = [0i32; 8];
+            for half in 0..2 {
+                let i = &ints[4 * half..4 * half + 4];
+                let words = (
+                    vcombine_s16(vmovn_s32(i[0]), vmovn_s32(i[1])),
+                    vcombine_s16(vmovn_s32(i[2]), vmovn_s32(i[3])),
+                );
+                let codes = vcombine_s8(vmovn_s16(words.0), vmovn_s16(words.1));
+                vst1q_s8(q.add(16 * half), codes);
+                // Pairs, then quads: lane l of the 4 is Σ codes 4l..4l+4.
+                let quads = vpaddlq_s16(vpaddlq_s8(codes));
+                vst1q_s32(sums.as_mut_ptr().add(4 * half), quads);
+            }
+            sums
         }
     }
 }
