@@ -53,6 +53,16 @@ trait QuantLanes {
     unsafe fn block_split(xb: *const f32, id: f32, hi: *mut i8, lo: *mut i8) -> [[i32; 8]; 2];
 }
 
+/// Whether `a`'s arrays hold a row of `k` values (the quantizers' precondition).
+fn holds(a: &QuantActs, k: usize) -> bool {
+    let nb = k / QK;
+    a.q.len() >= k
+        && [a.d8.len(), a.init.len(), a.lane_sums.len()]
+            .into_iter()
+            .chain([a.block_init.len(), a.block_sums.len(), a.half_sums.len()])
+            .all(|l| l >= nb)
+}
+
 /// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
 /// 32-block, or with one scale for the row: the body of every instance.
 ///
@@ -62,13 +72,7 @@ trait QuantLanes {
 #[inline(always)]
 unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
     let nb = x.len() / QK;
-    debug_assert!(x.len().is_multiple_of(QK) && a.q.len() >= x.len());
-    debug_assert!([a.d8.len(), a.init.len(), a.lane_sums.len()]
-        .iter()
-        .all(|&l| l >= nb));
-    debug_assert!([a.block_init.len(), a.block_sums.len(), a.half_sums.len()]
-        .iter()
-        .all(|&l| l >= nb));
+    debug_assert!(x.len().is_multiple_of(QK) && holds(a, x.len()));
     let row = match act {
         ActScales::PerBlock => None,
         // SAFETY: Q's features per the contract; the row is whole blocks.
@@ -136,16 +140,7 @@ unsafe fn split_with<Q: QuantLanes>(
     lo: &mut QuantActs,
 ) {
     let nb = x.len() / QK;
-    debug_assert!(x.len().is_multiple_of(QK));
-    for a in [&*hi, &*lo] {
-        debug_assert!(a.q.len() >= x.len());
-        debug_assert!([a.d8.len(), a.init.len(), a.lane_sums.len()]
-            .iter()
-            .all(|&l| l >= nb));
-        debug_assert!([a.block_init.len(), a.block_sums.len(), a.half_sums.len()]
-            .iter()
-            .all(|&l| l >= nb));
-    }
+    debug_assert!(x.len().is_multiple_of(QK) && holds(hi, x.len()) && holds(lo, x.len()));
     for g0 in (0..nb).step_by(GROUP) {
         let n = GROUP.min(nb - g0);
         let (mut amax, mut finite) = ([0f32; GROUP], [true; GROUP]);
