@@ -63,21 +63,23 @@ fn holds(a: &QuantActs, k: usize) -> bool {
             .all(|l| l >= nb)
 }
 
-/// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
-/// 32-block, or with one scale for the row: the body of every instance.
+/// Each 32-block's scale d = amax/`range` (NaN for a non-finite block, or all of them
+/// from `row`, one maximum for the row), the portable loops' `id = if d > 0 { 1 / d }
+/// else { 0 }`, passed with the block index to `block(b, id, d)`: the grouping both
+/// quantizers share. One block at a time, each block's chain ran nearly serially
+/// ([`GROUP`]); IEEE division is correctly rounded however it is issued, so the scales
+/// are the portable loops' bits.
 ///
 /// # Safety
-/// `Q`'s CPU features; `x.len()` a multiple of 32; `a`'s arrays hold at least
-/// `x.len() / 32` blocks.
+/// `Q`'s CPU features; `x.len()` a multiple of 32.
 #[inline(always)]
-unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+unsafe fn for_block_scales<Q: QuantLanes>(
+    x: &[f32],
+    range: f32,
+    row: Option<(f32, bool)>,
+    mut block: impl FnMut(usize, f32, f32),
+) {
     let nb = x.len() / QK;
-    debug_assert!(x.len().is_multiple_of(QK) && holds(a, x.len()));
-    let row = match act {
-        ActScales::PerBlock => None,
-        // SAFETY: Q's features per the contract; the row is whole blocks.
-        ActScales::PerRow => Some(unsafe { Q::amax_finite(x) }),
-    };
     for g0 in (0..nb).step_by(GROUP) {
         let n = GROUP.min(nb - g0);
         // Lanes past n keep amax 0 (scale 0) and are not used.
@@ -89,19 +91,36 @@ unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a
                 None => unsafe { Q::amax_finite(&x[(g0 + j) * QK..][..QK]) },
             };
         }
-        // The portable loop's `d = amax / 127` and `id = if d > 0 { 1 / d } else { 0 }`
-        // (IEEE division is correctly rounded however it is issued: the same bits).
-        let d = amax.map(|m| m / 127.0);
+        let d = amax.map(|m| m / range);
         let id = d.map(|d| if d > 0.0 { 1.0 / d } else { 0.0 });
         for j in 0..n {
-            let b = g0 + j;
-            // SAFETY: block b < nb lies inside x and (per the contract) inside a.q.
-            let sums = unsafe {
-                Q::block_codes(x.as_ptr().add(b * QK), id[j], a.q.as_mut_ptr().add(b * QK))
-            };
-            let d = if finite[j] { d[j] } else { f32::NAN };
-            a.finish_sums(b, d, sums, offset);
+            block(g0 + j, id[j], if finite[j] { d[j] } else { f32::NAN });
         }
+    }
+}
+
+/// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
+/// 32-block, or with one scale for the row: the body of every instance.
+///
+/// # Safety
+/// `Q`'s CPU features; `x.len()` a multiple of 32; `a`'s arrays hold at least
+/// `x.len() / 32` blocks.
+#[inline(always)]
+unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+    debug_assert!(x.len().is_multiple_of(QK) && holds(a, x.len()));
+    let row = match act {
+        ActScales::PerBlock => None,
+        // SAFETY: Q's features per the contract; the row is whole blocks.
+        ActScales::PerRow => Some(unsafe { Q::amax_finite(x) }),
+    };
+    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x and (per the
+    // contract) inside a.q.
+    unsafe {
+        for_block_scales::<Q>(x, 127.0, row, |b, id, d| {
+            let q = a.q.as_mut_ptr().add(b * QK);
+            let sums = Q::block_codes(x.as_ptr().add(b * QK), id, q);
+            a.finish_sums(b, d, sums, offset);
+        })
     }
 }
 
@@ -127,7 +146,7 @@ pub(super) unsafe fn quantize_neon(x: &[f32], offset: i32, act: ActScales, a: &m
 }
 
 /// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block, as act16's
-/// portable `split_portable`: the body of every instance, grouped as [`quantize_with`].
+/// portable `split_portable`: the body of every instance.
 ///
 /// # Safety
 /// `Q`'s CPU features; `x.len()` a multiple of 32; both planes' arrays hold at least
@@ -139,34 +158,16 @@ unsafe fn split_with<Q: QuantLanes>(
     hi: &mut QuantActs,
     lo: &mut QuantActs,
 ) {
-    let nb = x.len() / QK;
     debug_assert!(x.len().is_multiple_of(QK) && holds(hi, x.len()) && holds(lo, x.len()));
-    for g0 in (0..nb).step_by(GROUP) {
-        let n = GROUP.min(nb - g0);
-        let (mut amax, mut finite) = ([0f32; GROUP], [true; GROUP]);
-        for j in 0..n {
-            // SAFETY: Q's features per the contract; a block is 32 floats.
-            (amax[j], finite[j]) = unsafe { Q::amax_finite(&x[(g0 + j) * QK..][..QK]) };
-        }
-        // The portable split's `d = amax / SPLIT_RANGE` and its inverse (or 0).
-        let d = amax.map(|m| m / SPLIT_RANGE);
-        let id = d.map(|d| if d > 0.0 { 1.0 / d } else { 0.0 });
-        for j in 0..n {
-            let b = g0 + j;
-            // SAFETY: block b < nb lies inside x and (per the contract) inside both
-            // planes' codes.
-            let [sh, sl] = unsafe {
-                Q::block_split(
-                    x.as_ptr().add(b * QK),
-                    id[j],
-                    hi.q.as_mut_ptr().add(b * QK),
-                    lo.q.as_mut_ptr().add(b * QK),
-                )
-            };
-            let d = if finite[j] { d[j] } else { f32::NAN };
+    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x and (per the
+    // contract) inside both planes' codes.
+    unsafe {
+        for_block_scales::<Q>(x, SPLIT_RANGE, None, |b, id, d| {
+            let (h, l) = (hi.q.as_mut_ptr().add(b * QK), lo.q.as_mut_ptr().add(b * QK));
+            let [sh, sl] = Q::block_split(x.as_ptr().add(b * QK), id, h, l);
             hi.finish_sums(b, PLANE_RATIO * d, sh, offset);
             lo.finish_sums(b, d, sl, offset);
-        }
+        })
     }
 }
 
