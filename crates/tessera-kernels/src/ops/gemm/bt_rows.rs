@@ -142,7 +142,12 @@ pub fn gemm_bt_rows(
         return Ok(());
     }
     let kern = super::f32_kernel(isa);
-    let blk = super::default_blocking(isa).round(&kern);
+    let mut blk = super::default_blocking(isa).round(&kern);
+    // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
+    // pays a whole tile's C update for a quarter of the work.
+    if k > 0 {
+        blk.kc = k.div_ceil(k.div_ceil(blk.kc));
+    }
     let m_pad = m.div_ceil(kern.mr) * kern.mr;
     let packed_len = m_pad
         .checked_mul(k)

@@ -8,8 +8,16 @@
 //! Tile shapes: AVX-512 6×64 holds 24 zmm accumulators (of 32 registers), leaving room for
 //! 4 B vectors and a broadcast; 24 independent FMA chains cover the 4-cycle FMA latency on
 //! two FMA pipes 3× over, and each k-step does 24 FMAs per 10 loads (below Zen 5's 2
-//! loads/cycle). AVX2 6×16 is the same idea with 12 ymm accumulators of 16 registers.
+//! loads/cycle). AVX2 6×16 is the same idea with 12 ymm accumulators of 16 registers,
+//! NEON 8×8 with 16 of 32 q registers: the f32 kernel is written once ([`lanes_f32`])
+//! and instantiated per width, so a change to it (the C prefetch) reaches every host.
 
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::simd::lanes::Lanes;
+#[cfg(target_arch = "aarch64")]
+use crate::simd::lanes::Neon;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::lanes::{Ymm, Zmm};
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -25,15 +33,14 @@ fn store_row(acc: &[f32], c: &mut [f32], alpha: f32, beta: f32) {
     }
 }
 
-/// The portable micro-kernel, compiled once per ISA by the callers below. `FUSED` picks
-/// `mul_add` (one rounding, a single instruction where FMA exists) or mul-then-add
-/// (the scalar baseline, where `mul_add` would be a libm call).
+/// The portable micro-kernel: the scalar baseline, multiply then add (`mul_add` would
+/// be a libm call without FMA).
 ///
 /// # Safety
 /// `a` holds `k·MR` and `b` `k·NR` readable elements; `c` is valid for writes of MR rows
 /// of NR elements spaced `rs_c` apart.
 #[inline(always)]
-pub(super) unsafe fn portable<const MR: usize, const NR: usize, const FUSED: bool>(
+pub(super) unsafe fn portable<const MR: usize, const NR: usize>(
     k: usize,
     a: *const f32,
     b: *const f32,
@@ -50,11 +57,7 @@ pub(super) unsafe fn portable<const MR: usize, const NR: usize, const FUSED: boo
     for (ap, bp) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
         for i in 0..MR {
             for j in 0..NR {
-                acc[i][j] = if FUSED {
-                    ap[i].mul_add(bp[j], acc[i][j])
-                } else {
-                    acc[i][j] + ap[i] * bp[j]
-                };
+                acc[i][j] += ap[i] * bp[j];
             }
         }
     }
@@ -81,55 +84,99 @@ pub(super) struct TileOut {
 /// As [`portable`].
 pub(super) unsafe fn scalar_4x8(k: usize, a: *const f32, b: *const f32, t: TileOut) {
     // SAFETY: forwarded contract.
-    unsafe { portable::<4, 8, false>(k, a, b, t) }
+    unsafe { portable::<4, 8>(k, a, b, t) }
 }
 
-/// AVX2+FMA 6×16: 12 ymm accumulators, 2 B vectors and a broadcast of 16 registers.
-/// Explicit, since LLVM spilled the portable version's accumulator array (~94 GFLOP/s
-/// at 2048³ on 2 cores, 40% of the AVX2 peak).
+/// The f32 micro-kernel written once over [`Lanes`]: an MR×(NV·N) tile, each k-step
+/// NV vector loads of packed B and MR broadcasts of packed A into MR·NV FMA chains.
+/// Instantiated per width below with the tile that fills its register file.
+///
+/// The C tile is prefetched first: it is needed only after the k loop, and a miss
+/// there stalls the stores (as BLIS's kernels do). On AVX2 this was ~3% of a
+/// 512×1536×576 prefill matmul on host B (alternated runs, 2026-11-28).
 ///
 /// # Safety
-/// As [`portable`], and the CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOut) {
-    const MR: usize = 6;
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    for p in 0..k {
-        // SAFETY: p < k, so packed B step p (16 floats) and A step p (MR floats) exist.
-        unsafe {
-            let bp = b.add(p * 16);
-            let bv = [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))];
-            let ap = a.add(p * MR);
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*ap.add(i));
-                row[0] = _mm256_fmadd_ps(av, bv[0], row[0]);
-                row[1] = _mm256_fmadd_ps(av, bv[1], row[1]);
-            }
+/// As [`portable`] with NR = NV·N, and `L`'s CPU features are enabled in the caller.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+unsafe fn lanes_f32<L: Lanes, const MR: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    t: TileOut,
+) {
+    let nr = NV * L::N;
+    for i in 0..MR {
+        // Every 64-byte line of the row, wherever it starts: its first float, each 16th
+        // after it, and its last.
+        for line in 0..=nr.div_ceil(16) {
+            let j = (16 * line).min(nr - 1);
+            // SAFETY: a prefetch never faults; the address is inside the tile anyway.
+            unsafe { L::prefetch_l1(t.c.add(i * t.rs_c + j).cast()) };
         }
     }
-    let alpha = _mm256_set1_ps(t.alpha);
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &r) in row.iter().enumerate() {
-            // SAFETY: row i < MR, columns 8v..8v+8 < 16: inside the tile.
-            unsafe {
-                let c = t.c.add(i * t.rs_c + v * 8);
+    // SAFETY: per the contract, `L`'s features are enabled; p < k, so packed B step p
+    // (NR floats) and A step p (MR floats) exist; rows i < MR and columns < NR are
+    // inside the tile.
+    unsafe {
+        let mut acc = [[L::zero(); NV]; MR];
+        for p in 0..k {
+            let bp = b.add(p * nr);
+            let mut bv = [L::zero(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = L::load(bp.add(v * L::N));
+            }
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = L::splat_f(*ap.add(i));
+                for v in 0..NV {
+                    row[v] = L::fmadd(av, bv[v], row[v]);
+                }
+            }
+        }
+        let alpha = L::splat_f(t.alpha);
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &r) in row.iter().enumerate() {
+                let c = t.c.add(i * t.rs_c + v * L::N);
+                let r = L::mul(alpha, r);
                 let r = if t.beta == 0.0 {
-                    _mm256_mul_ps(alpha, r)
+                    r
                 } else {
-                    _mm256_fmadd_ps(
-                        _mm256_set1_ps(t.beta),
-                        _mm256_loadu_ps(c),
-                        _mm256_mul_ps(alpha, r),
-                    )
+                    L::fmadd(L::splat_f(t.beta), L::load(c), r)
                 };
-                _mm256_storeu_ps(c, r);
+                L::store(c, r);
             }
         }
     }
 }
 
-/// NEON 8×8 (16 q-register accumulators of 32).
+/// AVX2+FMA 6×16: 12 ymm accumulators, 2 B vectors and a broadcast of 16 registers
+/// (the portable version's accumulator array spilled: ~94 GFLOP/s at 2048³ on 2
+/// cores, 40% of the AVX2 peak).
+///
+/// # Safety
+/// As [`portable`], and the CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOut) {
+    // SAFETY: forwarded contract; the features `Ymm` needs are enabled here.
+    unsafe { lanes_f32::<Ymm, 6, 2>(k, a, b, t) }
+}
+
+/// AVX-512 6×64: 24 zmm accumulators of 32 registers, 4 B vectors and a broadcast;
+/// 24 independent FMA chains cover the 4-cycle latency on two FMA pipes 3× over, and
+/// each k-step does 24 FMAs per 10 loads (below Zen 5's 2 loads/cycle).
+///
+/// # Safety
+/// As [`portable`], and the CPU must support AVX-512F/BW/VL/DQ, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn avx512_f32_6x64(k: usize, a: *const f32, b: *const f32, t: TileOut) {
+    // SAFETY: forwarded contract; the features `Zmm` needs are enabled here.
+    unsafe { lanes_f32::<Zmm, 6, 4>(k, a, b, t) }
+}
+
+/// NEON 8×8: 16 q-register accumulators of 32.
 ///
 /// # Safety
 /// As [`portable`].
@@ -137,7 +184,7 @@ pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOu
 #[target_feature(enable = "neon")]
 pub(super) unsafe fn neon_8x8(k: usize, a: *const f32, b: *const f32, t: TileOut) {
     // SAFETY: forwarded contract; NEON is enabled on this function.
-    unsafe { portable::<8, 8, true>(k, a, b, t) }
+    unsafe { lanes_f32::<Neon, 8, 2>(k, a, b, t) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -158,76 +205,51 @@ unsafe fn store_zmm(acc: __m512, c: *mut f32, alpha: __m512, beta: f32) {
     }
 }
 
-/// Generates an MR×(16·NV) AVX-512 kernel whose k-step broadcasts MR packed A elements
-/// and loads NV vectors of packed B.
+/// bf16 6×64 with `vdpbf16ps`: each packed u32 is a pair of bf16 k-values, each
+/// instruction does 32 multiply-adds (two per lane) into f32 accumulators; the tile and
+/// the C prefetch of [`lanes_f32`]'s zmm instance.
+///
+/// # Safety
+/// `a` holds `k·6` and `b` `k·64` packed pairs; `t.c` is valid for 6 rows of 64 floats
+/// spaced `t.rs_c` apart; the CPU has AVX-512F and AVX512_BF16.
 #[cfg(target_arch = "x86_64")]
-macro_rules! avx512_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $elem:ty, $mr:literal, $nv:literal, $bcast:expr, $load:expr, $fma:expr) => {
-        $(#[$doc])*
-        /// # Safety
-        /// `a` holds `k·MR` and `b` `k·16·NV` packed elements; `t.c` is valid for MR rows of
-        /// 16·NV floats spaced `t.rs_c` apart; the CPU has the enabled features.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(k: usize, a: *const $elem, b: *const $elem, t: TileOut) {
-            const MR: usize = $mr;
-            const NV: usize = $nv;
-            // Pull the C tile toward L1 now; it is needed only after the k loop, and a cold
-            // miss there would stall the stores (as BLIS's kernels do).
-            for i in 0..MR {
-                for line in 0..NV {
-                    // SAFETY: prefetch never faults; the address is inside the tile anyway.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(t.c.add(i * t.rs_c + line * 16) as *const i8) };
-                }
-            }
-            let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-            for p in 0..k {
-                // SAFETY: p < k, so the 16·NV packed B and MR packed A elements of step p exist.
-                unsafe {
-                    let bp = b.add(p * 16 * NV);
-                    let bv: [_; NV] = std::array::from_fn(|v| $load(bp.add(16 * v)));
-                    let ap = a.add(p * MR);
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        let av = $bcast(ap.add(i));
-                        for (v, acc) in row.iter_mut().enumerate() {
-                            *acc = $fma(*acc, av, bv[v]);
-                        }
-                    }
-                }
-            }
-            let alpha = _mm512_set1_ps(t.alpha);
-            for (i, row) in acc.iter().enumerate() {
-                for (v, &r) in row.iter().enumerate() {
-                    // SAFETY: row i < MR, columns v·16..v·16+16 < 16·NV: inside the tile.
-                    unsafe { store_zmm(r, t.c.add(i * t.rs_c + v * 16), alpha, t.beta) };
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn avx512_bf16_6x64(k: usize, a: *const u32, b: *const u32, t: TileOut) {
+    const MR: usize = 6;
+    const NV: usize = 4;
+    for i in 0..MR {
+        for line in 0..=NV {
+            // SAFETY: a prefetch never faults; the address is inside the tile anyway.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(t.c.add(i * t.rs_c + (line * 16).min(63)).cast())
+            };
+        }
+    }
+    let pairs = |v: __m512i| -> __m512bh {
+        // SAFETY: a plain reinterpretation of 512 bits.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+    };
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    for p in 0..k {
+        // SAFETY: p < k, so the 64 packed B and 6 packed A pairs of step p exist.
+        unsafe {
+            let bp = b.add(p * 16 * NV);
+            let bv: [_; NV] =
+                std::array::from_fn(|v| pairs(_mm512_loadu_si512(bp.add(16 * v).cast())));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = pairs(_mm512_set1_epi32(*ap.add(i) as i32));
+                for (v, acc) in row.iter_mut().enumerate() {
+                    *acc = _mm512_dpbf16_ps(*acc, av, bv[v]);
                 }
             }
         }
-    };
+    }
+    let alpha = _mm512_set1_ps(t.alpha);
+    for (i, row) in acc.iter().enumerate() {
+        for (v, &r) in row.iter().enumerate() {
+            // SAFETY: row i < MR, columns v·16..v·16+16 < 64: inside the tile.
+            unsafe { store_zmm(r, t.c.add(i * t.rs_c + v * 16), alpha, t.beta) };
+        }
+    }
 }
-
-#[cfg(target_arch = "x86_64")]
-avx512_kernel!(
-    /// f32 6×64 with `vfmadd231ps`.
-    avx512_f32_6x64,
-    "avx512f",
-    f32,
-    6,
-    4,
-    |p: *const f32| _mm512_set1_ps(*p),
-    |p: *const f32| _mm512_loadu_ps(p),
-    |acc, a, b| _mm512_fmadd_ps(a, b, acc)
-);
-
-#[cfg(target_arch = "x86_64")]
-avx512_kernel!(
-    /// bf16 6×64 with `vdpbf16ps`: each packed u32 is a pair of bf16 k-values, each
-    /// instruction does 32 multiply-adds (two per lane) into f32 accumulators.
-    avx512_bf16_6x64,
-    "avx512f,avx512bf16",
-    u32,
-    6,
-    4,
-    |p: *const u32| std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*p as i32)),
-    |p: *const u32| std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i)),
-    |acc, a, b| _mm512_dpbf16_ps(acc, a, b)
-);
