@@ -142,12 +142,6 @@ pub fn gemm_bt_rows(
         return Ok(());
     }
     let kern = super::f32_kernel(isa);
-    let mut blk = super::default_blocking(isa).round(&kern);
-    // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
-    // pays a whole tile's C update for a quarter of the work.
-    if k > 0 {
-        blk.kc = k.div_ceil(k.div_ceil(blk.kc));
-    }
     let m_pad = m.div_ceil(kern.mr) * kern.mr;
     let packed_len = m_pad
         .checked_mul(k)
@@ -166,6 +160,10 @@ pub fn gemm_bt_rows(
         super::scale_c(&|_| c, 1, 0.0); // an empty product: y = 0
         return Ok(());
     }
+    let mut blk = super::default_blocking(isa).round(&kern);
+    // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
+    // pays a whole tile's C update for a quarter of the work.
+    blk.kc = k.div_ceil(k.div_ceil(blk.kc));
     let threads = threads.max(1);
     let xm = Mat::of(x);
     with_buffer(&PACKED_X, packed_len, |xp| {

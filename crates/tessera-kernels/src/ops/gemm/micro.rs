@@ -92,8 +92,9 @@ pub(super) unsafe fn scalar_4x8(k: usize, a: *const f32, b: *const f32, t: TileO
 /// Instantiated per width below with the tile that fills its register file.
 ///
 /// The C tile is prefetched first: it is needed only after the k loop, and a miss
-/// there stalls the stores (as BLIS's kernels do). On AVX2 this was ~3% of a
-/// 512×1536×576 prefill matmul on host B (alternated runs, 2026-11-28).
+/// there stalls the stores (as BLIS's kernels do). Host B (Zen 3, AVX2), 2026-11-28,
+/// `tessera bench qmatmul --dtype q4_1 --shape 512x1536x576 --variant avx2`, 8
+/// alternated runs each: median 6.47 → 6.14 ms on two threads.
 ///
 /// # Safety
 /// As [`portable`] with NR = NV·N, and `L`'s CPU features are enabled in the caller.
@@ -106,15 +107,8 @@ unsafe fn lanes_f32<L: Lanes, const MR: usize, const NV: usize>(
     t: TileOut,
 ) {
     let nr = NV * L::N;
-    for i in 0..MR {
-        // Every 64-byte line of the row, wherever it starts: its first float, each 16th
-        // after it, and its last.
-        for line in 0..=nr.div_ceil(16) {
-            let j = (16 * line).min(nr - 1);
-            // SAFETY: a prefetch never faults; the address is inside the tile anyway.
-            unsafe { L::prefetch_l1(t.c.add(i * t.rs_c + j).cast()) };
-        }
-    }
+    // SAFETY: `L`'s features per the contract.
+    unsafe { prefetch_tile::<L>(t, MR, nr) };
     // SAFETY: per the contract, `L`'s features are enabled; p < k, so packed B step p
     // (NR floats) and A step p (MR floats) exist; rows i < MR and columns < NR are
     // inside the tile.
@@ -134,6 +128,41 @@ unsafe fn lanes_f32<L: Lanes, const MR: usize, const NV: usize>(
                 }
             }
         }
+        store_tile::<L, MR, NV>(&acc, t);
+    }
+}
+
+/// Pulls every 64-byte line of the mr×nr C tile toward L1: each row's first float,
+/// each 16th after it, and its last, wherever the row starts.
+///
+/// # Safety
+/// `L`'s CPU features (the addresses are only hints: any value is sound).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+unsafe fn prefetch_tile<L: Lanes>(t: TileOut, mr: usize, nr: usize) {
+    for i in 0..mr {
+        for line in 0..=nr.div_ceil(16) {
+            let j = (16 * line).min(nr - 1);
+            // SAFETY: a prefetch never faults (`wrapping_add`: no pointer arithmetic
+            // out of bounds); `L`'s features per the contract.
+            unsafe { L::prefetch_l1(t.c.wrapping_add(i * t.rs_c + j).cast()) };
+        }
+    }
+}
+
+/// Writes `alpha·acc + beta·C` over the MR×(NV·N) tile (C not read when beta == 0, as in
+/// BLAS).
+///
+/// # Safety
+/// `L`'s CPU features; `t.c` is valid for MR rows of NV·N floats `t.rs_c` apart.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+unsafe fn store_tile<L: Lanes, const MR: usize, const NV: usize>(
+    acc: &[[L::F; NV]; MR],
+    t: TileOut,
+) {
+    // SAFETY: per the contract; row i < MR, columns v·N..v·N + N < NV·N.
+    unsafe {
         let alpha = L::splat_f(t.alpha);
         for (i, row) in acc.iter().enumerate() {
             for (v, &r) in row.iter().enumerate() {
@@ -187,44 +216,21 @@ pub(super) unsafe fn neon_8x8(k: usize, a: *const f32, b: *const f32, t: TileOut
     unsafe { lanes_f32::<Neon, 8, 2>(k, a, b, t) }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn store_zmm(acc: __m512, c: *mut f32, alpha: __m512, beta: f32) {
-    // SAFETY: the caller passes 16 writable (and, for beta != 0, readable) floats at c.
-    unsafe {
-        let r = if beta == 0.0 {
-            _mm512_mul_ps(alpha, acc)
-        } else {
-            _mm512_fmadd_ps(
-                _mm512_set1_ps(beta),
-                _mm512_loadu_ps(c),
-                _mm512_mul_ps(alpha, acc),
-            )
-        };
-        _mm512_storeu_ps(c, r);
-    }
-}
-
 /// bf16 6×64 with `vdpbf16ps`: each packed u32 is a pair of bf16 k-values, each
 /// instruction does 32 multiply-adds (two per lane) into f32 accumulators; the tile and
 /// the C prefetch of [`lanes_f32`]'s zmm instance.
 ///
 /// # Safety
 /// `a` holds `k·6` and `b` `k·64` packed pairs; `t.c` is valid for 6 rows of 64 floats
-/// spaced `t.rs_c` apart; the CPU has AVX-512F and AVX512_BF16.
+/// spaced `t.rs_c` apart; the CPU has what `Isa::Avx512` means (AVX-512F/BW/VL/DQ,
+/// AVX2, FMA, F16C: `Zmm`'s features) and AVX512_BF16.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")]
 pub(super) unsafe fn avx512_bf16_6x64(k: usize, a: *const u32, b: *const u32, t: TileOut) {
     const MR: usize = 6;
     const NV: usize = 4;
-    for i in 0..MR {
-        for line in 0..=NV {
-            // SAFETY: a prefetch never faults; the address is inside the tile anyway.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(t.c.add(i * t.rs_c + (line * 16).min(63)).cast())
-            };
-        }
-    }
+    // SAFETY: `Zmm`'s features are enabled here.
+    unsafe { prefetch_tile::<Zmm>(t, MR, 16 * NV) };
     let pairs = |v: __m512i| -> __m512bh {
         // SAFETY: a plain reinterpretation of 512 bits.
         unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
@@ -245,11 +251,6 @@ pub(super) unsafe fn avx512_bf16_6x64(k: usize, a: *const u32, b: *const u32, t:
             }
         }
     }
-    let alpha = _mm512_set1_ps(t.alpha);
-    for (i, row) in acc.iter().enumerate() {
-        for (v, &r) in row.iter().enumerate() {
-            // SAFETY: row i < MR, columns v·16..v·16+16 < 64: inside the tile.
-            unsafe { store_zmm(r, t.c.add(i * t.rs_c + v * 16), alpha, t.beta) };
-        }
-    }
+    // SAFETY: the contract's tile; `Zmm`'s features are enabled here.
+    unsafe { store_tile::<Zmm, MR, NV>(&acc, t) }
 }
