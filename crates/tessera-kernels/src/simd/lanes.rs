@@ -73,6 +73,11 @@ pub(crate) trait Lanes {
     unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
     /// The sum of the lanes.
     unsafe fn sum(v: Self::F) -> f32;
+    /// Lane-wise max of `v` and `acc` that keeps `acc`'s lane where `v`'s is NaN (`acc`
+    /// itself never NaN): softmax row maxima skip NaN scores, as `f32::max` does.
+    unsafe fn max_keep(v: Self::F, acc: Self::F) -> Self::F;
+    /// The largest lane (of a vector with no NaN lane).
+    unsafe fn hmax(v: Self::F) -> f32;
     /// Writes the N lanes to `p`. # Safety: N floats writable at `p`.
     unsafe fn store(p: *mut f32, v: Self::F);
     /// N halves at `p`, widened. # Safety: N halves readable at `p`.
@@ -96,5 +101,14 @@ pub(crate) trait Lanes {
         let p = v.as_mut_ptr();
         // SAFETY: the width's features per the contract; v holds v.len() floats.
         unsafe { super::lanes_exp::exp_shifted_sum::<Self>(p, p, v.len(), shift) }
+    }
+    /// Max of `v` skipping NaN (−∞ when empty or all NaN).
+    #[inline(always)]
+    unsafe fn row_max(v: &[f32]) -> f32
+    where
+        Self: Sized,
+    {
+        // SAFETY: the width's features per the contract.
+        unsafe { super::lanes_exp::max::<Self>(v) }
     }
 }

@@ -103,6 +103,33 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
     }
 }
 
+/// Max of `v` skipping NaN (−∞ when empty or all NaN): [`GROUP`] independent vector
+/// chains and one horizontal max, the tail scalar.
+///
+/// # Safety
+/// The CPU features of `L`.
+#[inline(always)]
+pub(crate) unsafe fn max<L: Lanes>(v: &[f32]) -> f32 {
+    let (p, len) = (v.as_ptr(), v.len());
+    // SAFETY: L's features per the caller; every load is below len.
+    unsafe {
+        let mut acc = [L::splat_f(f32::NEG_INFINITY); GROUP];
+        let mut i = 0;
+        while i + L::N * GROUP <= len {
+            for (g, a) in acc.iter_mut().enumerate() {
+                *a = L::max_keep(L::load(p.add(i + L::N * g)), *a);
+            }
+            i += L::N * GROUP;
+        }
+        while i + L::N <= len {
+            acc[0] = L::max_keep(L::load(p.add(i)), acc[0]);
+            i += L::N;
+        }
+        let m = acc.iter().fold(acc[0], |m, &a| L::max_keep(a, m));
+        v[i..].iter().fold(L::hmax(m), |a, &b| a.max(b))
+    }
+}
+
 /// [`exp_shifted_sum`] on AVX2 (`Ymm`).
 ///
 /// # Safety
@@ -212,6 +239,62 @@ mod tests {
                     assert!(
                         err <= 1e-5,
                         "{name}: sum {sum} against {want_sum} (seed {seed})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A width's row max.
+    type RowMax = fn(&[f32]) -> f32;
+
+    #[cfg(target_arch = "x86_64")]
+    fn max_widths() -> Vec<(&'static str, RowMax)> {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn ymm(v: &[f32]) -> f32 {
+            // SAFETY: AVX2 (with FMA and F16C) per the caller.
+            unsafe { max::<crate::simd::lanes::Ymm>(v) }
+        }
+        if !tessera_core::Isa::Avx2.is_available() {
+            println!("lanes_exp: no AVX2 on this CPU, row max not checked here");
+            return Vec::new();
+        }
+        // SAFETY: AVX2 (with FMA and F16C) was detected.
+        vec![("ymm", |v| unsafe { ymm(v) })]
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    fn max_widths() -> Vec<(&'static str, RowMax)> {
+        // SAFETY: NEON is baseline on aarch64.
+        vec![("neon", |v| unsafe { max::<crate::simd::lanes::Neon>(v) })]
+    }
+
+    /// The row max equals f32::max's fold (max is exact, so equality is the contract):
+    /// NaN anywhere is skipped, −∞ and all-NaN rows give −∞, ragged lengths reach the
+    /// scalar tail, and the largest value may sit in any lane.
+    #[test]
+    fn row_max_skips_nan_at_every_length() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for (name, f) in max_widths() {
+            for len in 0..70 {
+                for trial in 0..4 {
+                    let mut v: Vec<f32> = (0..len).map(|_| rng.random_range(-50.0..50.0)).collect();
+                    for x in v.iter_mut() {
+                        match rng.random_range(0..10) {
+                            0 => *x = f32::NAN,
+                            1 if trial > 1 => *x = f32::NEG_INFINITY,
+                            _ => {}
+                        }
+                    }
+                    if trial == 3 {
+                        v.iter_mut().for_each(|x| *x = f32::NAN);
+                    }
+                    let want = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let got = f(&v);
+                    assert!(
+                        got == want,
+                        "{name}: max {got}, want {want}: {v:?} (seed {seed})"
                     );
                 }
             }

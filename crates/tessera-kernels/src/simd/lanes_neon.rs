@@ -175,6 +175,17 @@ impl Lanes for Neon {
         unsafe { vaddvq_f32(v) }
     }
     #[inline(always)]
+    unsafe fn max_keep(v: float32x4_t, acc: float32x4_t) -> float32x4_t {
+        // fmaxnm returns the number when one operand is a quiet NaN.
+        // SAFETY: NEON.
+        unsafe { vmaxnmq_f32(v, acc) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: float32x4_t) -> f32 {
+        // SAFETY: NEON.
+        unsafe { vmaxnmvq_f32(v) }
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: float32x4_t) {
         // SAFETY: 4 floats at p, per the contract.
         unsafe { vst1q_f32(p, v) }

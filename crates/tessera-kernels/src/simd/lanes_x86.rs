@@ -126,6 +126,21 @@ impl Lanes for Ymm {
         lanes.iter().sum()
     }
     #[inline(always)]
+    unsafe fn max_keep(v: __m256, acc: __m256) -> __m256 {
+        // vmaxps returns its second operand when either is NaN.
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_max_ps(v, acc) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        // SAFETY: AVX per the contract.
+        unsafe {
+            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+        }
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
         // SAFETY: 8 floats at p and AVX, per the contract.
         unsafe { _mm256_storeu_ps(p, v) }
@@ -290,6 +305,17 @@ impl Lanes for Zmm {
     unsafe fn sum(v: __m512) -> f32 {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_reduce_add_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn max_keep(v: __m512, acc: __m512) -> __m512 {
+        // vmaxps returns its second operand when either is NaN.
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_max_ps(v, acc) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(v: __m512) -> f32 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_reduce_max_ps(v) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {

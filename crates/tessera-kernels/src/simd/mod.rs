@@ -112,11 +112,19 @@ pub fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
             *l += f(v);
         }
     }
+    fold_lanes(lanes) + tail
+}
+
+/// The sum of [`lane_sum`]'s 64 lanes, in its fixed tree (lanes i, i+16, i+32, i+48, then
+/// [`hsum`]): kernels that fuse another pass into the same lanes share it, and with it
+/// `lane_sum`'s result bit for bit.
+#[inline(always)]
+pub fn fold_lanes(lanes: [f32; 64]) -> f32 {
     let mut l16 = [0f32; 16];
     for (i, l) in l16.iter_mut().enumerate() {
         *l = (lanes[i] + lanes[i + 16]) + (lanes[i + 32] + lanes[i + 48]);
     }
-    hsum(l16) + tail
+    hsum(l16)
 }
 
 /// Asks for every cache line of `x` to be brought towards L1 (a hint: no-op off x86-64).

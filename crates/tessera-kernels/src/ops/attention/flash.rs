@@ -69,12 +69,26 @@ pub struct QueryBlock<'a> {
 
 type ScoreTile = [[f32; BC]; BR];
 
+/// One KV block's P·V operands for a query block.
+#[derive(Clone, Copy)]
+struct PvBlock<'a> {
+    /// Query rows (the tile's first `rows`).
+    rows: usize,
+    /// The block's first key.
+    c0: usize,
+    /// The block's softmax weights, `[row][key]`.
+    p: &'a ScoreTile,
+    /// Per row, the factor for the output so far (the running max moved).
+    rescale: &'a [f32; BR],
+}
+
 /// The two tile products of a block.
 trait Tiles {
     /// `s[r][c] = q_r · k_{c0+c}` for r < rows.
     fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile);
-    /// `out[r] += Σ_c s[r][c]·v_{c0+c}` for r < rows.
-    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]);
+    /// `out[r] = out[r]·rescale[r] + Σ_c s[r][c]·v_{c0+c}` for r < rows (the online
+    /// softmax's correction of the earlier blocks rides on the tile's load of `out`).
+    fn pv(kv: &PackedKv<'_>, pv: PvBlock<'_>, out: &mut [f32]);
     /// `v[i] = e^(v[i] − shift)`, returning Σv.
     #[inline(always)]
     fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
@@ -136,43 +150,60 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
         |i: usize| super::reference::key_range(i, qb.q_len, kv.kv_len, qb.causal, qb.window);
     let lo = range(qb.first).0;
     let hi = range(qb.first + qb.rows - 1).1;
+    // Per row, the factor its running output and sum take for the block's new max.
+    let mut rescale = [1f32; BR];
     let mut c0 = lo - lo % BC;
     while c0 < hi {
         let bc = BC.min(kv.kv_len - c0);
         T::scores(kv, qb, c0, &mut s);
+        // Two passes over the rows, each of short iterations with no chain from one row
+        // to the next, so the core overlaps rows (one pass with the max, the exps and
+        // their sums per row ran ~37% of the kernel's samples in a chain per row).
+        // First the mask and the new max; the scalar exp only where the max moved.
         for r in 0..qb.rows {
             let (a, b) = range(qb.first + r);
             let row = &mut s[r];
             if c0 < a || c0 + bc > b {
-                for (c, v) in row[..bc].iter_mut().enumerate() {
-                    if c0 + c < a || c0 + c >= b {
-                        *v = f32::NEG_INFINITY;
-                    }
-                }
+                // Keys c0 + c visible for c in [a − c0, b − c0): two fills, not a compare
+                // per key (AVX2 made that a masked store per vector, ~10% of the kernel).
+                let lo = a.saturating_sub(c0).min(bc);
+                let hi = b.saturating_sub(c0).clamp(lo, bc);
+                row[..lo].fill(f32::NEG_INFINITY);
+                row[hi..bc].fill(f32::NEG_INFINITY);
             }
-            let block_max = T::max(&row[..bc]);
-            let m_new = m[r].max(block_max);
+            let m_new = m[r].max(T::max(&row[..bc]));
+            // Equal maxima (−∞ included: nothing visible yet, output and sum still 0)
+            // leave the row as it is; from −∞, e^−∞ = 0 zeroes nothing that is not 0.
+            rescale[r] = if m_new == m[r] {
+                1.0
+            } else {
+                exp(m[r] - m_new)
+            };
+            m[r] = m_new;
+        }
+        // Then the weights e^(s − max) and the running sums.
+        for r in 0..qb.rows {
+            let row = &mut s[r];
             // max() skips NaN, but a NaN score still reaches the sum through exp. Only a
             // row with no finite score needs the explicit scan.
-            if m_new == f32::NEG_INFINITY {
+            if m[r] == f32::NEG_INFINITY {
                 if row[..bc].iter().any(|v| v.is_nan()) {
                     l[r] = f32::NAN;
                 }
                 row.fill(0.0); // nothing visible yet in this row
                 continue;
             }
-            let corr = exp(m[r] - m_new);
-            let sum = T::exp_shifted_sum(&mut row[..bc], m_new);
+            let sum = T::exp_shifted_sum(&mut row[..bc], m[r]);
             row[bc..].fill(0.0); // padded keys: zero weight (their V rows are zero too)
-            l[r] = l[r] * corr + sum;
-            m[r] = m_new;
-            if corr != 1.0 {
-                for o in out[r * d..(r + 1) * d].iter_mut() {
-                    *o *= corr;
-                }
-            }
+            l[r] = l[r] * rescale[r] + sum;
         }
-        T::pv(kv, qb.rows, c0, &s, out);
+        let block = PvBlock {
+            rows: qb.rows,
+            c0,
+            p: &s,
+            rescale: &rescale,
+        };
+        T::pv(kv, block, out);
         c0 += BC;
     }
     for r in 0..qb.rows {
@@ -210,12 +241,15 @@ impl Tiles for Portable {
     }
 
     #[inline(always)]
-    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
-        let d = kv.d;
-        for r in 0..rows {
+    fn pv(kv: &PackedKv<'_>, b: PvBlock<'_>, out: &mut [f32]) {
+        let (d, c0) = (kv.d, b.c0);
+        for r in 0..b.rows {
             let o = &mut out[r * d..(r + 1) * d];
+            for x in o.iter_mut() {
+                *x *= b.rescale[r];
+            }
             for c in 0..BC {
-                let pr = s[r][c];
+                let pr = b.p[r][c];
                 let vrow = &kv.v[(c0 + c) * d..(c0 + c + 1) * d];
                 for (x, &v) in o.iter_mut().zip(vrow) {
                     *x += pr * v;
@@ -243,6 +277,13 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
         // SAFETY: only reached from the width's entry (its CPU features checked by
         // `attend_block`).
         unsafe { L::exp_shifted_sum(v, shift) }
+    }
+
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        // SAFETY: only reached from the width's entry (its CPU features checked by
+        // `attend_block`).
+        unsafe { L::row_max(v) }
     }
 
     #[inline(always)]
@@ -287,8 +328,8 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     }
 
     #[inline(always)]
-    fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
-        let d = kv.d;
+    fn pv(kv: &PackedKv<'_>, b: PvBlock<'_>, out: &mut [f32]) {
+        let (d, rows, c0, s) = (kv.d, b.rows, b.c0, b.p);
         debug_assert!(d.is_multiple_of(L::N * PV) && BC.is_multiple_of(L::N * SV));
         // Rows past `rows` (up to the next multiple of PR, inside the tile) hold scores
         // of no query: they feed accumulators that are never stored.
@@ -306,8 +347,9 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
                     let srows = s.as_ptr().add(r0);
                     let mut acc = [[L::zero(); PV]; PR];
                     for (i, a) in acc.iter_mut().enumerate().take(nr) {
+                        let f = L::splat_f(b.rescale[r0 + i]);
                         for (x, ax) in a.iter_mut().enumerate() {
-                            *ax = L::load(o.as_ptr().add(i * d + dc + L::N * x));
+                            *ax = L::mul(L::load(o.as_ptr().add(i * d + dc + L::N * x)), f);
                         }
                     }
                     for c in 0..BC {
@@ -339,7 +381,7 @@ mod x86 {
     //! The x86 entries: zmm (AVX-512F) and ymm (AVX2 + FMA) instances of [`LaneTiles`],
     //! the zmm one with AVX-512's `exp` and max.
 
-    use super::{attend_body, LaneTiles, PackedKv, QueryBlock, ScoreTile, Tiles};
+    use super::{attend_body, LaneTiles, PackedKv, PvBlock, QueryBlock, ScoreTile, Tiles};
     use crate::simd::lanes::{Ymm, Zmm};
 
     /// Zmm: scores 6 rows × 4 zmm (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4
@@ -359,8 +401,8 @@ mod x86 {
             ZmmTiles::<PV>::scores(kv, qb, c0, s)
         }
         #[inline(always)]
-        fn pv(kv: &PackedKv<'_>, rows: usize, c0: usize, s: &ScoreTile, out: &mut [f32]) {
-            ZmmTiles::<PV>::pv(kv, rows, c0, s, out)
+        fn pv(kv: &PackedKv<'_>, b: PvBlock<'_>, out: &mut [f32]) {
+            ZmmTiles::<PV>::pv(kv, b, out)
         }
         #[inline(always)]
         fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
