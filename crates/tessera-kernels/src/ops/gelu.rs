@@ -33,7 +33,7 @@ pub struct Gelu;
 
 impl RowKernel for Gelu {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        x_sigmoid_on(isa, x[0], GELU, out);
+        x_sigmoid_on(isa, x[0], GELU, None, out);
     }
 }
 

@@ -24,7 +24,7 @@ pub struct Silu;
 
 impl RowKernel for Silu {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        x_sigmoid_on(isa, x[0], SILU, out);
+        x_sigmoid_on(isa, x[0], SILU, None, out);
     }
 }
 

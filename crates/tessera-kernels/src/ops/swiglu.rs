@@ -3,7 +3,6 @@
 
 use super::rowwise::{run_rows, RowKernel, RowOpDesc};
 use super::silu::{silu_f64, SILU};
-use crate::multiversion;
 use crate::registry::{Rng, Tolerance};
 use crate::simd::x_sigmoid_on;
 use tessera_core::device::RowOp;
@@ -15,23 +14,15 @@ pub const TOL: Tolerance = Tolerance {
     reason: "SiLU's exp polynomial + division",
 };
 
-multiversion! {
-    fn times(out: &mut [f32], up: &[f32]) {
-        for (o, &u) in out.iter_mut().zip(up) {
-            *o *= u;
-        }
-    }
-}
-
 /// The kernel: inputs (gate, up).
 #[derive(Debug)]
 pub struct SwiGlu;
 
 impl RowKernel for SwiGlu {
     fn row(&self, isa: Isa, _row: usize, x: &[&[f32]], out: &mut [f32]) {
-        // Two passes over an L1-resident row: the vector SiLU, then the product.
-        x_sigmoid_on(isa, x[0], SILU, out);
-        times(isa, out, x[1]);
+        // One pass on AVX2 and NEON; AVX-512 and the scalar path multiply in a second
+        // pass over the L1-resident row.
+        x_sigmoid_on(isa, x[0], SILU, Some(x[1]), out);
     }
 }
 

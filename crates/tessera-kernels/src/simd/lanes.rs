@@ -48,6 +48,8 @@ pub(crate) trait Lanes {
     unsafe fn or_shifted(v: Self::I, top: Self::I, shift: u32) -> Self::I;
     /// `v | val` in the lanes j whose bit j of `bits` is set.
     unsafe fn or_where(v: Self::I, bits: u32, val: i32) -> Self::I;
+    /// `a / b` per lane (correctly rounded).
+    unsafe fn div(a: Self::F, b: Self::F) -> Self::F;
     /// `a + b` per lane.
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
     /// `a − b` per lane.

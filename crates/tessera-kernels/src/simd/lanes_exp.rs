@@ -103,6 +103,46 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
     }
 }
 
+/// `dst[i] = x·σ(a·x + b·x³)·t[i]` with x = `src[i]` and t = `times` (1 without it):
+/// SiLU, tanh-GELU, and SwiGLU with its product in the same pass. As x → −∞ the
+/// e^… term overflows to +∞ and the result is −0; the last len mod N through the scalar
+/// [`super::exp`].
+///
+/// # Safety
+/// The CPU features of `L`; `times`, when given, and `dst` as long as `src`.
+#[inline(always)]
+pub(crate) unsafe fn x_sigmoid<L: Lanes>(
+    src: &[f32],
+    arg: super::SigmoidArg,
+    times: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    let len = src.len();
+    debug_assert!(dst.len() == len && times.is_none_or(|t| t.len() == len));
+    // SAFETY: L's features per the caller; every access is below len.
+    unsafe {
+        let (neg_a, neg_b, one) = (L::splat_f(-arg.a), L::splat_f(-arg.b), L::splat_f(1.0));
+        let mut i = 0;
+        while i + L::N <= len {
+            let x = L::load(src.as_ptr().add(i));
+            // −(a·x + b·x³) as ((−b·x)·x)·x − a·x: with b = 0 no x² (which overflows for
+            // |x| > 1.8e19) ever meets the zero.
+            let z = L::fmadd(L::mul(L::mul(neg_b, x), x), x, L::mul(neg_a, x));
+            let mut y = L::div(x, L::add(one, exp::<L>(z)));
+            if let Some(t) = times {
+                y = L::mul(y, L::load(t.as_ptr().add(i)));
+            }
+            L::store(dst.as_mut_ptr().add(i), y);
+            i += L::N;
+        }
+        for j in i..len {
+            let x = src[j];
+            let y = x / (1.0 + super::exp(-(arg.a * x + arg.b * x * x * x)));
+            dst[j] = times.map_or(y, |t| y * t[j]);
+        }
+    }
+}
+
 /// Max of `v` skipping NaN (−∞ when empty or all NaN): [`GROUP`] independent vector
 /// chains and one horizontal max, the tail scalar.
 ///
@@ -149,6 +189,35 @@ pub(crate) fn exp_shifted_sum_neon(src: &[f32], shift: f32, dst: &mut [f32]) -> 
     let len = src.len().min(dst.len());
     // SAFETY: NEON is baseline on aarch64; both slices hold len floats.
     unsafe { exp_shifted_sum::<super::lanes::Neon>(src.as_ptr(), dst.as_mut_ptr(), len, shift) }
+}
+
+/// [`x_sigmoid`] on AVX2 (`Ymm`).
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `times`, when given, and `dst` as long as `src`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn x_sigmoid_ymm(
+    src: &[f32],
+    arg: super::SigmoidArg,
+    times: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    // SAFETY: AVX2/FMA/F16C and the lengths per the caller.
+    unsafe { x_sigmoid::<super::lanes::Ymm>(src, arg, times, dst) }
+}
+
+/// [`x_sigmoid`] on NEON; `times`, when given, and `dst` as long as `src` (checked by the
+/// caller).
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn x_sigmoid_neon(
+    src: &[f32],
+    arg: super::SigmoidArg,
+    times: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    // SAFETY: NEON is baseline on aarch64; the lengths per the caller.
+    unsafe { x_sigmoid::<super::lanes::Neon>(src, arg, times, dst) }
 }
 
 #[cfg(test)]
@@ -296,6 +365,96 @@ mod tests {
                         got == want,
                         "{name}: max {got}, want {want}: {v:?} (seed {seed})"
                     );
+                }
+            }
+        }
+    }
+
+    /// A width's `x_sigmoid` over slices.
+    type XSigmoid = fn(&[f32], crate::simd::SigmoidArg, Option<&[f32]>, &mut [f32]);
+
+    #[cfg(target_arch = "x86_64")]
+    fn sigmoid_widths() -> Vec<(&'static str, XSigmoid)> {
+        if !tessera_core::Isa::Avx2.is_available() {
+            println!("lanes_exp: no AVX2 on this CPU, x·σ not checked here");
+            return Vec::new();
+        }
+        // SAFETY: AVX2 (with FMA and F16C) was detected; the test passes equal lengths.
+        vec![("ymm", |s, a, t, d| unsafe { x_sigmoid_ymm(s, a, t, d) })]
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    fn sigmoid_widths() -> Vec<(&'static str, XSigmoid)> {
+        vec![("neon", x_sigmoid_neon as XSigmoid)]
+    }
+
+    /// x·σ(a·x + b·x³)·t against f64 for SiLU and tanh-GELU, with and without the
+    /// product, over the range and its edges (±∞, NaN, overflow of the exp to −0) and
+    /// ragged lengths for the scalar tail. Where e^z leaves f32's range (z > 88) the
+    /// result may flush to ±0 (|x·σ| < 1e-36 there). The allowed relative error grows with |z|, the
+    /// sigmoid's argument: its f32 rounding (a few ulp) becomes |z|·ulp in e^z.
+    #[test]
+    fn x_sigmoid_matches_f64() {
+        use crate::simd::SigmoidArg;
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut xs: Vec<f32> = (0..1021).map(|_| rng.random_range(-100.0..100.0)).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            3.0,
+            -3.0,
+            88.8,
+            -88.8,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+        ]);
+        let ts: Vec<f32> = (0..xs.len()).map(|_| rng.random_range(-4.0..4.0)).collect();
+        let c = (2.0 / std::f64::consts::PI).sqrt() as f32;
+        let args = [
+            ("silu", SigmoidArg { a: 1.0, b: 0.0 }),
+            (
+                "gelu",
+                SigmoidArg {
+                    a: 2.0 * c,
+                    b: 2.0 * c * 0.044715,
+                },
+            ),
+        ];
+        for (name, f) in sigmoid_widths() {
+            for (op, arg) in args {
+                for with_t in [false, true] {
+                    // 8 and 16: the edge values in vector lanes of every width, not the tail.
+                    for len in [xs.len(), 37, 16, 8, 7, 0] {
+                        let (src, t) = (&xs[xs.len() - len..], &ts[ts.len() - len..]);
+                        let mut dst = vec![f32::NAN; len];
+                        f(src, arg, with_t.then_some(t), &mut dst);
+                        for ((&x, &tv), &y) in src.iter().zip(t).zip(&dst) {
+                            let xd = x as f64;
+                            let z = -(arg.a as f64 * xd + arg.b as f64 * xd * xd * xd);
+                            let tv = if with_t { tv as f64 } else { 1.0 };
+                            let want = xd / (1.0 + z.exp()) * tv;
+                            let ctx = format!(
+                                "{name} {op}: x {x}, t {tv}: {y}, want {want:e} (seed {seed})"
+                            );
+                            if want.is_nan() {
+                                assert!(y.is_nan(), "{ctx}");
+                            } else if want.abs() < f32::MIN_POSITIVE as f64 || z > 88.0 {
+                                // e^z past f32's range: the result is ±0 or the tiny value.
+                                assert!((y as f64).abs() <= want.abs() * 1.01, "{ctx}");
+                            } else if want.abs() > f32::MAX as f64 {
+                                assert_eq!(y, f32::INFINITY.copysign(want as f32), "{ctx}");
+                            } else {
+                                let tol = 2e-6 * (1.0 + z.abs().min(100.0));
+                                assert!(((y as f64 - want) / want).abs() <= tol, "{ctx}");
+                            }
+                        }
+                    }
                 }
             }
         }

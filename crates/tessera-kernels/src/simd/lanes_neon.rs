@@ -126,6 +126,11 @@ impl Lanes for Neon {
         unsafe { vcvtq_f32_s32(v) }
     }
     #[inline(always)]
+    unsafe fn div(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON.
+        unsafe { vdivq_f32(a, b) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: float32x4_t, b: float32x4_t) -> float32x4_t {
         // SAFETY: NEON.
         unsafe { vmulq_f32(a, b) }

@@ -75,6 +75,11 @@ impl Lanes for Ymm {
         unsafe { _mm256_cvtepi32_ps(v) }
     }
     #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: __m256, b: __m256) -> __m256 {
         // SAFETY: AVX per the contract.
         unsafe { _mm256_mul_ps(a, b) }
@@ -256,6 +261,11 @@ impl Lanes for Zmm {
     unsafe fn to_f32(v: __m512i) -> __m512 {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_cvtepi32_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_div_ps(a, b) }
     }
     #[inline(always)]
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {

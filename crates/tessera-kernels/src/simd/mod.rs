@@ -283,17 +283,55 @@ multiversion! {
     }
 }
 
-/// `dst[i] = x·σ(a·x + b·x³)` with x = `src[i]` (equal lengths; panics otherwise). As x → −∞
-/// the e^… term overflows to +∞ and the result is −0, never NaN.
-pub fn x_sigmoid_on(isa: Isa, src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
+/// `dst[i] = x·σ(a·x + b·x³)·t[i]` with x = `src[i]` and t = `times` (1 without it;
+/// SwiGLU's up projection), equal lengths (panics otherwise). As x → −∞ the e^… term
+/// overflows to +∞ and the result is −0, never NaN. AVX2 and NEON run one pass written
+/// over `Lanes` (`lanes_exp::x_sigmoid`, the product included); AVX-512 keeps its
+/// `vscalefps` exp, the product a second pass.
+pub fn x_sigmoid_on(
+    isa: Isa,
+    src: &[f32],
+    arg: SigmoidArg,
+    times: Option<&[f32]>,
+    dst: &mut [f32],
+) {
     assert_eq!(src.len(), dst.len(), "x_sigmoid_on: lengths differ");
+    if let Some(t) = times {
+        assert_eq!(t.len(), dst.len(), "x_sigmoid_on: lengths differ");
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
         // SAFETY: AVX-512F was detected.
         unsafe { x_sigmoid_avx512(src, arg, dst) };
+        if let Some(t) = times {
+            mul_in_place(isa, dst, t);
+        }
         return;
     }
-    x_sigmoid_portable(isa, src, arg, dst)
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && isa.is_available() {
+        // SAFETY: AVX2, FMA and F16C (what `Isa::Avx2` means) were detected; lengths
+        // checked above.
+        unsafe { lanes_exp::x_sigmoid_ymm(src, arg, times, dst) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        lanes_exp::x_sigmoid_neon(src, arg, times, dst);
+        return;
+    }
+    x_sigmoid_portable(isa, src, arg, dst);
+    if let Some(t) = times {
+        mul_in_place(isa, dst, t);
+    }
+}
+
+multiversion! {
+    fn mul_in_place(out: &mut [f32], by: &[f32]) {
+        for (o, &b) in out.iter_mut().zip(by) {
+            *o *= b;
+        }
+    }
 }
 
 /// [`x_sigmoid_on`] on AVX-512. Its own `#[target_feature]` function so the closure,
