@@ -27,8 +27,8 @@ multiversion! {
 multiversion! {
     /// `h += x`, then `out = rmsnorm(h)·γ`: the sum of squares rides on the add's pass,
     /// and nothing is copied (a per-row `copy_from_slice` of 2,304 bytes went to glibc's
-    /// `rep movsb`, which took 58% of this op's samples in a 512-token prefill on an AMD
-    /// Zen 3 host, docs/performance.md).
+    /// `rep movsb`: 58% of this op's `perf` samples under `tessera bench-model
+    /// --prompt-tokens 512 --gen-tokens 1` on an AMD Zen 3 host, 2026-11-28).
     fn add_norm_row(x: &[f32], h: &mut [f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
         let ms = add_sum_squares(h, x) / h.len() as f32;
         scale_row(h, gamma, 1.0 / (ms + eps).sqrt(), out);
@@ -135,14 +135,9 @@ pub fn rms_norm_residual(
                 std::slice::from_raw_parts_mut(op.get().add(r * n), n),
             )
         };
-        fused_row(isa, &x[r * n..(r + 1) * n], h, p, o);
+        add_norm_row(isa, &x[r * n..(r + 1) * n], h, &p.gamma, p.eps, o);
     });
     Ok(())
-}
-
-/// `h += x` then `o = rmsnorm(h)` (h is read back from L1).
-fn fused_row(isa: Isa, x: &[f32], h: &mut [f32], p: &RmsNorm, o: &mut [f32]) {
-    add_norm_row(isa, x, h, &p.gamma, p.eps, o);
 }
 
 impl RowOpDesc for RmsNorm {
@@ -185,7 +180,7 @@ impl RowKernel for RmsNormResidual {
         let n = x[0].len();
         let (o, h) = out.split_at_mut(n);
         h.copy_from_slice(x[1]);
-        fused_row(isa, x[0], h, &self.0, o);
+        add_norm_row(isa, x[0], h, &self.0.gamma, self.0.eps, o);
     }
 }
 

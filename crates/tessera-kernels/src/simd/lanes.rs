@@ -48,8 +48,6 @@ pub(crate) trait Lanes {
     unsafe fn or_shifted(v: Self::I, top: Self::I, shift: u32) -> Self::I;
     /// `v | val` in the lanes j whose bit j of `bits` is set.
     unsafe fn or_where(v: Self::I, bits: u32, val: i32) -> Self::I;
-    /// `a / b` per lane (correctly rounded).
-    unsafe fn div(a: Self::F, b: Self::F) -> Self::F;
     /// `a + b` per lane.
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
     /// `a − b` per lane.
@@ -58,6 +56,8 @@ pub(crate) trait Lanes {
     unsafe fn to_f32(v: Self::I) -> Self::F;
     /// `a·b` per lane.
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a / b` per lane (correctly rounded).
+    unsafe fn div(a: Self::F, b: Self::F) -> Self::F;
     /// `a·b + c` per lane, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// Lanes limited to `[lo, hi]`; a NaN lane stays NaN.

@@ -136,8 +136,7 @@ pub(crate) unsafe fn x_sigmoid<L: Lanes>(
             i += L::N;
         }
         for j in i..len {
-            let x = src[j];
-            let y = x / (1.0 + super::exp(-(arg.a * x + arg.b * x * x * x)));
+            let y = super::x_sigmoid_scalar(src[j], arg);
             dst[j] = times.map_or(y, |t| y * t[j]);
         }
     }
@@ -229,24 +228,51 @@ mod tests {
     /// r = 0.7 (~5e-7) plus a few roundings.
     const TOL: f64 = 1e-6;
 
-    /// A width's `exp_shifted_sum` over slices.
-    type ExpSum = fn(&[f32], f32, &mut [f32]) -> f32;
+    /// A width's `x_sigmoid` over slices.
+    type XSigmoid = fn(&[f32], crate::simd::SigmoidArg, Option<&[f32]>, &mut [f32]);
 
-    /// `exp_shifted_sum` on this host's widths: AVX2 if the CPU has it, NEON on Arm.
+    /// One width's entries under test.
+    struct Width {
+        name: &'static str,
+        exp_sum: fn(&[f32], f32, &mut [f32]) -> f32,
+        max: fn(&[f32]) -> f32,
+        x_sigmoid: XSigmoid,
+    }
+
+    /// This host's widths: AVX2 if the CPU has it, NEON on Arm.
     #[cfg(target_arch = "x86_64")]
-    fn widths() -> Vec<(&'static str, ExpSum)> {
+    fn widths() -> Vec<Width> {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn ymm_max(v: &[f32]) -> f32 {
+            // SAFETY: AVX2 (with FMA and F16C) per the caller.
+            unsafe { max::<crate::simd::lanes::Ymm>(v) }
+        }
         if !tessera_core::Isa::Avx2.is_available() {
             println!("lanes_exp: no AVX2 on this CPU, nothing to check here");
             return Vec::new();
         }
-        // SAFETY: AVX2 (with FMA and F16C) was detected; the tests pass equal lengths.
-        let ymm: ExpSum = |s, shift, d| unsafe { exp_shifted_sum_ymm(s, shift, d) };
-        vec![("ymm", ymm)]
+        // The closures' SAFETY: AVX2 (with FMA and F16C) was detected just above; the
+        // tests pass equal lengths.
+        vec![Width {
+            name: "ymm",
+            // SAFETY: see above.
+            exp_sum: |s, shift, d| unsafe { exp_shifted_sum_ymm(s, shift, d) },
+            // SAFETY: see above.
+            max: |v| unsafe { ymm_max(v) },
+            // SAFETY: see above.
+            x_sigmoid: |s, a, t, d| unsafe { x_sigmoid_ymm(s, a, t, d) },
+        }]
     }
 
     #[cfg(target_arch = "aarch64")]
-    fn widths() -> Vec<(&'static str, ExpSum)> {
-        vec![("neon", exp_shifted_sum_neon as ExpSum)]
+    fn widths() -> Vec<Width> {
+        vec![Width {
+            name: "neon",
+            exp_sum: exp_shifted_sum_neon,
+            // SAFETY: NEON is baseline on aarch64.
+            max: |v| unsafe { max::<crate::simd::lanes::Neon>(v) },
+            x_sigmoid: x_sigmoid_neon,
+        }]
     }
 
     /// Every lane against f64's exp: random x over the whole range, the range's edges
@@ -282,7 +308,10 @@ mod tests {
             f32::MAX,
             f32::MIN,
         ]);
-        for (name, f) in widths() {
+        for Width {
+            name, exp_sum: f, ..
+        } in widths()
+        {
             for len in [xs.len(), 37, 8, 3, 0] {
                 let src = &xs[xs.len() - len..];
                 let mut dst = vec![f32::NAN; len];
@@ -314,30 +343,6 @@ mod tests {
         }
     }
 
-    /// A width's row max.
-    type RowMax = fn(&[f32]) -> f32;
-
-    #[cfg(target_arch = "x86_64")]
-    fn max_widths() -> Vec<(&'static str, RowMax)> {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn ymm(v: &[f32]) -> f32 {
-            // SAFETY: AVX2 (with FMA and F16C) per the caller.
-            unsafe { max::<crate::simd::lanes::Ymm>(v) }
-        }
-        if !tessera_core::Isa::Avx2.is_available() {
-            println!("lanes_exp: no AVX2 on this CPU, row max not checked here");
-            return Vec::new();
-        }
-        // SAFETY: AVX2 (with FMA and F16C) was detected.
-        vec![("ymm", |v| unsafe { ymm(v) })]
-    }
-
-    #[cfg(target_arch = "aarch64")]
-    fn max_widths() -> Vec<(&'static str, RowMax)> {
-        // SAFETY: NEON is baseline on aarch64.
-        vec![("neon", |v| unsafe { max::<crate::simd::lanes::Neon>(v) })]
-    }
-
     /// The row max equals f32::max's fold (max is exact, so equality is the contract):
     /// NaN anywhere is skipped, −∞ and all-NaN rows give −∞, ragged lengths reach the
     /// scalar tail, and the largest value may sit in any lane.
@@ -345,7 +350,7 @@ mod tests {
     fn row_max_skips_nan_at_every_length() {
         let seed: u64 = rand::random();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        for (name, f) in max_widths() {
+        for Width { name, max: f, .. } in widths() {
             for len in 0..70 {
                 for trial in 0..4 {
                     let mut v: Vec<f32> = (0..len).map(|_| rng.random_range(-50.0..50.0)).collect();
@@ -368,24 +373,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// A width's `x_sigmoid` over slices.
-    type XSigmoid = fn(&[f32], crate::simd::SigmoidArg, Option<&[f32]>, &mut [f32]);
-
-    #[cfg(target_arch = "x86_64")]
-    fn sigmoid_widths() -> Vec<(&'static str, XSigmoid)> {
-        if !tessera_core::Isa::Avx2.is_available() {
-            println!("lanes_exp: no AVX2 on this CPU, x·σ not checked here");
-            return Vec::new();
-        }
-        // SAFETY: AVX2 (with FMA and F16C) was detected; the test passes equal lengths.
-        vec![("ymm", |s, a, t, d| unsafe { x_sigmoid_ymm(s, a, t, d) })]
-    }
-
-    #[cfg(target_arch = "aarch64")]
-    fn sigmoid_widths() -> Vec<(&'static str, XSigmoid)> {
-        vec![("neon", x_sigmoid_neon as XSigmoid)]
     }
 
     /// x·σ(a·x + b·x³)·t against f64 for SiLU and tanh-GELU, with and without the
@@ -426,7 +413,10 @@ mod tests {
                 },
             ),
         ];
-        for (name, f) in sigmoid_widths() {
+        for Width {
+            name, x_sigmoid: f, ..
+        } in widths()
+        {
             for (op, arg) in args {
                 for with_t in [false, true] {
                     // 8 and 16: the edge values in vector lanes of every width, not the tail.
@@ -463,7 +453,10 @@ mod tests {
     /// The shift is subtracted before the exp (a softmax row: max 0, the rest below).
     #[test]
     fn shifted_rows_sum_like_a_softmax() {
-        for (name, f) in widths() {
+        for Width {
+            name, exp_sum: f, ..
+        } in widths()
+        {
             let src: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
             let m = src.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let mut dst = vec![0.0; src.len()];

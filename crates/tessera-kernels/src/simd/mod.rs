@@ -275,10 +275,16 @@ pub struct SigmoidArg {
     pub b: f32,
 }
 
+/// `x·σ(a·x + b·x³)` for one value: the scalar path and the vector paths' tails.
+#[inline(always)]
+fn x_sigmoid_scalar(x: f32, arg: SigmoidArg) -> f32 {
+    x / (1.0 + exp(-(arg.a * x + arg.b * x * x * x)))
+}
+
 multiversion! {
     fn x_sigmoid_portable(src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
         for (o, &x) in dst.iter_mut().zip(src) {
-            *o = x / (1.0 + exp(-(arg.a * x + arg.b * x * x * x)));
+            *o = x_sigmoid_scalar(x, arg);
         }
     }
 }
