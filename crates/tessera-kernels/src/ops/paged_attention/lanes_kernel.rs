@@ -96,10 +96,13 @@ unsafe fn zmm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
 unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Ymm;
     // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers.
+    // CV = 4 fills all 16 and LLVM then spills one accumulator, a store→load→FMA chain
+    // on every token: CV = 2 ran 16×192 f16 (1 thread, in cache) in 237–242 µs against
+    // 266–279 (min/p10 of 15 alternated runs, host B, with the K pass's two chains).
     unsafe {
         match job.cache.d {
-            64 => kernel::<Ymm, T, 8, 4>(job, s, o, ml),
-            _ => kernel::<Ymm, T, 16, 4>(job, s, o, ml),
+            64 => kernel::<Ymm, T, 8, 2>(job, s, o, ml),
+            _ => kernel::<Ymm, T, 16, 2>(job, s, o, ml),
         }
     }
 }
@@ -168,6 +171,12 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
     o: &mut [f32],
     ml: &mut [(f32, f32)],
 ) {
+    const {
+        assert!(
+            NV >= 2 && NV.is_multiple_of(2),
+            "two K chains need an even NV"
+        )
+    };
     let c = job.cache;
     let (d, kvh_n, heads) = (L::N * NV, c.kv_heads, ml.len());
     let g = heads / kvh_n;
@@ -190,12 +199,18 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
                 *kv = unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) };
             }
             for h in kvh * g..(kvh + 1) * g {
+                // Two chains of NV/2 FMAs, not one of NV: a head's dot is a latency chain
+                // (4 cycles per FMA), and the group's heads alone did not hide it.
                 // SAFETY: job.q holds heads·d floats; partial holds heads·N·N.
                 unsafe {
-                    let mut acc = L::mul(L::load(qp.add(h * d)), k[0]);
-                    for (v, &kv) in k.iter().enumerate().skip(1) {
-                        acc = L::fmadd(L::load(qp.add(h * d + L::N * v)), kv, acc);
+                    let q = |v: usize| L::load(qp.add(h * d + L::N * v));
+                    let mut even = L::mul(q(0), k[0]);
+                    let mut odd = L::mul(q(1), k[1]);
+                    for v in (2..NV).step_by(2) {
+                        even = L::fmadd(q(v), k[v], even);
+                        odd = L::fmadd(q(v + 1), k[v + 1], odd);
                     }
+                    let acc = L::add(even, odd);
                     L::store(partial.as_mut_ptr().add(h * tile + (i % L::N) * L::N), acc);
                 }
             }
@@ -262,9 +277,8 @@ struct VPart {
 /// the first). Accumulating through `o` on every token put a store→load→FMA chain on
 /// each (~80 ns per token measured). Per token the H probabilities are broadcast first
 /// and each V vector is converted and used at once, so the pass holds H·CV accumulators,
-/// H broadcasts and one V vector: CV = 4 fits AVX2's 16 registers at H = 3, where
-/// converting all CV vectors first needed CV more and left CV at 2, twice the passes
-/// (each with its own per-token record lookup and broadcasts) over d.
+/// H broadcasts and one V vector: H·CV + H + 1 registers (converting all CV vectors
+/// first would need CV − 1 more). AVX2 takes CV = 2 (see `ymm`); 32-register widths 4.
 ///
 /// # Safety
 /// As for [`kernel`]; heads h0..h0+H belong to `part.kvh`.
