@@ -64,6 +64,7 @@ impl BatchArgs {
                 tessera_engine::kv_cache::BLOCK
             );
         }
+        c.validate(model)?;
         eprintln!(
             "tessera: KV cache {:.1} MiB ({} blocks of {} positions, {}; {} positions), \
              max {} sequences, {} tokens per step",

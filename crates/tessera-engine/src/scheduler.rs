@@ -80,7 +80,10 @@ impl SchedulerConfig {
         ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the limits (what [`Scheduler::new`] checks first), so a front end can
+    /// report a bad one before it announces the pool. The KV size is checked against
+    /// `model`'s block size.
+    pub fn validate(&self, model: &crate::llama::Config) -> Result<()> {
         if self.max_seqs == 0 || self.max_seqs > 1 << 16 {
             return Err(Error::Model(format!(
                 "max-seqs {} must be in 1..=65536",
@@ -96,6 +99,18 @@ impl SchedulerConfig {
         if self.kv_blocks == 0 {
             return Err(Error::Model(format!(
                 "the KV budget holds no block of {BLOCK} positions"
+            )));
+        }
+        let block = KvStore::block_bytes(model, self.kv_dtype);
+        if self
+            .kv_blocks
+            .checked_mul(block)
+            .is_none_or(|b| b > crate::kv_cache::MAX_BYTES)
+        {
+            return Err(Error::Model(format!(
+                "a KV pool of {} blocks of {BLOCK} positions is too large (over {} GiB)",
+                self.kv_blocks,
+                crate::kv_cache::MAX_BYTES >> 30
             )));
         }
         Ok(())
@@ -274,7 +289,7 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler for `model` with a pool of `cfg.kv_blocks` KV blocks (an error for limits that cannot work).
     pub fn new(model: Arc<Llama>, tok: Arc<Tokenizer>, cfg: SchedulerConfig) -> Result<Self> {
-        cfg.validate()?;
+        cfg.validate(&model.cfg)?;
         let store = KvStore::new(&model.cfg, cfg.kv_blocks, cfg.kv_dtype)?;
         Ok(Scheduler {
             blocks: BlockManager::new(cfg.kv_blocks, cfg.prefix_caching),

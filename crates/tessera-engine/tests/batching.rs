@@ -447,9 +447,18 @@ fn bad_limits_and_requests_are_clear_errors() {
             "max-batch-tokens",
         ),
         (config(0, 8), "no block"),
+        (
+            SchedulerConfig {
+                kv_blocks: usize::MAX / 2,
+                ..config(8, 8)
+            },
+            "too large",
+        ),
     ] {
+        // The same answer before a model's pool is built and from the scheduler.
+        let early = c.validate(&f.model.cfg).unwrap_err().to_string();
         let e = new(c).unwrap_err().to_string();
-        assert!(e.contains(want), "{e}");
+        assert!(e.contains(want) && early == e, "{e} / {early}");
     }
     let s = new(config(4, 64)).unwrap(); // 64 positions
     let ctx = f.model.cfg.context;
