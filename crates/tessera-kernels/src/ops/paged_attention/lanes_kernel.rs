@@ -97,8 +97,8 @@ unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Ymm;
     // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers.
     // CV = 4 fills all 16 and LLVM then spills one accumulator, a store→load→FMA chain
-    // on every token: CV = 2 ran 16×192 f16 (1 thread, in cache) in 237–242 µs against
-    // 266–279 (min/p10 of 15 alternated runs, host B, with the K pass's two chains).
+    // on every token: CV = 2 ran 16×192 f16 (1 thread, in cache) in 235 µs against 268–272
+    // (min/p10 of 11 alternated runs, host B).
     unsafe {
         match job.cache.d {
             64 => kernel::<Ymm, T, 8, 2>(job, s, o, ml),
@@ -171,12 +171,6 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
     o: &mut [f32],
     ml: &mut [(f32, f32)],
 ) {
-    const {
-        assert!(
-            NV >= 2 && NV.is_multiple_of(2),
-            "two K chains need an even NV"
-        )
-    };
     let c = job.cache;
     let (d, kvh_n, heads) = (L::N * NV, c.kv_heads, ml.len());
     let g = heads / kvh_n;
@@ -199,18 +193,15 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
                 *kv = unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) };
             }
             for h in kvh * g..(kvh + 1) * g {
-                // Two chains of NV/2 FMAs, not one of NV: a head's dot is a latency chain
-                // (4 cycles per FMA), and the group's heads alone did not hide it.
+                // One chain of NV FMAs per head: the out-of-order core overlaps the
+                // group's heads and the next tokens (two chains of NV/2 measured no
+                // faster: 239–242 µs min/p10 against 235, 16×192 f16, host B).
                 // SAFETY: job.q holds heads·d floats; partial holds heads·N·N.
                 unsafe {
-                    let q = |v: usize| L::load(qp.add(h * d + L::N * v));
-                    let mut even = L::mul(q(0), k[0]);
-                    let mut odd = L::mul(q(1), k[1]);
-                    for v in (2..NV).step_by(2) {
-                        even = L::fmadd(q(v), k[v], even);
-                        odd = L::fmadd(q(v + 1), k[v + 1], odd);
+                    let mut acc = L::mul(L::load(qp.add(h * d)), k[0]);
+                    for (v, &kv) in k.iter().enumerate().skip(1) {
+                        acc = L::fmadd(L::load(qp.add(h * d + L::N * v)), kv, acc);
                     }
-                    let acc = L::add(even, odd);
                     L::store(partial.as_mut_ptr().add(h * tile + (i % L::N) * L::N), acc);
                 }
             }
