@@ -11,6 +11,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = api::check_model(&m, "smollm2-135m-instruct-q4_1");
     for chat in [true, false] {
+        let _ = api::unsupported(&m, chat);
         let _ = api::common(&m, chat);
     }
     let _ = api::messages(&m);

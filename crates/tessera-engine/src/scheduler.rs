@@ -333,7 +333,7 @@ impl Scheduler {
     /// Every check but the grammar's (which compiles a matcher).
     fn check_fields(&self, req: &GenRequest) -> Result<()> {
         let c = &self.model.cfg;
-        req.sampling.validate()?;
+        req.sampling.validate(c.vocab)?;
         if req.prompt.is_empty() {
             return Err(Error::Model("empty prompt".into()));
         }

@@ -46,6 +46,7 @@ struct Knobs {
     seed: Option<u64>,
     stop: Option<Vec<String>>,
     ignore_eos: Option<bool>,
+    logit_bias: Option<std::collections::HashMap<u32, f32>>,
 }
 
 /// The keywords `generate` takes; anything else is a TypeError (a misspelt knob must
@@ -76,10 +77,11 @@ fn knobs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Knobs> {
                 })
             }
             "ignore_eos" => k.ignore_eos = Some(v.extract().map_err(bad)?),
+            "logit_bias" => k.logit_bias = Some(v.extract().map_err(bad)?),
             _ => {
                 return Err(PyTypeError::new_err(format!(
                     "unexpected keyword argument {name:?} (one of: max_tokens, temperature, \
-                     top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos)"
+                     top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos, logit_bias)"
                 )))
             }
         }
@@ -137,6 +139,7 @@ impl Engine {
                 min_p: k.min_p.unwrap_or(0.0),
                 repetition_penalty: k.repetition_penalty.unwrap_or(1.0),
                 seed: k.seed.unwrap_or(0),
+                logit_bias: k.logit_bias.unwrap_or_default().into_iter().collect(),
                 ..d
             },
             stop: k.stop.unwrap_or_default(),
@@ -225,7 +228,8 @@ impl Engine {
     /// text, ids, prompt_ids, finish ("stop token", "stop string", "length", "context") and rates.
     /// chat: wrap a str prompt in the model's chat template. Keywords: max_tokens (128),
     /// temperature (0 = greedy), top_k (40), top_p (0.95), min_p (0), repetition_penalty
-    /// (1), seed (0), stop (list of str), ignore_eos (False). stream=True returns what
+    /// (1), seed (0), stop (list of str), ignore_eos (False), logit_bias ({token id:
+    /// bias in [-100, 100]}, added to the logits before sampling). stream=True returns what
     /// `stream` does instead: an iterator of text pieces as they are generated.
     #[pyo3(signature = (prompt, *, chat=false, stream=false, **kwargs))]
     fn generate<'py>(

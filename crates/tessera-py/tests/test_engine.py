@@ -79,6 +79,14 @@ def test_seeded_sampling_is_reproducible(engine):
     assert engine.generate("Once upon a time", **kw)["ids"] == engine.generate("Once upon a time", **kw)["ids"]
 
 
+def test_logit_bias_bans_and_forces(engine):
+    ids = engine.encode("The quick brown fox")
+    greedy = engine.generate(ids, max_tokens=1)["ids"][0]
+    assert engine.generate(ids, max_tokens=1, logit_bias={greedy: -100})["ids"][0] != greedy
+    forced = 1000 if greedy != 1000 else 1001
+    assert engine.generate(ids, max_tokens=3, logit_bias={forced: 100})["ids"] == [forced] * 3
+
+
 def test_score_matches_cli(engine):
     text = "Paris is the capital of France."
     s = engine.score(text, top_k=3)
@@ -102,6 +110,12 @@ def test_bad_requests_raise(engine):
         engine.generate([10**9])
     with pytest.raises(ValueError):
         engine.generate(PROMPT, temperature=-1.0)
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.generate(PROMPT, logit_bias={10**6: 1.0})
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.generate(PROMPT, logit_bias={5: 500.0})
+    with pytest.raises(TypeError):
+        engine.generate(PROMPT, logit_bias=[5])
     with pytest.raises(ValueError):
         engine.chat([])
     with pytest.raises(ValueError):

@@ -3,12 +3,15 @@
 //! Requests are parsed from `serde_json::Value` field by field, so that a wrong type or
 //! an out-of-range value gets a message naming the field (`"max_tokens must be an
 //! integer ≥ 1"`), as OpenAI's own API answers, instead of a serde position. Unknown
-//! fields are ignored, as vLLM and llama.cpp's server do.
+//! fields are ignored, as vLLM and llama.cpp's server do; but fields OpenAI defines that
+//! would change the output and that this server does not implement (tools, echo, …)
+//! are refused with a 400 naming them ([`unsupported`]), so nothing a request asks for
+//! is dropped silently.
 
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 use tessera_engine::chat::Message;
-use tessera_engine::generate::Sampling;
+use tessera_engine::generate::{Sampling, MAX_LOGIT_BIAS};
 use tessera_engine::scheduler::MAX_TOP_LOGPROBS;
 use tessera_engine::structured::Grammar;
 
@@ -254,6 +257,7 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
         },
     };
     let sampling = Sampling {
+        logit_bias: logit_bias(m)?,
         temperature: temperature as f32,
         top_k: uint(m, "top_k", 0, 1 << 20)?.unwrap_or(0) as usize,
         top_p: top_p as f32,
@@ -273,6 +277,91 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
         ignore_eos: boolean(m, "ignore_eos")?,
         grammar,
     })
+}
+
+/// `logit_bias`: token ids (as decimal strings, OpenAI's spelling) to biases in ±100.
+/// Ids past the vocabulary are checked where it is known (the route).
+fn logit_bias(m: &Map<String, Value>) -> ApiResult<Vec<(u32, f32)>> {
+    let o = match present(m, "logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(o)) => o,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias must be an object of token ids to numbers, got {v}"),
+            ))
+        }
+    };
+    o.iter()
+        .map(|(k, v)| {
+            // Canonical decimal only, so two keys cannot name one token ("1", "01").
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|t| t.to_string() == *k)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias keys must be token ids (decimal integers), got {k:?}"),
+                    )
+                })?;
+            let lim = MAX_LOGIT_BIAS as f64;
+            match v.as_f64() {
+                Some(b) if b.abs() <= lim => Ok((id, b as f32)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias[{k:?}] must be a number in [-{lim}, {lim}], got {v}"),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Refuses the fields OpenAI defines that would change the output and that this server
+/// does not implement (chat: function and tool calling, audio; completions: `echo`,
+/// `best_of` > 1, `suffix`). Their neutral spellings (an empty tool list, `"none"`,
+/// `echo: false`, `best_of: 1`) pass.
+pub fn unsupported(m: &Map<String, Value>, chat: bool) -> ApiResult<()> {
+    let refuse = |k: &str, what: &str| {
+        Err(ApiError::invalid(
+            k,
+            format!("{k} is not supported by this server ({what})"),
+        ))
+    };
+    let neutral_choice = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
+    if chat {
+        for k in ["tools", "functions"] {
+            if present(m, k).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+                return refuse(k, "it does not generate or parse tool calls");
+            }
+        }
+        for k in ["tool_choice", "function_call"] {
+            if present(m, k).is_some_and(|v| !neutral_choice(v)) {
+                return refuse(k, "it does not generate or parse tool calls");
+            }
+        }
+        if present(m, "audio").is_some() {
+            return refuse("audio", "it answers in text only");
+        }
+        let text_only = |v: &Value| {
+            v.as_array()
+                .is_some_and(|a| a.iter().all(|x| x.as_str() == Some("text")))
+        };
+        if present(m, "modalities").is_some_and(|v| !text_only(v)) {
+            return refuse("modalities", "it answers in text only");
+        }
+    } else {
+        if present(m, "echo").is_some_and(|v| v != &Value::Bool(false)) {
+            return refuse("echo", "the prompt is not returned with the completion");
+        }
+        if present(m, "best_of").is_some_and(|v| v.as_u64() != Some(1)) {
+            return refuse("best_of", "use n for several completions");
+        }
+        if present(m, "suffix").is_some_and(|v| v.as_str() != Some("")) {
+            return refuse("suffix", "it does not fill in the middle");
+        }
+    }
+    Ok(())
 }
 
 /// `messages` as chat messages (string content, or a list of text parts).
@@ -393,6 +482,7 @@ mod tests {
             let m = object(&body).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
             check_model(&m, "smollm2-135m-instruct-q4_1").unwrap();
             let chat = m.contains_key("messages");
+            unsupported(&m, chat).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
             common(&m, chat).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
             if chat {
                 assert!(!messages(&m).unwrap().is_empty());

@@ -48,6 +48,8 @@ pub struct EngineHandle {
     pub metrics: Arc<Metrics>,
     /// The model's context length.
     pub context: usize,
+    /// The model's vocabulary size (token ids below it).
+    pub vocab: usize,
     /// Positions the KV pool holds.
     pub pool_positions: usize,
 }
@@ -68,6 +70,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let context = scheduler.model().cfg.context;
+        let vocab = scheduler.model().cfg.vocab;
         let pool_positions = scheduler.config().kv_blocks * tessera_engine::kv_cache::BLOCK;
         let (sh, m) = (shared.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
@@ -79,6 +82,7 @@ impl EngineHandle {
             shared,
             metrics,
             context,
+            vocab,
             pool_positions,
         };
         (handle, thread)

@@ -207,6 +207,7 @@ async fn generate(
     }
     let m = body_of(body, "see --max-body")?;
     api::check_model(&m, &st.model_name)?;
+    api::unsupported(&m, kind == Kind::Chat)?;
     let common = api::common(&m, kind == Kind::Chat)?;
     let prompts: Vec<Vec<u32>> = match kind {
         Kind::Chat => {
@@ -278,6 +279,18 @@ async fn generate(
 /// The engine requests of every prompt × choice, max_tokens checked against the context.
 fn requests(st: &AppState, prompts: &[Vec<u32>], c: &Common) -> ApiResult<Vec<GenRequest>> {
     let ctx = st.engine.context;
+    let vocab = st.engine.vocab;
+    if let Some((t, _)) = c
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(t, _)| *t as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("logit_bias names token {t}; the vocabulary has {vocab} tokens"),
+        ));
+    }
     let mut out = Vec::new();
     for p in prompts {
         if p.len() >= ctx {

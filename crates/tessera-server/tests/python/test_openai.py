@@ -135,6 +135,23 @@ def test_errors_are_the_clients_exceptions(client, server):
     assert re.search(r"\d+ tokens", str(e.value)) and "8192" in str(e.value)
     r = httpx.post(server + "/v1/chat/completions", content=b"{oops", timeout=10)
     assert r.status_code == 400 and "error" in r.json()
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[tool])
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logit_bias={"7": 300})
+
+
+def test_logit_bias_through_the_client(client):
+    """The client's logit_bias reaches sampling: +100 on token 1000 makes it the greedy
+    answer to two different prompts, unlike their unbiased answers. (The server's Rust
+    test checks the bias against the model's own logits.)"""
+    def first(prompt, **kw):
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, **kw)
+        return r.choices[0].text
+    plain = [first(p) for p in ([504, 2533], [28, 29])]
+    forced = [first(p, logit_bias={"1000": 100}) for p in ([504, 2533], [28, 29])]
+    assert forced[0] == forced[1] and forced[0] not in plain, (plain, forced)
 
 
 PROMPTS = [
