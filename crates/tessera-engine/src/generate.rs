@@ -54,16 +54,36 @@ impl Default for Sampling {
 impl Sampling {
     /// Checks every field, the bias's token ids against a vocabulary of `vocab`.
     pub(crate) fn validate(&self, vocab: usize) -> Result<()> {
-        let temperature_ok = self.temperature >= 0.0 && self.temperature.is_finite();
-        let top_p_ok = self.top_p > 0.0 && self.top_p <= 1.0; // false for NaN
-        let min_p_ok = (0.0..=1.0).contains(&self.min_p);
-        let penalty_ok = self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite();
-        if !(temperature_ok && top_p_ok && min_p_ok && penalty_ok) {
-            return Err(Error::Model(format!(
-                "sampling: temperature {} must be ≥ 0, top_p {} in (0, 1], min_p {} in [0, 1], \
-                 repetition penalty {} > 0",
-                self.temperature, self.top_p, self.min_p, self.repetition_penalty
-            )));
+        let t = self.temperature;
+        let checks = [
+            (
+                t >= 0.0 && t.is_finite(),
+                format!("temperature {t} must be finite and ≥ 0"),
+            ),
+            // Comparisons are false for NaN, so NaN fails each.
+            (
+                self.top_p > 0.0 && self.top_p <= 1.0,
+                format!("top_p {} must be in (0, 1]", self.top_p),
+            ),
+            (
+                (0.0..=1.0).contains(&self.min_p),
+                format!("min_p {} must be in [0, 1]", self.min_p),
+            ),
+            (
+                self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite(),
+                format!(
+                    "repetition penalty {} must be finite and > 0",
+                    self.repetition_penalty
+                ),
+            ),
+        ];
+        let bad: Vec<&str> = checks
+            .iter()
+            .filter(|c| !c.0)
+            .map(|c| c.1.as_str())
+            .collect();
+        if !bad.is_empty() {
+            return Err(Error::Model(format!("sampling: {}", bad.join("; "))));
         }
         let mut ids: Vec<u32> = Vec::with_capacity(self.logit_bias.len());
         for &(t, b) in &self.logit_bias {
@@ -656,5 +676,38 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
         let e = sample(&[0.0; 4], &[], &with(vec![(9, 1.0)]), &mut rng).expect_err("id 9 of 4");
         assert!(e.to_string().contains("logit_bias"), "{e}");
+    }
+
+    /// Each bad field is named alone (a message listing every field, good ones too,
+    /// hid which one was wrong).
+    #[test]
+    fn bad_sampling_names_only_the_bad_field() {
+        let d = Sampling::default;
+        for (bad, field) in [
+            (
+                Sampling {
+                    temperature: f32::NAN,
+                    ..d()
+                },
+                "temperature",
+            ),
+            (Sampling { top_p: 0.0, ..d() }, "top_p"),
+            (Sampling { min_p: -0.5, ..d() }, "min_p"),
+            (
+                Sampling {
+                    repetition_penalty: f32::INFINITY,
+                    ..d()
+                },
+                "repetition penalty",
+            ),
+        ] {
+            let e = bad.validate(10).expect_err(field).to_string();
+            let named = ["temperature", "top_p", "min_p", "repetition penalty"]
+                .into_iter()
+                .filter(|f| e.contains(f))
+                .collect::<Vec<_>>();
+            assert_eq!(named, [field], "{e}");
+        }
+        assert!(d().validate(10).is_ok());
     }
 }
