@@ -14,6 +14,8 @@ pub struct PositionScore {
     pub logprob: f64,
     /// The k largest logits, (id, logit), best first.
     pub top: Vec<(u32, f32)>,
+    /// ln Σ exp(logits) at this position: a logit minus it is that token's ln p.
+    pub log_norm: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +64,7 @@ pub fn score(model: &Llama, tokens: &[u32], alternatives: usize) -> Result<Score
                 next,
                 logprob: row[next as usize] as f64 - lse,
                 top,
+                log_norm: lse,
             }
         })
         .collect();

@@ -89,6 +89,9 @@ pub struct Common {
     pub ignore_eos: bool,
     /// `response_format`: JSON output constrained by llguidance.
     pub grammar: Option<Grammar>,
+    /// Completions' `echo`: the prompt comes back before the completion, with its
+    /// tokens' log-probabilities when `logprobs` is set (the first token's null).
+    pub echo: bool,
 }
 
 /// A parsed JSON body: an object, or a 400.
@@ -167,9 +170,13 @@ pub fn check_model(m: &Map<String, Value>, served: &str) -> ApiResult<()> {
 /// log-probability fields (`logprobs: bool` + `top_logprobs`) over the completions one
 /// (`logprobs: int`).
 pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
-    let max_tokens = match uint(m, "max_completion_tokens", 1, u32::MAX as u64)? {
+    let echo = !chat && boolean(m, "echo")?;
+    // With echo, max_tokens 0 asks for the prompt's scores alone (as evaluation
+    // harnesses do).
+    let least = u64::from(!echo);
+    let max_tokens = match uint(m, "max_completion_tokens", least, u32::MAX as u64)? {
         Some(v) => Some(v),
-        None => uint(m, "max_tokens", 1, u32::MAX as u64)?,
+        None => uint(m, "max_tokens", least, u32::MAX as u64)?,
     };
     let temperature = float(m, "temperature", 0.0, 2.0, 1.0)?;
     let top_p = float(m, "top_p", 0.0, 1.0, 1.0)?;
@@ -276,6 +283,7 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
         include_usage,
         ignore_eos: boolean(m, "ignore_eos")?,
         grammar,
+        echo,
     })
 }
 
@@ -318,9 +326,9 @@ fn logit_bias(m: &Map<String, Value>) -> ApiResult<Vec<(u32, f32)>> {
 }
 
 /// Refuses the fields OpenAI defines that would change the output and that this server
-/// does not implement (chat: function and tool calling, audio; completions: `echo`,
-/// `best_of` > 1, `suffix`). Their neutral spellings (an empty tool list, `"none"`,
-/// `echo: false`, `best_of: 1`) pass.
+/// does not implement (chat: function and tool calling, audio; completions: `echo`
+/// with `stream`, `best_of` > 1, `suffix`). Their neutral spellings (an empty tool
+/// list, `"none"`, `best_of: 1`) pass.
 pub fn unsupported(m: &Map<String, Value>, chat: bool) -> ApiResult<()> {
     let refuse = |k: &str, what: &str| {
         Err(ApiError::invalid(
@@ -351,8 +359,8 @@ pub fn unsupported(m: &Map<String, Value>, chat: bool) -> ApiResult<()> {
             return refuse("modalities", "it answers in text only");
         }
     } else {
-        if present(m, "echo").is_some_and(|v| v != &Value::Bool(false)) {
-            return refuse("echo", "the prompt is not returned with the completion");
+        if boolean(m, "echo")? && boolean(m, "stream")? {
+            return refuse("echo", "not with stream: echo answers as one response");
         }
         if present(m, "best_of").is_some_and(|v| v.as_u64() != Some(1)) {
             return refuse("best_of", "use n for several completions");

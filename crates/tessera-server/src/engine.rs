@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tessera_engine::scheduler::{Event, FinishReason, GenRequest, Scheduler, SeqId};
+use tessera_engine::score::Scored;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 /// Events of one sequence.
@@ -23,6 +24,13 @@ enum Command {
     Submit {
         reqs: Vec<GenRequest>,
         reply: oneshot::Sender<Result<Vec<EventRx>, String>>,
+    },
+    /// Teacher-forced scores of a prompt (`echo` with log-probabilities), computed
+    /// between steps: the streams in flight wait for it as for a long prefill.
+    Score {
+        tokens: Vec<u32>,
+        alternatives: usize,
+        reply: oneshot::Sender<Result<Scored, String>>,
     },
     /// Cancel everything in flight (the end of a graceful shutdown's grace period).
     CancelAll,
@@ -98,6 +106,20 @@ impl EngineHandle {
         rx.await.map_err(|_| "the engine has stopped".to_string())?
     }
 
+    /// ln p of each token of `tokens` after the first given the ones before it, with the
+    /// `alternatives` most likely tokens at each position ([`tessera_engine::score`]).
+    pub async fn score(&self, tokens: Vec<u32>, alternatives: usize) -> Result<Scored, String> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Score {
+                tokens,
+                alternatives,
+                reply,
+            })
+            .map_err(|_| "the engine has stopped".to_string())?;
+        rx.await.map_err(|_| "the engine has stopped".to_string())?
+    }
+
     /// Cancels every sequence in flight.
     pub fn cancel_all(&self) {
         let _ = self.tx.send(Command::CancelAll);
@@ -132,6 +154,14 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
                         // The handler is gone already: its sequences are cancelled below.
                         drop(rxs);
                     }
+                }
+                Command::Score {
+                    tokens,
+                    alternatives,
+                    reply,
+                } => {
+                    let scored = tessera_engine::score::score(s.model(), &tokens, alternatives);
+                    let _ = reply.send(scored.map_err(|e| e.to_string()));
                 }
                 Command::CancelAll => cancel_where(&mut s, &mut routes, &shared, |_| true),
                 Command::Stop => stop = true,

@@ -209,6 +209,7 @@ async fn generate(
     api::check_model(&m, &st.model_name)?;
     api::unsupported(&m, kind == Kind::Chat)?;
     let common = api::common(&m, kind == Kind::Chat)?;
+    let mut echo: Option<Vec<Echo>> = None;
     let prompts: Vec<Vec<u32>> = match kind {
         Kind::Chat => {
             let msgs = api::messages(&m)?;
@@ -226,17 +227,42 @@ async fn generate(
                 .encode_chat(&text)
                 .map_err(|e| ApiError::invalid("messages", e.to_string()))?]
         }
-        Kind::Completion => api::prompts(&m)?
-            .into_iter()
-            .map(|p| match p {
-                Prompt::Text(t) => st
-                    .tok
-                    .encode(&t)
-                    .map_err(|e| ApiError::invalid("prompt", e.to_string())),
-                Prompt::Tokens(ids) => Ok(ids),
-            })
-            .collect::<ApiResult<_>>()?,
+        Kind::Completion => {
+            let given = api::prompts(&m)?;
+            let ids = given
+                .iter()
+                .map(|p| match p {
+                    Prompt::Text(t) => st
+                        .tok
+                        .encode(t)
+                        .map_err(|e| ApiError::invalid("prompt", e.to_string())),
+                    Prompt::Tokens(ids) => Ok(ids.clone()),
+                })
+                .collect::<ApiResult<Vec<_>>>()?;
+            if common.echo {
+                echo = Some(echoes(st, &given, &ids, common.logprobs).await?);
+            }
+            ids
+        }
     };
+    if common.max_tokens == Some(0) {
+        // Only `echo` allows it: the prompts' scores, nothing generated.
+        let echo = echo.unwrap_or_default();
+        let choices: Vec<Value> = (0..prompts.len() * common.n)
+            .map(|i| {
+                let e = &echo[i / common.n];
+                let lps = common.logprobs.map(|_| completion_logprobs(&e.entries));
+                json!({"index": i, "text": e.text, "logprobs": lps, "finish_reason": "length"})
+            })
+            .collect();
+        let prompt: usize = prompts.iter().map(Vec::len).sum::<usize>() * common.n;
+        return Ok(Json(
+            json!({"id": format!("cmpl-{:016x}", rand_id()), "object": "text_completion",
+            "created": now_s(), "model": st.model_name, "choices": choices,
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}}),
+        )
+        .into_response());
+    }
     let reqs = requests(st, &prompts, &common)?;
     let in_flight = st.engine.shared.in_flight.load(Ordering::Relaxed);
     if in_flight + reqs.len() > st.max_queue {
@@ -273,7 +299,75 @@ async fn generate(
     if job.common.stream {
         return Ok(stream_response(st.tok.clone(), job, rxs));
     }
-    Ok(Json(collect(&st.tok, &job, rxs).await?).into_response())
+    Ok(Json(collect(&st.tok, &job, rxs, echo.as_deref()).await?).into_response())
+}
+
+/// The prompt's part of an `echo` answer: the prompt as given (token ids decoded) and,
+/// when log-probabilities are asked for, one entry per prompt token, the first with
+/// null log-probability and alternatives (nothing predicts it).
+#[derive(Default)]
+struct Echo {
+    text: String,
+    entries: Vec<Value>,
+}
+
+/// Each prompt's [`Echo`], scored by the engine thread ([`EngineHandle::score`]) when
+/// `logprobs` asks for alternatives.
+async fn echoes(
+    st: &AppState,
+    given: &[Prompt],
+    ids: &[Vec<u32>],
+    logprobs: Option<usize>,
+) -> ApiResult<Vec<Echo>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for (p, ids) in given.iter().zip(ids) {
+        let text = match p {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Tokens(_) => {
+                if let Some(t) = ids.iter().find(|&&t| t as usize >= st.engine.vocab) {
+                    let v = st.engine.vocab;
+                    let msg = format!("token id {t} is outside the vocabulary of {v}");
+                    return Err(ApiError::invalid("prompt", msg));
+                }
+                st.tok
+                    .decode(ids)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+            }
+        };
+        let mut entries = Vec::new();
+        if let Some(k) = logprobs {
+            let scored = match ids.len() {
+                0 | 1 => None,
+                _ => Some(
+                    st.engine
+                        .score(ids.clone(), k)
+                        .await
+                        .map_err(|e| ApiError::invalid("prompt", e))?,
+                ),
+            };
+            let mut offset = 0;
+            for (i, &t) in ids.iter().enumerate() {
+                let piece = st.tok.piece(t);
+                let at = i
+                    .checked_sub(1)
+                    .and_then(|j| Some(&scored.as_ref()?.positions[j]));
+                let (lp, top) = match at {
+                    None => (Value::Null, Value::Null),
+                    Some(s) => {
+                        let top = s
+                            .top
+                            .iter()
+                            .map(|&(a, l)| (st.tok.piece(a), json!(l as f64 - s.log_norm)));
+                        (json!(s.logprob), Value::Object(top.collect()))
+                    }
+                };
+                entries.push(json!({"token": piece, "logprob": lp, "top": top, "offset": offset}));
+                offset += piece.len();
+            }
+        }
+        out.push(Echo { text, entries });
+    }
+    Ok(out)
 }
 
 /// The engine requests of every prompt × choice, max_tokens checked against the context.
@@ -393,12 +487,18 @@ fn usage_json(job: &Job, usages: &[Usage]) -> Value {
 }
 
 /// Waits for every choice and builds the whole response.
-async fn collect(tok: &Tokenizer, job: &Job, rxs: Vec<EventRx>) -> ApiResult<Value> {
+async fn collect(
+    tok: &Tokenizer,
+    job: &Job,
+    rxs: Vec<EventRx>,
+    echo: Option<&[Echo]>,
+) -> ApiResult<Value> {
     let mut choices = Vec::new();
     let mut usages = Vec::new();
     for (index, mut rx) in rxs.into_iter().enumerate() {
-        let mut entries = Vec::new();
-        let mut offset = 0;
+        let prefix = echo.map(|e| &e[index / job.common.n]);
+        let mut entries = prefix.map(|e| e.entries.clone()).unwrap_or_default();
+        let mut offset = prefix.map_or(0, |e| e.text.len());
         loop {
             match rx.recv().await {
                 Some(Event::Token {
@@ -425,8 +525,11 @@ async fn collect(tok: &Tokenizer, job: &Job, rxs: Vec<EventRx>) -> ApiResult<Val
                     choices.push(match job.kind {
                         Kind::Chat => json!({"index": index, "message": {"role": "assistant", "content": text},
                                              "logprobs": lps, "finish_reason": finish_reason(reason)}),
-                        Kind::Completion => json!({"index": index, "text": text, "logprobs": lps,
-                                                   "finish_reason": finish_reason(reason)}),
+                        Kind::Completion => {
+                            let text = prefix.map_or(String::new(), |e| e.text.clone()) + &text;
+                            json!({"index": index, "text": text, "logprobs": lps,
+                                   "finish_reason": finish_reason(reason)})
+                        }
                     });
                     usages.push(usage);
                     break;

@@ -504,7 +504,8 @@ fn logit_bias_and_unsupported_fields() {
         b
     };
     let completion_cases: Vec<(Value, &str)> = vec![
-        (completion(json!({"echo": true})), "echo"),
+        (completion(json!({"echo": true, "stream": true})), "echo"),
+        (completion(json!({"max_tokens": 0})), "max_tokens"),
         (completion(json!({"best_of": 3})), "best_of"),
         (completion(json!({"suffix": "end"})), "suffix"),
     ];
@@ -535,5 +536,119 @@ fn logit_bias_and_unsupported_fields() {
         let (s, r) = post(a, path, &body);
         assert_eq!(s, 200, "{body} → {r}");
     }
+    srv.shutdown().expect("clean shutdown");
+}
+
+/// `echo` returns the prompt with its tokens' log-probabilities (the first null), equal
+/// to a log-softmax in f64 of the model's own logits computed here; with max_tokens 0
+/// nothing is generated, otherwise the completion follows the prompt as it would alone.
+#[test]
+fn echo_scores_the_prompt() {
+    let path =
+        tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
+            .expect("default model");
+    let (model, tok) = tessera_engine::open(&path, &Default::default()).expect("model");
+    let text = "Paris is the capital of France.";
+    let ids = tok.encode(text).expect("encode");
+    let n = ids.len();
+    let mut cache = tessera_engine::kv_cache::KvCache::new(&model.cfg, n).expect("cache");
+    let logits = model
+        .forward_all(&ids[..n - 1], &mut cache)
+        .expect("forward");
+    let v = model.cfg.vocab;
+    let want: Vec<(f64, f64)> = (1..n)
+        .map(|i| {
+            let row = &logits[(i - 1) * v..i * v];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&l| (l as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            (row[ids[i] as usize] as f64 - lse, max - lse)
+        })
+        .collect();
+    drop(model);
+
+    let srv = server(ServerOptions::default(), 64);
+    let a = srv.addr;
+    let (s, r) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": text, "echo": true, "max_tokens": 0, "logprobs": 2}),
+    );
+    assert_eq!(s, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!(c["text"], text);
+    let lp = &c["logprobs"];
+    let got = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(got.len(), n, "{lp}");
+    assert!(got[0].is_null() && lp["top_logprobs"][0].is_null(), "{lp}");
+    for i in 1..n {
+        let (logprob, best) = want[i - 1];
+        let g = got[i].as_f64().unwrap();
+        assert!(
+            (g - logprob).abs() < 1e-3,
+            "token {i}: {g} against {logprob}"
+        );
+        let top: Vec<f64> = lp["top_logprobs"][i]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(top.len() <= 2 && !top.is_empty(), "{top:?}");
+        let max = top.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+        assert!(
+            (max - best).abs() < 1e-3 && g <= max + 1e-3,
+            "token {i}: {top:?}, best {best}"
+        );
+    }
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), text);
+    assert_eq!(
+        (
+            r["usage"]["prompt_tokens"].as_u64(),
+            r["usage"]["completion_tokens"].as_u64()
+        ),
+        (Some(n as u64), Some(0))
+    );
+
+    // With generation: the prompt, then what the same request without echo generates.
+    let body = |echo: bool| {
+        json!({"model": MODEL, "prompt": ids, "max_tokens": 4, "temperature": 0,
+                                    "logprobs": 1, "echo": echo})
+    };
+    let (s, plain) = post(a, "/v1/completions", &body(false));
+    assert_eq!(s, 200, "{plain}");
+    let (s, echoed) = post(a, "/v1/completions", &body(true));
+    assert_eq!(s, 200, "{echoed}");
+    let gen = plain["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        echoed["choices"][0]["text"].as_str().unwrap(),
+        format!("{text}{gen}")
+    );
+    let lp = &echoed["choices"][0]["logprobs"];
+    let generated = plain["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n + generated);
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[n] == text.len() as u64,
+        "{offsets:?}"
+    );
     srv.shutdown().expect("clean shutdown");
 }

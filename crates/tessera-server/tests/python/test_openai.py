@@ -154,6 +154,25 @@ def test_logit_bias_through_the_client(client):
     assert forced[0] == forced[1] and forced[0] not in plain, (plain, forced)
 
 
+def test_echo_scores_a_prompt_as_evaluation_harnesses_ask(client):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs, max_tokens 0 or 1.
+    The prompt's token log-probabilities come back (the first null); their sum is the
+    text's log-likelihood, the same with and without one generated token after it."""
+    text = "The capital of France is Paris."
+    scores = []
+    for max_tokens in (0, 1):
+        r = client.completions.create(model=MODEL, prompt=text, echo=True, max_tokens=max_tokens,
+                                      logprobs=1, temperature=0)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text.startswith(text)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        n = r.usage.prompt_tokens
+        assert len(lp.tokens) == n + max_tokens and "".join(lp.tokens[:n]) == text
+        assert all(x <= 0 for x in lp.token_logprobs[1:])
+        scores.append(sum(lp.token_logprobs[1:n]))
+    assert abs(scores[0] - scores[1]) < 1e-6 and scores[0] < 0
+
+
 PROMPTS = [
     "Hi", "What is 2+2?", "Name a fruit.", "Say something about the moon in one sentence.",
     "Write two lines about the sea, the wind and the sky over a small harbour town.",
