@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// Penalise recently seen tokens (1 = off; 1.1 is typical).
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// Subtract this from a recent token's logit per occurrence (OpenAI's; -2..2, 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Subtract this once from every recent token's logit (OpenAI's; -2..2, 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Stop before this string (repeatable).
@@ -271,6 +277,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             top_p: a.top_p,
             min_p: a.min_p,
             repetition_penalty: a.repetition_penalty,
+            frequency_penalty: a.frequency_penalty,
+            presence_penalty: a.presence_penalty,
             seed: a.seed,
             ..Sampling::default()
         },

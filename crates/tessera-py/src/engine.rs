@@ -43,6 +43,8 @@ struct Knobs {
     top_p: Option<f32>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
     seed: Option<u64>,
     stop: Option<Vec<String>>,
     ignore_eos: Option<bool>,
@@ -69,6 +71,8 @@ fn knobs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Knobs> {
             "top_p" => k.top_p = Some(v.extract().map_err(bad)?),
             "min_p" => k.min_p = Some(v.extract().map_err(bad)?),
             "repetition_penalty" => k.repetition_penalty = Some(v.extract().map_err(bad)?),
+            "frequency_penalty" => k.frequency_penalty = Some(v.extract().map_err(bad)?),
+            "presence_penalty" => k.presence_penalty = Some(v.extract().map_err(bad)?),
             "seed" => k.seed = Some(v.extract().map_err(bad)?),
             "stop" => {
                 k.stop = Some(match v.extract::<String>() {
@@ -81,7 +85,8 @@ fn knobs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Knobs> {
             _ => {
                 return Err(PyTypeError::new_err(format!(
                     "unexpected keyword argument {name:?} (one of: max_tokens, temperature, \
-                     top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos, logit_bias)"
+                     top_k, top_p, min_p, repetition_penalty, frequency_penalty, \
+                     presence_penalty, seed, stop, ignore_eos, logit_bias)"
                 )))
             }
         }
@@ -138,6 +143,8 @@ impl Engine {
                 top_p: k.top_p.unwrap_or(0.95),
                 min_p: k.min_p.unwrap_or(0.0),
                 repetition_penalty: k.repetition_penalty.unwrap_or(1.0),
+                frequency_penalty: k.frequency_penalty.unwrap_or(0.0),
+                presence_penalty: k.presence_penalty.unwrap_or(0.0),
                 seed: k.seed.unwrap_or(0),
                 logit_bias: k.logit_bias.unwrap_or_default().into_iter().collect(),
                 ..d
@@ -228,7 +235,8 @@ impl Engine {
     /// text, ids, prompt_ids, finish ("stop token", "stop string", "length", "context") and rates.
     /// chat: wrap a str prompt in the model's chat template. Keywords: max_tokens (128),
     /// temperature (0 = greedy), top_k (40), top_p (0.95), min_p (0), repetition_penalty
-    /// (1), seed (0), stop (list of str), ignore_eos (False), logit_bias ({token id:
+    /// (1), frequency_penalty and presence_penalty (0; OpenAI's, over the last 64
+    /// tokens), seed (0), stop (list of str), ignore_eos (False), logit_bias ({token id:
     /// bias in [-100, 100]}, added to the logits before sampling). stream=True returns what
     /// `stream` does instead: an iterator of text pieces as they are generated.
     #[pyo3(signature = (prompt, *, chat=false, stream=false, **kwargs))]

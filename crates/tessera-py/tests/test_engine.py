@@ -87,6 +87,15 @@ def test_logit_bias_bans_and_forces(engine):
     assert engine.generate(ids, max_tokens=3, logit_bias={forced: 100})["ids"] == [forced] * 3
 
 
+def test_penalties_change_a_repetitive_continuation(engine):
+    ids = engine.encode("the cat and the dog and the bird and the")
+    plain = engine.generate(ids, max_tokens=6)["ids"]
+    penalised = engine.generate(ids, max_tokens=6, frequency_penalty=2.0, presence_penalty=2.0)["ids"]
+    # Every token the prompt holds is pushed down by 2 per occurrence + 2 (the Rust
+    # tests check the exact rule); six greedy tokens cannot all stay the same.
+    assert penalised != plain
+
+
 def test_score_matches_cli(engine):
     text = "Paris is the capital of France."
     s = engine.score(text, top_k=3)
@@ -114,6 +123,8 @@ def test_bad_requests_raise(engine):
         engine.generate(PROMPT, logit_bias={10**6: 1.0})
     with pytest.raises(ValueError, match="logit_bias"):
         engine.generate(PROMPT, logit_bias={5: 500.0})
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        engine.generate(PROMPT, frequency_penalty=3.0)
     with pytest.raises(TypeError):
         engine.generate(PROMPT, logit_bias=[5])
     with pytest.raises(ValueError):

@@ -232,14 +232,6 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
             ))
         }
     };
-    for k in ["frequency_penalty", "presence_penalty"] {
-        if float(m, k, -2.0, 2.0, 0.0)? != 0.0 {
-            return Err(ApiError::invalid(
-                k,
-                format!("{k} is not supported (use repetition_penalty)"),
-            ));
-        }
-    }
     let grammar = match present(m, "response_format") {
         None => None,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -270,6 +262,8 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
         top_p: top_p as f32,
         min_p: float(m, "min_p", 0.0, 1.0, 0.0)? as f32,
         repetition_penalty: float(m, "repetition_penalty", 0.01, 10.0, 1.0)? as f32,
+        frequency_penalty: float(m, "frequency_penalty", -2.0, 2.0, 0.0)? as f32,
+        presence_penalty: float(m, "presence_penalty", -2.0, 2.0, 0.0)? as f32,
         seed: uint(m, "seed", 0, u64::MAX)?.unwrap_or(0),
         ..Sampling::default()
     };

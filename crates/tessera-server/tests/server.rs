@@ -417,7 +417,8 @@ fn disconnects_free_blocks_and_limits_hold() {
 /// (a forward here, outside the server), −100 on the greedy token makes the answer the
 /// runner-up and +100 on any token makes the answer that token; bad biases and the
 /// OpenAI fields this server does not implement are 400s naming the field, while their
-/// neutral spellings pass.
+/// neutral spellings pass. frequency_penalty and presence_penalty pick what the model's
+/// logits, penalised here by their definitions, say.
 #[test]
 fn logit_bias_and_unsupported_fields() {
     let path =
@@ -439,6 +440,36 @@ fn logit_bias_and_unsupported_fields() {
         .collect();
     let forced = 1000u32;
     assert!(![greedy, second].contains(&(forced as usize)));
+    // Penalties: a repetitive prompt, and the greedy pick under OpenAI's frequency and
+    // presence penalties computed here from the model's logits (the prompt is the
+    // window), for cases whose winner leads by more than the batching tolerance.
+    let rep = tok
+        .encode("the cat and the dog and the bird and the")
+        .expect("encode");
+    let mut cache = tessera_engine::kv_cache::KvCache::new(&model.cfg, rep.len()).expect("cache");
+    let rep_logits = model.forward(&rep, &mut cache).expect("forward");
+    let penalised: Vec<(f32, f32, Option<String>)> =
+        [(0.0, 0.0), (1.0, 0.0), (0.0, 2.0), (-2.0, 0.0), (0.7, 0.7)]
+            .into_iter()
+            .map(|(f, p)| {
+                let adjusted: Vec<f64> = rep_logits
+                    .iter()
+                    .enumerate()
+                    .map(|(t, &l)| {
+                        let c = rep.iter().filter(|&&x| x as usize == t).count() as f64;
+                        l as f64 - c * f as f64 - if c > 0.0 { p as f64 } else { 0.0 }
+                    })
+                    .collect();
+                let mut order: Vec<usize> = (0..adjusted.len()).collect();
+                order.sort_by(|&a, &b| adjusted[b].total_cmp(&adjusted[a]));
+                let clear = adjusted[order[0]] - adjusted[order[1]] > 0.05;
+                (f, p, clear.then(|| tok.decode(&[order[0] as u32]).unwrap()))
+            })
+            .collect();
+    assert!(
+        penalised.iter().filter(|c| c.2.is_some()).count() >= 3,
+        "too many near-ties"
+    );
     drop(model);
 
     let srv = server(ServerOptions::default(), 64);
@@ -463,6 +494,24 @@ fn logit_bias_and_unsupported_fields() {
         one(json!({ forced.to_string(): 100 })),
         tok.decode(&[forced]).unwrap()
     );
+
+    let mut picks = Vec::new();
+    for (f, p, want) in &penalised {
+        let (s, c) = post(
+            a,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": rep, "max_tokens": 1, "temperature": 0,
+                    "frequency_penalty": f, "presence_penalty": p}),
+        );
+        assert_eq!(s, 200, "{c}");
+        let got = c["choices"][0]["text"].as_str().unwrap().to_string();
+        if let Some(w) = want {
+            assert_eq!(&got, w, "frequency {f}, presence {p}");
+        }
+        picks.push(got);
+    }
+    picks.dedup();
+    assert!(picks.len() >= 2, "the penalties changed no pick: {picks:?}");
 
     let vocab = logits.len();
     let chat_cases: Vec<(Value, &str)> = vec![
