@@ -239,6 +239,16 @@ async fn generate(
                     Prompt::Tokens(ids) => Ok(ids.clone()),
                 })
                 .collect::<ApiResult<Vec<_>>>()?;
+            if let Some(i) = ids.iter().position(Vec::is_empty) {
+                let which = match ids.len() {
+                    1 => "the prompt".to_string(),
+                    _ => format!("prompt {i}"),
+                };
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("{which} has no tokens"),
+                ));
+            }
             if common.echo {
                 echo = Some(echoes(st, &given, &ids, common.logprobs).await?);
             }
@@ -255,11 +265,13 @@ async fn generate(
                 json!({"index": i, "text": e.text, "logprobs": lps, "finish_reason": "length"})
             })
             .collect();
-        let prompt: usize = prompts.iter().map(Vec::len).sum::<usize>() * common.n;
+        // Each prompt counts once, whatever n is, as `usage_json` counts it.
+        let prompt: usize = prompts.iter().map(Vec::len).sum();
+        let usage = json!({"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
+                           "prompt_tokens_details": {"cached_tokens": 0}});
         return Ok(Json(
             json!({"id": format!("cmpl-{:016x}", rand_id()), "object": "text_completion",
-            "created": now_s(), "model": st.model_name, "choices": choices,
-            "usage": {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}}),
+            "created": now_s(), "model": st.model_name, "choices": choices, "usage": usage}),
         )
         .into_response());
     }

@@ -555,6 +555,14 @@ fn logit_bias_and_unsupported_fields() {
     let completion_cases: Vec<(Value, &str)> = vec![
         (completion(json!({"echo": true, "stream": true})), "echo"),
         (completion(json!({"max_tokens": 0})), "max_tokens"),
+        (
+            completion(json!({"prompt": "", "echo": true, "max_tokens": 0})),
+            "no tokens",
+        ),
+        (
+            completion(json!({"prompt": ["Hi", ""]})),
+            "prompt 1 has no tokens",
+        ),
         (completion(json!({"best_of": 3})), "best_of"),
         (completion(json!({"suffix": "end"})), "suffix"),
     ];
@@ -565,7 +573,11 @@ fn logit_bias_and_unsupported_fields() {
         assert_eq!(s, 400, "{body} → {e}");
         let msg = e["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(needle), "{body} → {e}");
-        let field = needle.replace("vocabulary", "logit_bias");
+        let field = match needle {
+            "vocabulary" => "logit_bias",
+            n if n.contains("no tokens") => "prompt",
+            n => n,
+        };
         assert_eq!(e["error"]["param"], field, "{body} → {e}");
     }
     for (path, body) in [
@@ -699,5 +711,19 @@ fn echo_scores_the_prompt() {
         offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[n] == text.len() as u64,
         "{offsets:?}"
     );
+    // n choices: each echoes; the prompt counts once in usage, as for generation.
+    let (s, r) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": text, "echo": true, "max_tokens": 0, "n": 2}),
+    );
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["choices"].as_array().map(Vec::len), Some(2), "{r}");
+    assert!(r["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["text"] == text && c["logprobs"].is_null()));
+    assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(n as u64), "{r}");
     srv.shutdown().expect("clean shutdown");
 }
