@@ -346,16 +346,22 @@ async fn echoes(
                     .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
             }
         };
+        let ctx = st.engine.context;
+        if ids.len() > ctx {
+            let msg = format!(
+                "the prompt has {} tokens; this model's context is {ctx} tokens",
+                ids.len()
+            );
+            return Err(ApiError::invalid("prompt", msg));
+        }
         let mut entries = Vec::new();
         if let Some(k) = logprobs {
+            // The request was checked above, so a failure here is the server's.
             let scored = match ids.len() {
                 0 | 1 => None,
-                _ => Some(
-                    st.engine
-                        .score(ids.clone(), k)
-                        .await
-                        .map_err(|e| ApiError::invalid("prompt", e))?,
-                ),
+                _ => Some(st.engine.score(ids.clone(), k).await.map_err(|e| {
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e)
+                })?),
             };
             let mut offset = 0;
             for (i, &t) in ids.iter().enumerate() {

@@ -567,6 +567,12 @@ fn logit_bias_and_unsupported_fields() {
             completion(json!({"prompt": ["Hi", ""]})),
             "prompt 1 has no tokens",
         ),
+        (
+            completion(
+                json!({"prompt": vec![504; 8200], "echo": true, "max_tokens": 0, "logprobs": 1}),
+            ),
+            "context",
+        ),
         (completion(json!({"best_of": 3})), "best_of"),
         (completion(json!({"suffix": "end"})), "suffix"),
     ];
@@ -579,7 +585,7 @@ fn logit_bias_and_unsupported_fields() {
         assert!(msg.contains(needle), "{body} → {e}");
         let field = match needle {
             "vocabulary" => "logit_bias",
-            n if n.contains("no tokens") => "prompt",
+            n if n.contains("no tokens") || n == "context" => "prompt",
             n => n,
         };
         assert_eq!(e["error"]["param"], field, "{body} → {e}");
