@@ -4,7 +4,7 @@
 //! an out-of-range value gets a message naming the field (`"max_tokens must be an
 //! integer ≥ 1"`), as OpenAI's own API answers, instead of a serde position. Unknown
 //! fields are ignored, as vLLM and llama.cpp's server do; but fields OpenAI defines that
-//! would change the output and that this server does not implement (tools, echo, …)
+//! would change the output and that this server does not implement (tools, suffix, …)
 //! are refused with a 400 naming them ([`unsupported`]), so nothing a request asks for
 //! is dropped silently.
 
