@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// file's name without extension).
     #[arg(long)]
     model_name: Option<String>,
-    /// Sequences accepted and unfinished before new requests get 429.
+    /// Sequences and prompt scorings accepted and unfinished before new requests get 429.
     #[arg(long, default_value_t = 1024)]
     max_queue: usize,
     /// Largest request body in bytes (413 above it).

@@ -32,47 +32,111 @@ pub struct Scored {
 /// that every matmul takes the integer path it takes when generating (a long prefill
 /// uses it only where it is the faster prefill: 8-bit, interleaved 4-bit weights).
 pub fn score(model: &Llama, tokens: &[u32], alternatives: usize) -> Result<Scored> {
-    if tokens.len() < 2 {
-        return Err(Error::Model("scoring needs at least two tokens".into()));
-    }
-    if tokens.len() > model.cfg.context {
-        return Err(Error::Model(format!(
-            "{} tokens exceed the {}-token context",
-            tokens.len(),
-            model.cfg.context
-        )));
-    }
-    let mut cache = KvCache::new(&model.cfg, tokens.len())?;
-    let n = tokens.len() - 1;
-    let window = if model.activations() != crate::linear::Activations::F32 {
-        tessera_kernels::ops::qmatmul::INT8_BATCH_M
-    } else {
-        n
-    };
-    let mut logits = Vec::with_capacity(n * model.cfg.vocab);
-    for w in tokens[..n].chunks(window) {
-        logits.extend(model.forward_all(w, &mut cache)?);
-    }
-    let v = model.cfg.vocab;
-    let positions: Vec<PositionScore> = (0..n)
-        .map(|i| {
-            let row = &logits[i * v..(i + 1) * v];
-            let lse = log_sum_exp(row);
-            let next = tokens[i + 1];
-            let top = top_k(row, alternatives);
-            PositionScore {
-                next,
-                logprob: row[next as usize] as f64 - lse,
-                top,
-                log_norm: lse,
-            }
+    let mut s = Scorer::new(model, tokens.to_vec(), alternatives)?;
+    while !s.advance(model, usize::MAX)? {}
+    s.finish()
+}
+
+/// A text being scored a slice at a time, so that a server can interleave a long text's
+/// scoring with its generation steps (as chunked prefill interleaves a long prompt) and
+/// so that only one slice's logits are held at once: a whole 8,192-token text's would
+/// be 1.6 GB at the default model's 49,152-token vocabulary.
+#[derive(Debug)]
+pub struct Scorer {
+    tokens: Vec<u32>,
+    alternatives: usize,
+    /// Allocated by the first [`Scorer::advance`], so a queued scorer holds no cache.
+    cache: Option<KvCache>,
+    positions: Vec<PositionScore>,
+}
+
+impl Scorer {
+    /// Checks `tokens` (at least two, within the model's context); computes nothing yet.
+    pub fn new(model: &Llama, tokens: Vec<u32>, alternatives: usize) -> Result<Self> {
+        if tokens.len() < 2 {
+            return Err(Error::Model("scoring needs at least two tokens".into()));
+        }
+        if tokens.len() > model.cfg.context {
+            return Err(Error::Model(format!(
+                "{} tokens exceed the {}-token context",
+                tokens.len(),
+                model.cfg.context
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= model.cfg.vocab) {
+            return Err(Error::Model(format!(
+                "token id {t} is outside the vocabulary of {}",
+                model.cfg.vocab
+            )));
+        }
+        let positions = Vec::with_capacity(tokens.len() - 1);
+        Ok(Scorer {
+            tokens,
+            alternatives,
+            cache: None,
+            positions,
         })
-        .collect();
-    let mean = positions.iter().map(|p| p.logprob).sum::<f64>() / n as f64;
-    Ok(Scored {
-        perplexity: (-mean).exp(),
-        positions,
-    })
+    }
+
+    /// Positions scored so far and in all.
+    pub fn progress(&self) -> (usize, usize) {
+        (self.positions.len(), self.tokens.len() - 1)
+    }
+
+    /// Scores up to `max_tokens` more positions (at least one); true once every position
+    /// is scored.
+    pub fn advance(&mut self, model: &Llama, max_tokens: usize) -> Result<bool> {
+        let (done, n) = self.progress();
+        if done == n {
+            return Ok(true);
+        }
+        let cache = match &mut self.cache {
+            Some(c) => c,
+            None => self
+                .cache
+                .insert(KvCache::new(&model.cfg, self.tokens.len())?),
+        };
+        let end = n.min(done.saturating_add(max_tokens.max(1)));
+        let window = if model.activations() != crate::linear::Activations::F32 {
+            tessera_kernels::ops::qmatmul::INT8_BATCH_M
+        } else {
+            end - done
+        };
+        let v = model.cfg.vocab;
+        for start in (done..end).step_by(window) {
+            let w = &self.tokens[start..end.min(start + window)];
+            let logits = model.forward_all(w, cache)?;
+            for (i, row) in logits.chunks_exact(v).enumerate() {
+                let lse = log_sum_exp(row);
+                let next = self.tokens[start + i + 1];
+                self.positions.push(PositionScore {
+                    next,
+                    logprob: row[next as usize] as f64 - lse,
+                    top: top_k(row, self.alternatives),
+                    log_norm: lse,
+                });
+            }
+        }
+        if end == n {
+            self.cache = None;
+        }
+        Ok(end == n)
+    }
+
+    /// The scores, once [`Scorer::advance`] returned true; an error before.
+    pub fn finish(self) -> Result<Scored> {
+        let (done, n) = self.progress();
+        if done != n {
+            return Err(Error::Model(format!(
+                "scoring unfinished: {done} of {n} positions"
+            )));
+        }
+        let mean = self.positions.iter().map(|p| p.logprob).sum::<f64>() / n as f64;
+        Ok(Scored {
+            perplexity: (-mean).exp(),
+            positions: self.positions,
+        })
+    }
 }
 
 /// ln Σ exp(row), in f64 (max-shifted).

@@ -98,6 +98,55 @@ fn scoring_matches_forward_and_perplexity_is_sane() {
     );
 }
 
+/// Scoring in slices (as the server does between steps) sees what one pass sees: the
+/// slices attend to their cached prefix instead of the whole text at once, and small
+/// windows take the small-M matmul paths, so sums run in other orders. The logits then
+/// move by up to `A16_LOGIT_TOL` relative (16-bit activations; f32 far less), which
+/// shifts ln Σ exp by as much relative to its value (~30 here), while ln p, where the
+/// common shift cancels, moves by ~1e-4: 1e-3 absolute on it.
+const SLICED_LOGPROB_TOL: f64 = 1e-3;
+
+#[test]
+fn scoring_in_slices_matches_one_pass() {
+    use tessera_engine::score::{score, Scorer};
+    let g = open_default_model();
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let ids = tok
+        .encode("Rivers carry water to the sea, and the sea returns it as rain over the hills.")
+        .expect("encodes");
+    for acts in [Activations::F32, Activations::A16] {
+        let model = load_with(&g, acts);
+        let whole = score(&model, &ids, 2).expect("scores");
+        let mut s = Scorer::new(&model, ids.clone(), 2).expect("scorer");
+        let mut slices = 0;
+        while !s.advance(&model, 5).expect("advances") {
+            slices += 1;
+            assert_eq!(s.progress(), (5 * slices, ids.len() - 1));
+        }
+        assert_eq!(slices, (ids.len() - 1).div_ceil(5) - 1);
+        let sliced = s.finish().expect("finished");
+        assert_eq!(sliced.positions.len(), whole.positions.len());
+        for (i, (a, b)) in sliced.positions.iter().zip(&whole.positions).enumerate() {
+            assert_eq!(a.next, ids[i + 1]);
+            let norm = (a.log_norm - b.log_norm).abs() / b.log_norm.abs();
+            let ok = (a.logprob - b.logprob).abs() < SLICED_LOGPROB_TOL && norm < A16_LOGIT_TOL;
+            assert!(ok, "{acts:?} position {i}: {a:?} vs {b:?}");
+        }
+        let d = (sliced.perplexity / whole.perplexity - 1.0).abs();
+        assert!(
+            d < SLICED_LOGPROB_TOL,
+            "{acts:?}: perplexity {sliced:?} vs {whole:?}"
+        );
+        // Unfinished scores are an error, and so are tokens outside the vocabulary.
+        let mut s = Scorer::new(&model, ids.clone(), 0).expect("scorer");
+        assert!(!s.advance(&model, 1).expect("advances"));
+        assert!(s.finish().is_err());
+        let vocab = model.cfg.vocab as u32;
+        assert!(Scorer::new(&model, vec![1, vocab], 0).is_err());
+        assert!(score(&model, &[vocab + 7, 1], 0).is_err());
+    }
+}
+
 #[test]
 fn tokenizer_round_trips_and_knows_chatml() {
     let g = open_default_model();

@@ -7,14 +7,20 @@
 //! handler that goes away (the client disconnected) drops its receivers; before every
 //! step the thread cancels the sequences whose receivers are gone, so their KV blocks are
 //! free by the next step.
+//!
+//! Prompt scoring (`echo` with log-probabilities) runs on the same thread, one scoring at
+//! a time in arrival order, at most `max_batch_tokens` positions between two steps: a
+//! long prompt to score delays the streams in flight by one slice per step, as a chunked
+//! prefill does, not by its whole length. A scoring whose client went away is dropped
+//! before its next slice.
 
 use crate::metrics::Metrics;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tessera_engine::scheduler::{Event, FinishReason, GenRequest, Scheduler, SeqId};
-use tessera_engine::score::Scored;
+use tessera_engine::score::{Scored, Scorer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 /// Events of one sequence.
@@ -25,8 +31,8 @@ enum Command {
         reqs: Vec<GenRequest>,
         reply: oneshot::Sender<Result<Vec<EventRx>, String>>,
     },
-    /// Teacher-forced scores of a prompt (`echo` with log-probabilities), computed
-    /// between steps: the streams in flight wait for it as for a long prefill.
+    /// Teacher-forced scores of a prompt (`echo` with log-probabilities), computed a
+    /// slice per step.
     Score {
         tokens: Vec<u32>,
         alternatives: usize,
@@ -42,6 +48,8 @@ enum Command {
 pub struct Shared {
     /// Sequences accepted and not yet finished.
     pub in_flight: AtomicUsize,
+    /// Prompt scorings asked for and not yet answered.
+    pub scoring: AtomicUsize,
     /// Set once a shutdown began: new requests get 503.
     pub shutting_down: AtomicBool,
 }
@@ -108,16 +116,26 @@ impl EngineHandle {
 
     /// ln p of each token of `tokens` after the first given the ones before it, with the
     /// `alternatives` most likely tokens at each position ([`tessera_engine::score`]).
+    /// Counted in [`Shared::scoring`] from the call until the answer.
     pub async fn score(&self, tokens: Vec<u32>, alternatives: usize) -> Result<Scored, String> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Score {
-                tokens,
-                alternatives,
-                reply,
-            })
-            .map_err(|_| "the engine has stopped".to_string())?;
+        self.shared.scoring.fetch_add(1, Ordering::Relaxed);
+        let sent = self.tx.send(Command::Score {
+            tokens,
+            alternatives,
+            reply,
+        });
+        if sent.is_err() {
+            self.shared.scoring.fetch_sub(1, Ordering::Relaxed);
+            return Err("the engine has stopped".to_string());
+        }
+        // The engine thread takes the count back when it answers or drops the scoring.
         rx.await.map_err(|_| "the engine has stopped".to_string())?
+    }
+
+    /// Sequences and prompt scorings accepted and not yet finished.
+    pub fn queued(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed) + self.shared.scoring.load(Ordering::Relaxed)
     }
 
     /// Cancels every sequence in flight.
@@ -131,12 +149,55 @@ impl EngineHandle {
     }
 }
 
+/// A prompt being scored (or waiting to be) and who wants its scores.
+struct ScoreJob {
+    scorer: Scorer,
+    reply: oneshot::Sender<Result<Scored, String>>,
+}
+
+/// Answers the scoring at the front of `jobs` and removes it.
+fn answer(jobs: &mut VecDeque<ScoreJob>, shared: &Shared, res: Result<Scored, String>) {
+    if let Some(job) = jobs.pop_front() {
+        let _ = job.reply.send(res);
+        shared.scoring.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Scores the next slice of the first live scoring in `jobs`: scorings whose client went
+/// away are dropped first; a finished or failed one is answered. Returns the positions
+/// scored.
+fn score_slice(jobs: &mut VecDeque<ScoreJob>, s: &Scheduler, shared: &Shared) -> usize {
+    while jobs.front().is_some_and(|j| j.reply.is_closed()) {
+        jobs.pop_front();
+        shared.scoring.fetch_sub(1, Ordering::Relaxed);
+    }
+    let Some(job) = jobs.front_mut() else {
+        return 0;
+    };
+    let before = job.scorer.progress().0;
+    let res = job.scorer.advance(s.model(), s.config().max_batch_tokens);
+    let scored = job.scorer.progress().0 - before;
+    match res {
+        Ok(false) => {}
+        Ok(true) => {
+            let job = jobs.pop_front().expect("the front job");
+            let _ = job
+                .reply
+                .send(job.scorer.finish().map_err(|e| e.to_string()));
+            shared.scoring.fetch_sub(1, Ordering::Relaxed);
+        }
+        Err(e) => answer(jobs, shared, Err(e.to_string())),
+    }
+    scored
+}
+
 fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metrics: Arc<Metrics>) {
     let mut routes: HashMap<SeqId, Route> = HashMap::new();
+    let mut scoring: VecDeque<ScoreJob> = VecDeque::new();
     let mut stop = false;
     while !stop {
         // Idle: sleep until a command comes. Busy: take what has come, then step.
-        let first = if s.has_work() {
+        let first = if s.has_work() || !scoring.is_empty() {
             rx.try_recv().ok()
         } else {
             match rx.recv() {
@@ -159,11 +220,23 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
                     tokens,
                     alternatives,
                     reply,
-                } => {
-                    let scored = tessera_engine::score::score(s.model(), &tokens, alternatives);
-                    let _ = reply.send(scored.map_err(|e| e.to_string()));
+                } => match Scorer::new(s.model(), tokens, alternatives) {
+                    Ok(scorer) => scoring.push_back(ScoreJob { scorer, reply }),
+                    Err(e) => {
+                        let _ = reply.send(Err(e.to_string()));
+                        shared.scoring.fetch_sub(1, Ordering::Relaxed);
+                    }
+                },
+                Command::CancelAll => {
+                    cancel_where(&mut s, &mut routes, &shared, |_| true);
+                    while !scoring.is_empty() {
+                        answer(
+                            &mut scoring,
+                            &shared,
+                            Err("cancelled: the server is shutting down".into()),
+                        );
+                    }
                 }
-                Command::CancelAll => cancel_where(&mut s, &mut routes, &shared, |_| true),
                 Command::Stop => stop = true,
             }
         }
@@ -171,8 +244,13 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
         cancel_where(&mut s, &mut routes, &shared, |r| r.tx.is_closed());
         if stop {
             cancel_where(&mut s, &mut routes, &shared, |_| true);
+            while !scoring.is_empty() {
+                answer(&mut scoring, &shared, Err("the engine has stopped".into()));
+            }
             break;
         }
+        let scored = score_slice(&mut scoring, &s, &shared);
+        metrics.record_scoring(scoring.len(), scored);
         let before = s.stats();
         let events = match s.step() {
             Ok(e) => e,

@@ -48,7 +48,7 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// The model id clients name (`/v1/models` lists it).
     pub model_name: String,
-    /// Sequences accepted and unfinished before new requests get 429.
+    /// Sequences and prompt scorings accepted and unfinished before new requests get 429.
     pub max_queue: usize,
     /// Largest request body in bytes (413 above it).
     pub max_body: usize,

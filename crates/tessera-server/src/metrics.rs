@@ -1,6 +1,7 @@
 //! Prometheus metrics (the `prometheus-client` crate does the text format): requests by
 //! endpoint and status, the scheduler's queue and running set, KV blocks, the prefix
-//! cache's hit rate, tokens (counters, and a recent tokens/s gauge), and histograms of
+//! cache's hit rate, tokens (counters, and a recent tokens/s gauge), prompt scorings
+//! (`echo` with log-probabilities: queued, and positions scored), and histograms of
 //! time to first token and inter-token latency. The engine thread updates everything but
 //! the request counters after every step.
 
@@ -37,6 +38,8 @@ pub struct Metrics {
     generated_tokens: Counter,
     preemptions: Counter,
     tokens_per_s: Gauge<f64, AtomicU64>,
+    scorings: Gauge,
+    scored_positions: Counter,
     /// Time to first token, seconds.
     pub ttft: Histogram,
     /// Time between tokens of a stream, seconds.
@@ -70,6 +73,8 @@ impl Metrics {
             generated_tokens: Counter::default(),
             preemptions: Counter::default(),
             tokens_per_s: Gauge::default(),
+            scorings: Gauge::default(),
+            scored_positions: Counter::default(),
             // 1 ms .. ~33 s and 0.25 ms .. ~8 s.
             ttft: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             itl: Histogram::new(exponential_buckets(0.00025, 2.0, 16)),
@@ -133,6 +138,16 @@ impl Metrics {
             m.tokens_per_s.clone(),
         );
         r.register(
+            "prompt_scorings",
+            "Prompt scorings (echo with logprobs) queued or running",
+            m.scorings.clone(),
+        );
+        r.register(
+            "scored_positions",
+            "Prompt positions scored for echo with logprobs",
+            m.scored_positions.clone(),
+        );
+        r.register(
             "time_to_first_token_seconds",
             "From a sequence's submission to its first token",
             m.ttft.clone(),
@@ -158,6 +173,12 @@ impl Metrics {
     /// Counts one generated token.
     pub fn token(&self) {
         self.generated_tokens.inc();
+    }
+
+    /// Records the prompt scorings queued or running and `positions` more scored.
+    pub fn record_scoring(&self, queued: usize, positions: usize) {
+        self.scorings.set(queued as i64);
+        self.scored_positions.inc_by(positions as u64);
     }
 
     /// Updates the engine's gauges and counters from the stats before and after a step.

@@ -276,17 +276,7 @@ async fn generate(
         .into_response());
     }
     let reqs = requests(st, &prompts, &common)?;
-    let in_flight = st.engine.shared.in_flight.load(Ordering::Relaxed);
-    if in_flight + reqs.len() > st.max_queue {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            format!(
-                "{in_flight} sequences are in flight (limit {}); retry shortly",
-                st.max_queue
-            ),
-        ));
-    }
+    admit(st, reqs.len())?;
     let rxs = st
         .engine
         .submit(reqs)
@@ -314,6 +304,22 @@ async fn generate(
     Ok(Json(collect(&st.tok, &job, rxs, echo.as_deref()).await?).into_response())
 }
 
+/// A 429 unless `n` more sequences or scorings fit under `--max-queue`.
+fn admit(st: &AppState, n: usize) -> ApiResult<()> {
+    let queued = st.engine.queued();
+    if queued + n > st.max_queue {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "{queued} sequences and prompt scorings are in flight (limit {}); retry shortly",
+                st.max_queue
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The prompt's part of an `echo` answer: the prompt as given (token ids decoded) and,
 /// when log-probabilities are asked for, one entry per prompt token, the first with
 /// null log-probability and alternatives (nothing predicts it).
@@ -331,6 +337,9 @@ async fn echoes(
     ids: &[Vec<u32>],
     logprobs: Option<usize>,
 ) -> ApiResult<Vec<Echo>> {
+    if logprobs.is_some() {
+        admit(st, ids.iter().filter(|p| p.len() > 1).count())?;
+    }
     let mut out = Vec::with_capacity(ids.len());
     for (p, ids) in given.iter().zip(ids) {
         let text = match p {
@@ -356,11 +365,16 @@ async fn echoes(
         }
         let mut entries = Vec::new();
         if let Some(k) = logprobs {
-            // The request was checked above, so a failure here is the server's.
+            // The request was checked above, so a failure here is the server's: a 503
+            // when a shutdown cancelled the scoring, a 500 otherwise.
             let scored = match ids.len() {
                 0 | 1 => None,
                 _ => Some(st.engine.score(ids.clone(), k).await.map_err(|e| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e)
+                    let status = match st.engine.shared.shutting_down.load(Ordering::Relaxed) {
+                        true => StatusCode::SERVICE_UNAVAILABLE,
+                        false => StatusCode::INTERNAL_SERVER_ERROR,
+                    };
+                    ApiError::new(status, "server_error", e)
                 })?),
             };
             let mut offset = 0;
