@@ -10,13 +10,20 @@ use crate::{Error, Result};
 use minijinja::{context, Environment, ErrorKind};
 use serde::Serialize;
 
-/// One chat message.
+/// One chat message. The optional fields reach the template only when set (`message.name
+/// is defined` is false otherwise), as Hugging Face passes a message's keys as given.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Message {
     /// `system`, `user` or `assistant` (templates may accept others).
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The participant's name (OpenAI's `name`), for templates that print it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The tool call a `tool` message answers (OpenAI's `tool_call_id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -25,6 +32,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            name: None,
+            tool_call_id: None,
         }
     }
 }
@@ -115,6 +124,31 @@ mod tests {
         let long: Vec<Message> = (0..10_000).map(|_| Message::new("user", "Hi")).collect();
         let text = t.render(&long, true).unwrap();
         assert_eq!(text.matches("<|im_start|>user").count(), 10_000);
+    }
+
+    /// `name` and `tool_call_id` reach a template that prints them, and only when set, as
+    /// transformers passes a message's keys (the expected text is written out by hand).
+    #[test]
+    fn optional_message_fields_reach_the_template() {
+        let src = "{% for m in messages %}{{ m.role }}{% if m.name is defined %} ({{ m.name }})\
+                   {% endif %}{% if m.tool_call_id is defined %} [{{ m.tool_call_id }}]{% endif %}\
+                   : {{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let named = Message {
+            name: Some("Ada".into()),
+            ..Message::new("user", "Hi")
+        };
+        let answer = Message {
+            tool_call_id: Some("call_7".into()),
+            ..Message::new("tool", "42")
+        };
+        let got = t
+            .render(&[Message::new("system", "Be brief."), named, answer], false)
+            .unwrap();
+        assert_eq!(
+            got,
+            "system: Be brief.\nuser (Ada): Hi\ntool [call_7]: 42\n"
+        );
     }
 
     #[test]

@@ -282,7 +282,8 @@ impl Engine {
     }
 
     /// Generates the assistant's reply to `messages` (a list of {"role", "content"}
-    /// dicts) through the model's chat template; keywords as for `generate`.
+    /// dicts, optionally with "name" or "tool_call_id") through the model's chat template;
+    /// keywords as for `generate`.
     #[pyo3(signature = (messages, **kwargs))]
     fn chat<'py>(
         &self,
@@ -301,7 +302,21 @@ impl Engine {
                         ))
                     })
             };
-            msgs.push(Message::new(&get("role")?, &get("content")?));
+            // Optional str keys reach the template as given (as Hugging Face passes them).
+            let optional = |key: &str| -> PyResult<Option<String>> {
+                match m.get_item(key) {
+                    Err(_) => Ok(None),
+                    Ok(v) if v.is_none() => Ok(None),
+                    Ok(v) => v.extract::<String>().map(Some).map_err(|_| {
+                        PyValueError::new_err(format!("messages[{i}][\"{key}\"] must be a str"))
+                    }),
+                }
+            };
+            msgs.push(Message {
+                name: optional("name")?,
+                tool_call_id: optional("tool_call_id")?,
+                ..Message::new(&get("role")?, &get("content")?)
+            });
         }
         if msgs.is_empty() {
             return Err(PyValueError::new_err("messages: empty conversation"));

@@ -131,6 +131,8 @@ def test_bad_requests_raise(engine):
         engine.chat([])
     with pytest.raises(ValueError):
         engine.chat([{"role": "user"}])
+    with pytest.raises(ValueError, match="name"):
+        engine.chat([{"role": "user", "content": "Hi", "name": 3}])
     with pytest.raises(ValueError):
         tessera.Engine("/nonexistent/model.gguf")
     with pytest.raises(ValueError):

@@ -174,9 +174,17 @@ pub fn common(m: &Map<String, Value>, chat: bool) -> ApiResult<Common> {
     // With echo, max_tokens 0 asks for the prompt's scores alone (as evaluation
     // harnesses do).
     let least = u64::from(!echo);
-    let max_tokens = match uint(m, "max_completion_tokens", least, u32::MAX as u64)? {
-        Some(v) => Some(v),
-        None => uint(m, "max_tokens", least, u32::MAX as u64)?,
+    let max_tokens = match (
+        uint(m, "max_completion_tokens", least, u32::MAX as u64)?,
+        uint(m, "max_tokens", least, u32::MAX as u64)?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("max_tokens {b} and max_completion_tokens {a} disagree; give one"),
+            ))
+        }
+        (a, b) => a.or(b),
     };
     let temperature = float(m, "temperature", 0.0, 2.0, 1.0)?;
     let top_p = float(m, "top_p", 0.0, 1.0, 1.0)?;
@@ -319,6 +327,58 @@ fn logit_bias(m: &Map<String, Value>) -> ApiResult<Vec<(u32, f32)>> {
         .collect()
 }
 
+/// Fields both endpoints read.
+#[rustfmt::skip]
+const COMMON_FIELDS: &[&str] = &[
+    "model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+    "presence_penalty", "logit_bias", "logprobs", "stop", "seed", "response_format",
+    "ignore_eos",
+];
+/// Fields only chat reads (tools, audio and modalities to refuse all but their neutral
+/// spellings; `parallel_tool_calls` means nothing without tools).
+#[rustfmt::skip]
+const CHAT_FIELDS: &[&str] = &[
+    "messages", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+    "parallel_tool_calls", "audio", "modalities",
+];
+/// Fields only completions read.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
+/// OpenAI fields about accounts, storage and routing at OpenAI: they cannot change an
+/// answer, so they are accepted and have no effect here.
+#[rustfmt::skip]
+const NO_EFFECT_FIELDS: &[&str] = &[
+    "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+];
+
+/// A field this endpoint does not read is a 400 naming it (OpenAI answers the same), so
+/// a misspelt `max_token` or a vendor extension is never dropped silently.
+fn unknown_fields(m: &Map<String, Value>, chat: bool) -> ApiResult<()> {
+    let own = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    let known = |k: &str| {
+        [COMMON_FIELDS, own, NO_EFFECT_FIELDS]
+            .iter()
+            .any(|l| l.contains(&k))
+    };
+    let Some(k) = m.keys().find(|k| !known(k)) else {
+        return Ok(());
+    };
+    let endpoint = if chat {
+        "chat completions"
+    } else {
+        "completions"
+    };
+    let mut read: Vec<&str> = [COMMON_FIELDS, own].concat();
+    read.sort_unstable();
+    Err(ApiError::invalid(
+        k,
+        format!(
+            "unrecognized field {k:?}: {endpoint} here read {}",
+            read.join(", ")
+        ),
+    ))
+}
+
 /// Refuses the fields OpenAI defines that would change the output and that this server
 /// does not implement (chat: function and tool calling, audio; completions: `echo`
 /// with `stream`, `best_of` > 1, `suffix`). Their neutral spellings (an empty tool
@@ -330,6 +390,7 @@ pub fn unsupported(m: &Map<String, Value>, chat: bool) -> ApiResult<()> {
             format!("{k} is not supported by this server ({what})"),
         ))
     };
+    unknown_fields(m, chat)?;
     let neutral_choice = |v: &Value| matches!(v.as_str(), Some("none" | "auto"));
     if chat {
         for k in ["tools", "functions"] {
@@ -403,9 +464,27 @@ pub fn messages(m: &Map<String, Value>) -> ApiResult<Vec<Message>> {
                 Some(Value::Null) | None if role == "assistant" => String::new(),
                 _ => return Err(ApiError::invalid(&p, format!("{p}.content must be a string or a list of text parts"))),
             };
+            // A history with tool calls cannot be rendered faithfully: this server has no
+            // tools (`unsupported` refuses them), so its messages carry no calls either.
+            for key in ["tool_calls", "function_call"] {
+                match msg.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Array(a)) if a.is_empty() => {}
+                    Some(_) => return Err(ApiError::invalid(&format!("{p}.{key}"), format!("{p}.{key} is not supported: this server does not implement tool calling"))),
+                }
+            }
+            let text_field = |key: &str| match msg.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(v) => Err(ApiError::invalid(&format!("{p}.{key}"), format!("{p}.{key} must be a string, got {v}"))),
+            };
             // "developer" is OpenAI's newer name for the system role.
             let role = if role == "developer" { "system" } else { role };
-            Ok(Message::new(role, &content))
+            Ok(Message {
+                name: text_field("name")?,
+                tool_call_id: text_field("tool_call_id")?,
+                ..Message::new(role, &content)
+            })
         })
         .collect()
 }
@@ -494,5 +573,87 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 3, "{seen} seeds");
+    }
+
+    /// Fields an endpoint does not read are 400s naming them, OpenAI's no-effect fields
+    /// pass, and the two spellings of max_tokens must agree.
+    #[test]
+    fn unknown_fields_are_refused() {
+        let chat = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        let completion = json!({"model": "m", "prompt": "x"});
+        let with = |base: &Value, k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            object(b.to_string().as_bytes()).unwrap()
+        };
+        for (base, is_chat, k, v) in [
+            (&chat, true, "max_token", json!(4)),
+            (&chat, true, "echo", json!(true)),
+            (&chat, true, "stop_token_ids", json!([2])),
+            (&completion, false, "top_logprobs", json!(2)),
+            (&completion, false, "messages", json!([])),
+            (&completion, false, "min_tokens", json!(3)),
+        ] {
+            let e = unsupported(&with(base, k, v), is_chat).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(k), "{e:?}");
+            assert!(
+                e.message.contains("max_tokens"),
+                "lists what is read: {e:?}"
+            );
+        }
+        for (base, is_chat) in [(&chat, true), (&completion, false)] {
+            for k in NO_EFFECT_FIELDS.iter().chain(COMMON_FIELDS) {
+                // Known fields pass this check (their values are checked by `common`).
+                unsupported(&with(base, k, json!(null)), is_chat).unwrap();
+            }
+        }
+        let both = |a: u64, b: u64| {
+            let mut m = with(&chat, "max_tokens", json!(a));
+            m.insert("max_completion_tokens".into(), json!(b));
+            common(&m, true)
+        };
+        assert_eq!(both(7, 7).unwrap().max_tokens, Some(7));
+        assert_eq!(both(7, 8).unwrap_err().param.as_deref(), Some("max_tokens"));
+    }
+
+    /// A message's `name` and `tool_call_id` are kept for the template; tool calls in the
+    /// history and non-string names are 400s naming the field.
+    #[test]
+    fn message_fields_are_kept_or_refused() {
+        let req =
+            |messages: Value| object(json!({"messages": messages}).to_string().as_bytes()).unwrap();
+        let m = req(json!([{"role": "user", "content": "Hi", "name": "Ada"},
+                            {"role": "assistant", "content": "Hello", "tool_calls": []},
+                            {"role": "tool", "content": "42", "tool_call_id": "call_7"}]));
+        let got = messages(&m).unwrap();
+        assert_eq!(got[0].name.as_deref(), Some("Ada"));
+        assert_eq!(
+            (got[1].name.as_deref(), got[1].tool_call_id.as_deref()),
+            (None, None)
+        );
+        assert_eq!(got[2].tool_call_id.as_deref(), Some("call_7"));
+        let calls = json!([{"id": "call_7", "type": "function",
+                            "function": {"name": "f", "arguments": "{}"}}]);
+        for (bad, param) in [
+            (
+                json!([{"role": "assistant", "content": null, "tool_calls": calls}]),
+                "messages[0].tool_calls",
+            ),
+            (
+                json!([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}]),
+                "messages[0].function_call",
+            ),
+            (
+                json!([{"role": "user", "content": "x"}, {"role": "user", "content": "y", "name": 3}]),
+                "messages[1].name",
+            ),
+            (
+                json!([{"role": "tool", "content": "x", "tool_call_id": ["a"]}]),
+                "messages[0].tool_call_id",
+            ),
+        ] {
+            let e = messages(&req(bad.clone())).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}: {e:?}");
+        }
     }
 }

@@ -140,6 +140,20 @@ def test_errors_are_the_clients_exceptions(client, server):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], tools=[tool])
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logit_bias={"7": 300})
+    # A history with a tool call is refused, naming it; a participant's name is accepted.
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "content": "1", "tool_call_id": "call_1"}]
+    with pytest.raises(openai.BadRequestError, match="tool_calls"):
+        client.chat.completions.create(model=MODEL, messages=history)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi", "name": "Ada"}],
+                                       max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    # A misspelt or foreign field is a 400 naming it; OpenAI's no-effect `user` passes.
+    with pytest.raises(openai.BadRequestError, match="max_token"):
+        client.completions.create(model=MODEL, prompt="x", extra_body={"max_token": 4})
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=1, user="ada")
+    assert r.usage.completion_tokens == 1
 
 
 def test_logit_bias_through_the_client(client):
