@@ -25,8 +25,9 @@ pub struct BatchArgs {
     /// Most sequences running at once (default: --concurrency for bench-serve, 16 else).
     #[arg(long)]
     pub max_seqs: Option<usize>,
-    /// Most tokens per step (decode tokens plus prompt chunks): smaller keeps
-    /// inter-token latency flat while long prompts arrive, larger prefills faster.
+    /// Most tokens per step (decode tokens plus prompt chunks; `serve` scores an echoed
+    /// prompt with what a step leaves): smaller keeps inter-token latency flat while long
+    /// prompts arrive, larger prefills faster.
     #[arg(long, default_value_t = 256)]
     pub max_batch_tokens: usize,
     /// KV cache pool size, e.g. 2GiB or 512M (default: a quarter of RAM, at most what

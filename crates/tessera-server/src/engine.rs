@@ -9,10 +9,10 @@
 //! free by the next step.
 //!
 //! Prompt scoring (`echo` with log-probabilities) runs on the same thread, one scoring at
-//! a time in arrival order, at most `max_batch_tokens` positions between two steps: a
-//! long prompt to score delays the streams in flight by one slice per step, as a chunked
-//! prefill does, not by its whole length. A scoring whose client went away is dropped
-//! before its next slice.
+//! a time in arrival order, after each step with what the step left of `max_batch_tokens`
+//! (one position at least): a long prompt to score delays the streams in flight by one
+//! slice per step, as a chunked prefill does, not by its whole length. A scoring whose
+//! client went away is dropped before its next slice.
 
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
@@ -163,10 +163,15 @@ fn answer(jobs: &mut VecDeque<ScoreJob>, shared: &Shared, res: Result<Scored, St
     }
 }
 
-/// Scores the next slice of the first live scoring in `jobs`: scorings whose client went
-/// away are dropped first; a finished or failed one is answered. Returns the positions
-/// scored.
-fn score_slice(jobs: &mut VecDeque<ScoreJob>, s: &Scheduler, shared: &Shared) -> usize {
+/// Scores the next slice, `budget` positions at most, of the first live scoring in
+/// `jobs`: scorings whose client went away are dropped first; a finished or failed one is
+/// answered. Returns the positions scored.
+fn score_slice(
+    jobs: &mut VecDeque<ScoreJob>,
+    s: &Scheduler,
+    shared: &Shared,
+    budget: usize,
+) -> usize {
     while jobs.front().is_some_and(|j| j.reply.is_closed()) {
         jobs.pop_front();
         shared.scoring.fetch_sub(1, Ordering::Relaxed);
@@ -175,7 +180,7 @@ fn score_slice(jobs: &mut VecDeque<ScoreJob>, s: &Scheduler, shared: &Shared) ->
         return 0;
     };
     let before = job.scorer.progress().0;
-    let res = job.scorer.advance(s.model(), s.config().max_batch_tokens);
+    let res = job.scorer.advance(s.model(), budget);
     let scored = job.scorer.progress().0 - before;
     match res {
         Ok(false) => {}
@@ -249,8 +254,6 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
             }
             break;
         }
-        let scored = score_slice(&mut scoring, &s, &shared);
-        metrics.record_scoring(scoring.len(), scored);
         let before = s.stats();
         let events = match s.step() {
             Ok(e) => e,
@@ -298,7 +301,15 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
                 shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        metrics.record_step(&before, &s.stats());
+        let after = s.stats();
+        metrics.record_step(&before, &after);
+        // A scoring takes what the step left of the token budget (one position at least),
+        // after the step's events are on their way.
+        let used = (after.prompt_tokens_computed + after.decode_tokens)
+            - (before.prompt_tokens_computed + before.decode_tokens);
+        let budget = s.config().max_batch_tokens.saturating_sub(used as usize);
+        let scored = score_slice(&mut scoring, &s, &shared, budget.max(1));
+        metrics.record_scoring(scoring.len(), scored);
     }
     metrics.record_step(&s.stats(), &s.stats());
 }

@@ -149,8 +149,9 @@ fn wait_for_metric(a: std::net::SocketAddr, name: &str, done: impl Fn(f64) -> bo
 }
 
 /// A long prompt to score shares the engine with the streams in flight: with a 64-token
-/// step budget, a 3,000-token prompt takes 47 slices, one per step, so a stream with 31
-/// tokens left when the scoring starts ends first (before, the whole prompt was scored
+/// step budget and one stream decoding, a 3,000-token prompt takes 48 slices of 63
+/// positions, one per step, so a stream with 31 tokens left when the scoring starts ends
+/// first (before, the whole prompt was scored
 /// between two steps and the stream waited for it). A scoring counts under
 /// `--max-queue`, and one whose client went away stops at its next slice.
 #[test]
