@@ -185,11 +185,12 @@ fn score_slice(
     match res {
         Ok(false) => {}
         Ok(true) => {
-            let job = jobs.pop_front().expect("the front job");
-            let _ = job
-                .reply
-                .send(job.scorer.finish().map_err(|e| e.to_string()));
-            shared.scoring.fetch_sub(1, Ordering::Relaxed);
+            if let Some(job) = jobs.pop_front() {
+                let _ = job
+                    .reply
+                    .send(job.scorer.finish().map_err(|e| e.to_string()));
+                shared.scoring.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         Err(e) => answer(jobs, shared, Err(e.to_string())),
     }
