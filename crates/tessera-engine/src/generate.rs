@@ -3,7 +3,7 @@
 
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::llama::{Config, Llama};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Detok, Tokenizer};
 use crate::{Error, Result};
 use rand::{Rng as _, SeedableRng};
 use std::time::Instant;
@@ -110,28 +110,33 @@ impl Sampling {
             .map(|c| c.1.as_str())
             .collect();
         if !bad.is_empty() {
-            return Err(Error::Model(format!("sampling: {}", bad.join("; "))));
+            return Err(Error::request(
+                "sampling",
+                format!("sampling: {}", bad.join("; ")),
+            ));
         }
         let mut ids: Vec<u32> = Vec::with_capacity(self.logit_bias.len());
         for &(t, b) in &self.logit_bias {
             if t as usize >= vocab {
-                return Err(Error::Model(format!(
-                    "logit_bias: token id {t} ≥ vocabulary size {vocab}"
-                )));
+                return Err(Error::request(
+                    "sampling",
+                    format!("logit_bias: token id {t} ≥ vocabulary size {vocab}"),
+                ));
             }
             if b.is_nan() || b.abs() > MAX_LOGIT_BIAS {
-                return Err(Error::Model(format!(
-                    "logit_bias: token {t}'s bias {b} is not in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]"
-                )));
+                return Err(Error::request(
+                    "sampling",
+                    format!("logit_bias: token {t}'s bias {b} is not in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]"),
+                ));
             }
             ids.push(t);
         }
         ids.sort_unstable();
         if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::Model(format!(
-                "logit_bias: token {} given twice",
-                w[0]
-            )));
+            return Err(Error::request(
+                "sampling",
+                format!("logit_bias: token {} given twice", w[0]),
+            ));
         }
         Ok(())
     }
@@ -365,24 +370,30 @@ pub fn generate_until<M: Decoder + ?Sized>(
     let (prompt, sampling) = (&req.prompt[..], &req.sampling);
     sampling.validate(model.config().vocab)?;
     if prompt.is_empty() {
-        return Err(Error::Model("empty prompt".into()));
+        return Err(Error::request("prompt", "empty prompt"));
     }
     if req.stop.iter().any(|s| s.is_empty()) {
-        return Err(Error::Model("empty stop string".into()));
+        return Err(Error::request("stop", "empty stop string"));
     }
     if req.max_tokens == 0 {
-        return Err(Error::Model("max_tokens must be at least 1".into()));
+        return Err(Error::request(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
     }
     let capacity = prompt
         .len()
         .saturating_add(req.max_tokens)
         .min(model.config().context);
     if prompt.len() >= capacity {
-        return Err(Error::Model(format!(
-            "prompt of {} tokens does not fit the {}-token context",
-            prompt.len(),
-            model.config().context
-        )));
+        return Err(Error::request(
+            "prompt",
+            format!(
+                "prompt of {} tokens does not fit the {}-token context",
+                prompt.len(),
+                model.config().context
+            ),
+        ));
     }
     let mut seq = model.sequence(capacity, req.kv_dtype)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(sampling.seed);
@@ -433,39 +444,6 @@ pub fn generate_until<M: Decoder + ?Sized>(
     stats.text = text.text().to_string();
     stats.decode_s = t1.elapsed().as_secs_f64();
     Ok(stats)
-}
-
-/// The generated text, decoded a few tokens at a time instead of whole after every token
-/// (which made each step O(generated tokens) per sequence). Tokens `prefix..read` were
-/// decoded last time; decoding `prefix..` again and keeping what extends that text gives
-/// the new characters with the context a decoder needs (leading spaces, merged bytes),
-/// and waits while the last token ends inside a UTF-8 character.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Detok {
-    prefix: usize,
-    read: usize,
-    text: String,
-}
-
-impl Detok {
-    /// The whole text of `generated` (which grew by one token since the last call).
-    pub(crate) fn advance(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<&str> {
-        let before = tok.decode(&generated[self.prefix..self.read])?;
-        let now = tok.decode(&generated[self.prefix..])?;
-        match now.strip_prefix(before.as_str()) {
-            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
-                self.text.push_str(new);
-                (self.prefix, self.read) = (self.read, generated.len());
-            }
-            Some(_) => {}
-            // A decoder whose output for a window is not an extension: decode it all.
-            None => {
-                self.text = tok.decode(generated)?;
-                (self.prefix, self.read) = (generated.len(), generated.len());
-            }
-        }
-        Ok(&self.text)
-    }
 }
 
 /// New text of one step of a [`TextStream`].

@@ -41,8 +41,18 @@ pub enum Error {
     /// A malformed or inconsistent GGUF file.
     Gguf(String),
     #[error("model: {0}")]
-    /// A model whose configuration or weights do not fit together, or a bad request to it.
+    /// A model whose configuration or weights do not fit together.
     Model(String),
+    #[error("{detail}")]
+    /// A generation request the engine refuses: the [`scheduler::GenRequest`] field at
+    /// fault (`prompt`, `max_tokens`, `sampling`, `stop`, `logprobs`, `grammar`), so a
+    /// server can name its own, and why.
+    Request {
+        /// The request field.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     #[error("tokenizer: {0}")]
     /// A tokenizer that cannot be built or used.
     Tokenizer(String),
@@ -56,6 +66,16 @@ pub enum Error {
 
 /// The engine's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::Request`].
+    pub fn request(field: &'static str, detail: impl Into<String>) -> Self {
+        Error::Request {
+            field,
+            detail: detail.into(),
+        }
+    }
+}
 
 /// Opens a model and its tokenizer: a GGUF file, or an HF checkpoint directory (a path
 /// to a file inside one, such as its `model.safetensors`, works too).

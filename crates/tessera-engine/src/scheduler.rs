@@ -21,10 +21,11 @@
 //! depend on which other sequences share its steps.
 
 use crate::block_manager::{BlockManager, BlockStats};
-use crate::generate::{sample, Detok, Sampling, TextStream};
+use crate::generate::{sample, Sampling, TextStream};
 use crate::kv_cache::{KvDtype, KvStore, BLOCK};
 use crate::llama::{Llama, LogitRows, SeqInput};
 use crate::structured::{Constraint, Grammar, Grammars};
+use crate::tokenizer::Detok;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use rand::SeedableRng;
@@ -335,42 +336,54 @@ impl Scheduler {
         let c = &self.model.cfg;
         req.sampling.validate(c.vocab)?;
         if req.prompt.is_empty() {
-            return Err(Error::Model("empty prompt".into()));
+            return Err(Error::request("prompt", "empty prompt"));
         }
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(Error::Model(format!(
-                "token id {t} ≥ vocabulary size {}",
-                c.vocab
-            )));
+            return Err(Error::request(
+                "prompt",
+                format!("token id {t} ≥ vocabulary size {}", c.vocab),
+            ));
         }
         if req.max_tokens == 0 {
-            return Err(Error::Model("max_tokens must be at least 1".into()));
+            return Err(Error::request(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ));
         }
         if req.stop.iter().any(|s| s.is_empty()) {
-            return Err(Error::Model("empty stop string".into()));
+            return Err(Error::request("stop", "empty stop string"));
         }
         if req.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-            return Err(Error::Model(format!(
-                "top_logprobs {} > {MAX_TOP_LOGPROBS}",
-                req.logprobs.unwrap_or(0)
-            )));
+            return Err(Error::request(
+                "logprobs",
+                format!(
+                    "top_logprobs {} > {MAX_TOP_LOGPROBS}",
+                    req.logprobs.unwrap_or(0)
+                ),
+            ));
         }
         if req.prompt.len() >= c.context {
-            return Err(Error::Model(format!(
-                "prompt of {} tokens does not fit the model's {}-token context",
-                req.prompt.len(),
-                c.context
-            )));
+            return Err(Error::request(
+                "prompt",
+                format!(
+                    "prompt of {} tokens does not fit the model's {}-token context",
+                    req.prompt.len(),
+                    c.context
+                ),
+            ));
         }
         let need = limit(req, c.context).div_ceil(BLOCK);
         if need > self.cfg.kv_blocks {
-            return Err(Error::Model(format!(
-                "a request of {} prompt + {} new tokens needs {need} KV blocks of {BLOCK} \
-                 positions; the pool has {} (raise the KV memory or lower max_tokens)",
-                req.prompt.len(),
-                req.max_tokens,
-                self.cfg.kv_blocks
-            )));
+            return Err(Error::request(
+                "max_tokens",
+                format!(
+                    "a request of {} prompt + {} new tokens needs {need} KV blocks of {BLOCK} \
+                     positions; the pool has {} (raise the KV memory or lower max_tokens)",
+                    req.prompt.len(),
+                    req.max_tokens,
+                    self.cfg.kv_blocks
+                ),
+            ));
         }
         Ok(())
     }

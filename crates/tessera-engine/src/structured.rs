@@ -107,10 +107,10 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(g.top_level())
-            .map_err(|e| Error::Model(format!("invalid schema: {e}")))?;
+            .map_err(|e| Error::request("grammar", format!("invalid schema: {e}")))?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
-            return Err(Error::Model(format!("invalid schema: {e}")));
+            return Err(Error::request("grammar", format!("invalid schema: {e}")));
         }
         Ok(Constraint(m))
     }

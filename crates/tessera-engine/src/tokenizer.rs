@@ -277,6 +277,33 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(tok_err)
     }
 
+    /// Text of `ids` with special tokens as their text (`<|im_start|>`), as a prompt
+    /// given as token ids spells them.
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(tok_err)
+    }
+
+    /// The text of `ids` ([`Tokenizer::decode_with_special`] when `special`, else
+    /// [`Tokenizer::decode`]) and the byte offset in it where each token's text starts:
+    /// the length of the text the tokens before it decode to. Tokens that end inside a
+    /// UTF-8 character add nothing until the one that completes it, so they share its
+    /// offset, a character boundary. With a decoder whose windows extend each other
+    /// (byte-level BPE, SentencePiece) the offsets never decrease. Linear in the tokens
+    /// ([`Detok`]), for prompts of any length.
+    pub fn text_offsets(&self, ids: &[u32], special: bool) -> Result<(String, Vec<usize>)> {
+        let mut detok = Detok {
+            special,
+            ..Detok::default()
+        };
+        let mut offsets = Vec::with_capacity(ids.len());
+        for i in 0..ids.len() {
+            offsets.push(detok.text.len());
+            detok.advance(self, &ids[..=i])?;
+        }
+        let text = detok.finish(self, ids)?;
+        Ok((text, offsets))
+    }
+
     /// The prompt for one user message in the model's chat format: the model's own
     /// template rendered as Hugging Face renders it ([`crate::chat`]); a model without a
     /// template gets the message as is. A template that fails to render is an error.
@@ -299,6 +326,63 @@ impl Tokenizer {
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or_default();
         let t = crate::chat::ChatTemplate::new(src, &text(self.bos), &text(self.eos))?;
         t.render(messages, true)
+    }
+}
+
+/// Text decoded a few tokens at a time instead of whole after every token (which made
+/// each generation step O(generated tokens) per sequence). Tokens `prefix..read` were
+/// decoded last time; decoding `prefix..` again and keeping what extends that text gives
+/// the new characters with the context a decoder needs (leading spaces, merged bytes),
+/// and waits while the last token ends inside a UTF-8 character. Special tokens are
+/// skipped (generated text), or kept as their text when `special` is set.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Detok {
+    prefix: usize,
+    read: usize,
+    text: String,
+    special: bool,
+}
+
+impl Detok {
+    fn decode(&self, tok: &Tokenizer, ids: &[u32]) -> Result<String> {
+        match self.special {
+            true => tok.decode_with_special(ids),
+            false => tok.decode(ids),
+        }
+    }
+
+    /// The whole text of `tokens` (which grew by one token since the last call), up to
+    /// a character the last tokens have not finished.
+    pub(crate) fn advance(&mut self, tok: &Tokenizer, tokens: &[u32]) -> Result<&str> {
+        let before = self.decode(tok, &tokens[self.prefix..self.read])?;
+        let now = self.decode(tok, &tokens[self.prefix..])?;
+        match now.strip_prefix(before.as_str()) {
+            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
+                self.text.push_str(new);
+                (self.prefix, self.read) = (self.read, tokens.len());
+            }
+            Some(_) => {}
+            // A decoder whose output for a window is not an extension: decode it all.
+            None => {
+                self.text = self.decode(tok, tokens)?;
+                (self.prefix, self.read) = (tokens.len(), tokens.len());
+            }
+        }
+        Ok(&self.text)
+    }
+
+    /// The whole text of `tokens` (the ones [`Detok::advance`] saw last), an unfinished
+    /// last character included as the decoder spells it (U+FFFD).
+    fn finish(mut self, tok: &Tokenizer, tokens: &[u32]) -> Result<String> {
+        if self.read < tokens.len() {
+            let before = self.decode(tok, &tokens[self.prefix..self.read])?;
+            let now = self.decode(tok, &tokens[self.prefix..])?;
+            match now.strip_prefix(before.as_str()) {
+                Some(rest) => self.text.push_str(rest),
+                None => self.text = self.decode(tok, tokens)?,
+            }
+        }
+        Ok(self.text)
     }
 }
 

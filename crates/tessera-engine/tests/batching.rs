@@ -464,24 +464,24 @@ fn bad_limits_and_requests_are_clear_errors() {
     let ctx = f.model.cfg.context;
     let vocab = f.model.cfg.vocab as u32;
     let cases = [
-        (greedy(vec![], 4), "empty prompt"),
-        (greedy(vec![1], 0), "max_tokens"),
-        (greedy(vec![vocab], 4), "vocabulary"),
-        (greedy(vec![1; ctx], 4), "context"),
-        (greedy(vec![1; 40], 40), "needs 5 KV blocks"),
+        (greedy(vec![], 4), ("prompt", "empty prompt")),
+        (greedy(vec![1], 0), ("max_tokens", "max_tokens")),
+        (greedy(vec![vocab], 4), ("prompt", "vocabulary")),
+        (greedy(vec![1; ctx], 4), ("prompt", "context")),
+        (greedy(vec![1; 40], 40), ("max_tokens", "needs 5 KV blocks")),
         (
             GenRequest {
                 logprobs: Some(21),
                 ..greedy(vec![1], 1)
             },
-            "top_logprobs",
+            ("logprobs", "top_logprobs"),
         ),
         (
             GenRequest {
                 stop: vec![String::new()],
                 ..greedy(vec![1], 1)
             },
-            "stop string",
+            ("stop", "stop string"),
         ),
         (
             GenRequest {
@@ -491,12 +491,20 @@ fn bad_limits_and_requests_are_clear_errors() {
                 },
                 ..greedy(vec![1], 1)
             },
-            "temperature",
+            ("sampling", "temperature"),
         ),
     ];
-    for (req, want) in cases {
-        let e = s.check(&req).unwrap_err().to_string();
-        assert!(e.contains(want), "{want}: {e}");
+    // Each names the request field at fault (a server maps it to its own parameter).
+    for (req, (field, want)) in cases {
+        match s.check(&req).unwrap_err() {
+            tessera_engine::Error::Request { field: f, detail } => {
+                assert!(
+                    f == field && detail.contains(want),
+                    "{field} {want}: {f} {detail}"
+                )
+            }
+            e => panic!("{field} {want}: not a request error: {e}"),
+        }
     }
     // The single-sequence path says the same of max_tokens 0 (it once blamed the context).
     let req = tessera_engine::generate::Request {
@@ -505,5 +513,14 @@ fn bad_limits_and_requests_are_clear_errors() {
         ..Default::default()
     };
     let e = tessera_engine::generate::generate(&*f.model, &f.tok, &req, |_| {}).unwrap_err();
-    assert!(e.to_string().contains("max_tokens"), "{e}");
+    assert!(
+        matches!(
+            e,
+            tessera_engine::Error::Request {
+                field: "max_tokens",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }

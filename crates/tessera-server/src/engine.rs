@@ -26,17 +26,30 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 /// Events of one sequence.
 pub type EventRx = tmpsc::UnboundedReceiver<Event>;
 
+/// Why the engine thread did not queue a submission or did not finish a scoring: typed,
+/// so a handler answers 400, 503 or 500 from what happened, not from its wording.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A request the engine refuses ([`tessera_engine::Error::Request`] names the field
+    /// at fault).
+    Request(tessera_engine::Error),
+    /// The server is shutting down: the thread stopped, or cancelled the work.
+    Stopped,
+    /// The engine failed while running it (the server's fault, not the request's).
+    Failed(String),
+}
+
 enum Command {
     Submit {
         reqs: Vec<GenRequest>,
-        reply: oneshot::Sender<Result<Vec<EventRx>, String>>,
+        reply: oneshot::Sender<Result<Vec<EventRx>, Refusal>>,
     },
     /// Teacher-forced scores of a prompt (`echo` with log-probabilities), computed a
     /// slice per step.
     Score {
         tokens: Vec<u32>,
         alternatives: usize,
-        reply: oneshot::Sender<Result<Scored, String>>,
+        reply: oneshot::Sender<Result<Scored, Refusal>>,
     },
     /// Cancel everything in flight (the end of a graceful shutdown's grace period).
     CancelAll,
@@ -106,18 +119,18 @@ impl EngineHandle {
 
     /// Queues `reqs` as one group: every one is checked first, and either all are queued
     /// (one event receiver each, in order) or none is (the first error).
-    pub async fn submit(&self, reqs: Vec<GenRequest>) -> Result<Vec<EventRx>, String> {
+    pub async fn submit(&self, reqs: Vec<GenRequest>) -> Result<Vec<EventRx>, Refusal> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Submit { reqs, reply })
-            .map_err(|_| "the engine has stopped".to_string())?;
-        rx.await.map_err(|_| "the engine has stopped".to_string())?
+            .map_err(|_| Refusal::Stopped)?;
+        rx.await.map_err(|_| Refusal::Stopped)?
     }
 
     /// ln p of each token of `tokens` after the first given the ones before it, with the
     /// `alternatives` most likely tokens at each position ([`tessera_engine::score`]).
     /// Counted in [`Shared::scoring`] from the call until the answer.
-    pub async fn score(&self, tokens: Vec<u32>, alternatives: usize) -> Result<Scored, String> {
+    pub async fn score(&self, tokens: Vec<u32>, alternatives: usize) -> Result<Scored, Refusal> {
         let (reply, rx) = oneshot::channel();
         self.shared.scoring.fetch_add(1, Ordering::Relaxed);
         let sent = self.tx.send(Command::Score {
@@ -127,10 +140,10 @@ impl EngineHandle {
         });
         if sent.is_err() {
             self.shared.scoring.fetch_sub(1, Ordering::Relaxed);
-            return Err("the engine has stopped".to_string());
+            return Err(Refusal::Stopped);
         }
         // The engine thread takes the count back when it answers or drops the scoring.
-        rx.await.map_err(|_| "the engine has stopped".to_string())?
+        rx.await.map_err(|_| Refusal::Stopped)?
     }
 
     /// Sequences and prompt scorings accepted and not yet finished.
@@ -152,11 +165,11 @@ impl EngineHandle {
 /// A prompt being scored (or waiting to be) and who wants its scores.
 struct ScoreJob {
     scorer: Scorer,
-    reply: oneshot::Sender<Result<Scored, String>>,
+    reply: oneshot::Sender<Result<Scored, Refusal>>,
 }
 
 /// Answers the scoring at the front of `jobs` and removes it.
-fn answer(jobs: &mut VecDeque<ScoreJob>, shared: &Shared, res: Result<Scored, String>) {
+fn answer(jobs: &mut VecDeque<ScoreJob>, shared: &Shared, res: Result<Scored, Refusal>) {
     if let Some(job) = jobs.pop_front() {
         let _ = job.reply.send(res);
         shared.scoring.fetch_sub(1, Ordering::Relaxed);
@@ -186,13 +199,15 @@ fn score_slice(
         Ok(false) => {}
         Ok(true) => {
             if let Some(job) = jobs.pop_front() {
-                let _ = job
-                    .reply
-                    .send(job.scorer.finish().map_err(|e| e.to_string()));
+                let _ = job.reply.send(
+                    job.scorer
+                        .finish()
+                        .map_err(|e| Refusal::Failed(e.to_string())),
+                );
                 shared.scoring.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        Err(e) => answer(jobs, shared, Err(e.to_string())),
+        Err(e) => answer(jobs, shared, Err(Refusal::Failed(e.to_string()))),
     }
     scored
 }
@@ -229,18 +244,14 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
                 } => match Scorer::new(s.model(), tokens, alternatives) {
                     Ok(scorer) => scoring.push_back(ScoreJob { scorer, reply }),
                     Err(e) => {
-                        let _ = reply.send(Err(e.to_string()));
+                        let _ = reply.send(Err(Refusal::Request(e)));
                         shared.scoring.fetch_sub(1, Ordering::Relaxed);
                     }
                 },
                 Command::CancelAll => {
                     cancel_where(&mut s, &mut routes, &shared, |_| true);
                     while !scoring.is_empty() {
-                        answer(
-                            &mut scoring,
-                            &shared,
-                            Err("cancelled: the server is shutting down".into()),
-                        );
+                        answer(&mut scoring, &shared, Err(Refusal::Stopped));
                     }
                 }
                 Command::Stop => stop = true,
@@ -251,7 +262,7 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
         if stop {
             cancel_where(&mut s, &mut routes, &shared, |_| true);
             while !scoring.is_empty() {
-                answer(&mut scoring, &shared, Err("the engine has stopped".into()));
+                answer(&mut scoring, &shared, Err(Refusal::Stopped));
             }
             break;
         }
@@ -320,8 +331,8 @@ fn submit(
     reqs: Vec<GenRequest>,
     routes: &mut HashMap<SeqId, Route>,
     shared: &Shared,
-) -> Result<Vec<EventRx>, String> {
-    let ids = s.add_group(reqs).map_err(|e| e.to_string())?;
+) -> Result<Vec<EventRx>, Refusal> {
+    let ids = s.add_group(reqs).map_err(Refusal::Request)?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let (tx, rx) = tmpsc::unbounded_channel();

@@ -5,7 +5,7 @@
 //! error body; nothing is dropped silently.
 
 use crate::api::{self, ApiError, ApiResult, Common, Prompt};
-use crate::engine::{EngineHandle, EventRx};
+use crate::engine::{EngineHandle, EventRx, Refusal};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -239,6 +239,11 @@ async fn generate(
                     Prompt::Tokens(ids) => Ok(ids.clone()),
                 })
                 .collect::<ApiResult<Vec<_>>>()?;
+            let vocab = st.engine.vocab;
+            if let Some(t) = ids.iter().flatten().find(|&&t| t as usize >= vocab) {
+                let msg = format!("token id {t} is outside the vocabulary of {vocab}");
+                return Err(ApiError::invalid("prompt", msg));
+            }
             if let Some(i) = ids.iter().position(Vec::is_empty) {
                 let which = match ids.len() {
                     1 => "the prompt".to_string(),
@@ -275,13 +280,13 @@ async fn generate(
         )
         .into_response());
     }
-    let reqs = requests(st, &prompts, &common)?;
+    let field = match kind {
+        Kind::Chat => "messages",
+        Kind::Completion => "prompt",
+    };
+    let reqs = requests(st, field, &prompts, &common)?;
     admit(st, reqs.len())?;
-    let rxs = st
-        .engine
-        .submit(reqs)
-        .await
-        .map_err(|e| ApiError::invalid("", e))?;
+    let rxs = st.engine.submit(reqs).await.map_err(|r| refused(r, kind))?;
     let job = Job {
         kind,
         prompt_lens: prompts.iter().map(Vec::len).collect(),
@@ -320,9 +325,10 @@ fn admit(st: &AppState, n: usize) -> ApiResult<()> {
     Ok(())
 }
 
-/// The prompt's part of an `echo` answer: the prompt as given (token ids decoded) and,
-/// when log-probabilities are asked for, one entry per prompt token, the first with
-/// null log-probability and alternatives (nothing predicts it).
+/// The prompt's part of an `echo` answer: the prompt as given (token ids decoded, their
+/// special tokens spelled out) and, when log-probabilities are asked for, one entry per
+/// prompt token, the first with null log-probability and alternatives (nothing predicts
+/// it), each with the byte offset in `text` where its text starts.
 #[derive(Default)]
 struct Echo {
     text: String,
@@ -342,17 +348,29 @@ async fn echoes(
     }
     let mut out = Vec::with_capacity(ids.len());
     for (p, ids) in given.iter().zip(ids) {
-        let text = match p {
-            Prompt::Text(t) => t.clone(),
-            Prompt::Tokens(_) => {
-                if let Some(t) = ids.iter().find(|&&t| t as usize >= st.engine.vocab) {
-                    let v = st.engine.vocab;
-                    let msg = format!("token id {t} is outside the vocabulary of {v}");
-                    return Err(ApiError::invalid("prompt", msg));
+        let decoded = |special| {
+            st.tok
+                .text_offsets(ids, special)
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        };
+        let (text, offsets) = match p {
+            Prompt::Tokens(_) => decoded(true)?,
+            Prompt::Text(t) => {
+                let (mut with, mut offsets) = decoded(true)?;
+                if with != *t {
+                    (with, offsets) = decoded(false)?;
                 }
-                st.tok
-                    .decode(ids)
-                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+                if with != *t {
+                    // A tokenizer that does not give the text back (a BOS it adds, a
+                    // normalizer): the offsets are its decoding's, kept inside the text.
+                    for o in &mut offsets {
+                        *o = (*o).min(t.len());
+                        while !t.is_char_boundary(*o) {
+                            *o -= 1;
+                        }
+                    }
+                }
+                (t.clone(), offsets)
             }
         };
         let ctx = st.engine.context;
@@ -365,20 +383,16 @@ async fn echoes(
         }
         let mut entries = Vec::new();
         if let Some(k) = logprobs {
-            // The request was checked above, so a failure here is the server's: a 503
-            // when a shutdown cancelled the scoring, a 500 otherwise.
             let scored = match ids.len() {
                 0 | 1 => None,
-                _ => Some(st.engine.score(ids.clone(), k).await.map_err(|e| {
-                    let status = match st.engine.shared.shutting_down.load(Ordering::Relaxed) {
-                        true => StatusCode::SERVICE_UNAVAILABLE,
-                        false => StatusCode::INTERNAL_SERVER_ERROR,
-                    };
-                    ApiError::new(status, "server_error", e)
-                })?),
+                _ => Some(
+                    st.engine
+                        .score(ids.clone(), k)
+                        .await
+                        .map_err(|r| refused(r, Kind::Completion))?,
+                ),
             };
-            let mut offset = 0;
-            for (i, &t) in ids.iter().enumerate() {
+            for (i, (&t, &offset)) in ids.iter().zip(&offsets).enumerate() {
                 let piece = st.tok.piece(t);
                 let at = i
                     .checked_sub(1)
@@ -394,7 +408,6 @@ async fn echoes(
                     }
                 };
                 entries.push(json!({"token": piece, "logprob": lp, "top": top, "offset": offset}));
-                offset += piece.len();
             }
         }
         out.push(Echo { text, entries });
@@ -402,8 +415,40 @@ async fn echoes(
     Ok(out)
 }
 
-/// The engine requests of every prompt × choice, max_tokens checked against the context.
-fn requests(st: &AppState, prompts: &[Vec<u32>], c: &Common) -> ApiResult<Vec<GenRequest>> {
+/// The answer to what the engine thread refused: a 400 naming the request field at
+/// fault (the engine's field names mapped to the endpoint's), a 503 while the server
+/// shuts down, a 500 for the engine's own failure.
+fn refused(r: Refusal, kind: Kind) -> ApiError {
+    match r {
+        Refusal::Request(tessera_engine::Error::Request { field, detail }) => {
+            let param = match (field, kind) {
+                ("prompt", Kind::Chat) => "messages",
+                ("grammar", _) => "response_format",
+                ("logprobs", Kind::Chat) => "top_logprobs",
+                // Sampling's message names the parameter (temperature, logit_bias, …).
+                ("sampling", _) => "",
+                (other, _) => other,
+            };
+            ApiError::invalid(param, detail)
+        }
+        Refusal::Request(e) => ApiError::invalid("", e.to_string()),
+        Refusal::Stopped => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        ),
+        Refusal::Failed(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e),
+    }
+}
+
+/// The engine requests of every prompt × choice, max_tokens checked against the context;
+/// `field` is the request field the prompts came from, named by a prompt's error.
+fn requests(
+    st: &AppState,
+    field: &'static str,
+    prompts: &[Vec<u32>],
+    c: &Common,
+) -> ApiResult<Vec<GenRequest>> {
     let ctx = st.engine.context;
     let vocab = st.engine.vocab;
     if let Some((t, _)) = c
@@ -421,7 +466,7 @@ fn requests(st: &AppState, prompts: &[Vec<u32>], c: &Common) -> ApiResult<Vec<Ge
     for p in prompts {
         if p.len() >= ctx {
             return Err(ApiError::invalid(
-                "messages",
+                field,
                 format!(
                     "the prompt has {} tokens; this model's context is {ctx} tokens",
                     p.len()

@@ -240,3 +240,99 @@ fn echo_scoring_takes_a_slice_per_step() {
     assert_eq!(s, 200, "{r}");
     srv.shutdown().expect("clean shutdown");
 }
+
+/// The echoed prompt is the prompt as given, a token-id prompt's special tokens spelled
+/// out (as the `tokens` list spells them), and each `text_offset` is where that token's
+/// text starts in the returned text: checked against the text itself, not against the
+/// offsets' own computation. The tokens of a character split across several (the crab's
+/// four bytes) share the character's offset; the completion starts where the prompt ends.
+#[test]
+fn echo_spells_the_prompt_with_its_offsets() {
+    let (model, tok) = default_model();
+    drop(model);
+    let text = "<|im_start|>user\nWhy 🦀 crabs? é<|im_end|>";
+    let crab_at = text.find(" 🦀").unwrap();
+    let ids = tok.encode(text).expect("encode");
+    let n = ids.len();
+    let srv = server(ServerOptions::default(), 64);
+    let a = srv.addr;
+    for prompt in [json!(text), json!(ids)] {
+        let (s, r) = post(
+            a,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": prompt, "echo": true, "logprobs": 0,
+                    "max_tokens": 2, "temperature": 0, "ignore_eos": true}),
+        );
+        assert_eq!(s, 200, "{r}");
+        let c = &r["choices"][0];
+        let full = c["text"].as_str().unwrap();
+        assert!(full.starts_with(text), "{prompt} echoed as {full:?}");
+        let lp = &c["logprobs"];
+        let tokens: Vec<&str> = lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        let offsets: Vec<usize> = lp["text_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!((tokens.len(), offsets.len()), (n + 2, n + 2), "{lp}");
+        assert_eq!((tokens[0], offsets[0]), ("<|im_start|>", 0), "{lp}");
+        assert_eq!(offsets[1], "<|im_start|>".len(), "{lp}");
+        assert_eq!(
+            offsets[n],
+            text.len(),
+            "the completion starts after the prompt"
+        );
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+        let mut split = 0;
+        for (i, (t, &o)) in tokens.iter().zip(&offsets).enumerate().take(n) {
+            assert!(full.is_char_boundary(o), "token {i} at {o}");
+            if t.contains('\u{FFFD}') {
+                split += 1;
+                assert_eq!(o, crab_at, "token {i} {t:?}: part of the crab");
+            } else {
+                assert!(
+                    full[o..].starts_with(t),
+                    "token {i} {t:?} at {o} in {full:?}"
+                );
+            }
+        }
+        assert!(
+            split >= 2,
+            "the crab is not split across tokens: {tokens:?}"
+        );
+    }
+    srv.shutdown().expect("clean shutdown");
+}
+
+/// A scoring still running when a shutdown's grace period ends is cancelled and answered
+/// 503 (the server is going away), not 500.
+#[test]
+fn scoring_cut_by_shutdown_is_a_503() {
+    let (model, tok) = default_model();
+    drop(model);
+    let ids = tok
+        .encode(&"The quick brown fox jumps over the lazy dog. ".repeat(500))
+        .expect("encode");
+    let srv = server(
+        ServerOptions {
+            shutdown_grace: Duration::from_millis(200),
+            ..Default::default()
+        },
+        256,
+    );
+    let a = srv.addr;
+    let body = json!({"model": MODEL, "prompt": &ids[..4000], "echo": true, "max_tokens": 0,
+                      "logprobs": 1});
+    let scoring = std::thread::spawn(move || post(a, "/v1/completions", &body));
+    wait_for_metric(a, "tessera_scored_positions_total", |v| v > 0.0);
+    srv.shutdown().expect("clean shutdown");
+    let (s, r) = scoring.join().unwrap();
+    assert_eq!(s, 503, "{r}");
+    assert_eq!(r["error"]["type"], "server_error", "{r}");
+}

@@ -453,3 +453,78 @@ fn logit_bias_and_unsupported_fields() {
     }
     srv.shutdown().expect("clean shutdown");
 }
+
+/// What the engine refuses comes back as a 400 naming the endpoint's own field, with the
+/// engine's reason as the message: an invalid JSON schema (`response_format`), a request
+/// the KV pool cannot hold (`max_tokens`), token ids outside the vocabulary and prompts
+/// longer than the context (`prompt` for completions, `messages` for chat).
+#[test]
+fn refusals_name_their_field() {
+    let srv = server(ServerOptions::default(), 8); // 8 blocks: 128 positions
+    let a = srv.addr;
+    let long = "word ".repeat(9000);
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x",
+                        "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}});
+    let completion = |extra: Value| {
+        let mut b = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"response_format": schema})),
+            "response_format",
+            "invalid schema",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"response_format": schema})),
+            "response_format",
+            "invalid schema",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"max_tokens": 500})),
+            "max_tokens",
+            "KV blocks",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"max_tokens": 500})),
+            "max_tokens",
+            "KV blocks",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"prompt": [1, 49152]})),
+            "prompt",
+            "49152",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"prompt": long})),
+            "prompt",
+            "context",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(&long, json!({})),
+            "messages",
+            "context",
+        ),
+    ];
+    for (path, body, field, needle) in cases {
+        let (s, e) = post(a, path, &body);
+        assert_eq!(s, 400, "{path} → {e}");
+        assert_eq!(e["error"]["param"], field, "{path} → {e}");
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(needle) && !msg.starts_with("model:"),
+            "{path} → {e}"
+        );
+    }
+    srv.shutdown().expect("clean shutdown");
+}

@@ -285,7 +285,8 @@ def test_structured_output_parses_and_validates(client):
         model=MODEL, temperature=0, max_tokens=80, response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "List two fruits."}])
     assert isinstance(json.loads(r.choices[0].message.content), dict)
-    with pytest.raises(openai.BadRequestError, match="schema"):
+    with pytest.raises(openai.BadRequestError, match="schema") as e:
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}],
             response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
+    assert e.value.param == "response_format"
