@@ -289,7 +289,7 @@ impl Tokenizer {
     /// UTF-8 character add nothing until the one that completes it, so they share its
     /// offset, a character boundary. With a decoder whose windows extend each other
     /// (byte-level BPE, SentencePiece) the offsets never decrease. Linear in the tokens
-    /// ([`Detok`]), for prompts of any length.
+    /// (an incremental decode), for prompts of any length.
     pub fn text_offsets(&self, ids: &[u32], special: bool) -> Result<(String, Vec<usize>)> {
         let mut detok = Detok {
             special,
