@@ -54,20 +54,29 @@ impl Scorer {
     /// Checks `tokens` (at least two, within the model's context); computes nothing yet.
     pub fn new(model: &Llama, tokens: Vec<u32>, alternatives: usize) -> Result<Self> {
         if tokens.len() < 2 {
-            return Err(Error::Model("scoring needs at least two tokens".into()));
+            return Err(Error::request(
+                "prompt",
+                "scoring needs at least two tokens",
+            ));
         }
         if tokens.len() > model.cfg.context {
-            return Err(Error::Model(format!(
-                "{} tokens exceed the {}-token context",
-                tokens.len(),
-                model.cfg.context
-            )));
+            return Err(Error::request(
+                "prompt",
+                format!(
+                    "{} tokens exceed the {}-token context",
+                    tokens.len(),
+                    model.cfg.context
+                ),
+            ));
         }
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= model.cfg.vocab) {
-            return Err(Error::Model(format!(
-                "token id {t} is outside the vocabulary of {}",
-                model.cfg.vocab
-            )));
+            return Err(Error::request(
+                "prompt",
+                format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    model.cfg.vocab
+                ),
+            ));
         }
         let positions = Vec::with_capacity(tokens.len() - 1);
         Ok(Scorer {

@@ -142,7 +142,18 @@ fn scoring_in_slices_matches_one_pass() {
         assert!(!s.advance(&model, 1).expect("advances"));
         assert!(s.finish().is_err());
         let vocab = model.cfg.vocab as u32;
-        assert!(Scorer::new(&model, vec![1, vocab], 0).is_err());
+        // The prompt's faults are request errors naming it (a server's 400).
+        for bad in [vec![1, vocab], vec![1]] {
+            let e = Scorer::new(&model, bad, 0).unwrap_err();
+            let prompt = matches!(
+                e,
+                tessera_engine::Error::Request {
+                    field: "prompt",
+                    ..
+                }
+            );
+            assert!(prompt, "{e}");
+        }
         assert!(score(&model, &[vocab + 7, 1], 0).is_err());
     }
 }
