@@ -287,9 +287,9 @@ impl Tokenizer {
     /// [`Tokenizer::decode`]) and the byte offset in it where each token's text starts:
     /// the length of the text the tokens before it decode to. Tokens that end inside a
     /// UTF-8 character add nothing until the one that completes it, so they share its
-    /// offset, a character boundary. With a decoder whose windows extend each other
-    /// (byte-level BPE, SentencePiece) the offsets never decrease. Linear in the tokens
-    /// (an incremental decode), for prompts of any length.
+    /// offset. Every offset is a character boundary of the text, and none is below the
+    /// one before it. Linear in the tokens (an incremental decode), for prompts of any
+    /// length and content.
     pub fn text_offsets(&self, ids: &[u32], special: bool) -> Result<(String, Vec<usize>)> {
         let mut detok = Detok {
             special,
@@ -301,6 +301,17 @@ impl Tokenizer {
             detok.advance(self, &ids[..=i])?;
         }
         let text = detok.finish(self, ids)?;
+        // Where a character's bytes were shown as U+FFFD and then completed, the text
+        // behind an offset can have changed length: keep every offset a character
+        // boundary within the text, and non-decreasing.
+        let mut next = text.len();
+        for o in offsets.iter_mut().rev() {
+            *o = (*o).min(next);
+            while !text.is_char_boundary(*o) {
+                *o -= 1;
+            }
+            next = *o;
+        }
         Ok((text, offsets))
     }
 
@@ -343,6 +354,11 @@ pub(crate) struct Detok {
     special: bool,
 }
 
+/// Tokens a character can still be waiting for: a UTF-8 character is at most 4 bytes and
+/// a token at least one, so text still ending in U+FFFD after this many more tokens
+/// never becomes a character.
+const MAX_PENDING: usize = 4;
+
 impl Detok {
     fn decode(&self, tok: &Tokenizer, ids: &[u32]) -> Result<String> {
         match self.special {
@@ -353,15 +369,30 @@ impl Detok {
 
     /// The whole text of `tokens` (which grew by one token since the last call), up to
     /// a character the last tokens have not finished.
+    ///
+    /// Each call decodes a window of at most [`MAX_PENDING`] + 1 tokens past the last
+    /// text shown and the window before it, so a run of bytes that never forms a
+    /// character (a prompt of lone UTF-8 continuation bytes) costs linear time, not
+    /// quadratic: after `MAX_PENDING` tokens its U+FFFD are final.
     pub(crate) fn advance(&mut self, tok: &Tokenizer, tokens: &[u32]) -> Result<&str> {
         let before = self.decode(tok, &tokens[self.prefix..self.read])?;
         let now = self.decode(tok, &tokens[self.prefix..])?;
+        let pending = tokens.len() - self.read;
         match now.strip_prefix(before.as_str()) {
-            Some(new) if !new.is_empty() && !new.ends_with('\u{FFFD}') => {
+            Some(new)
+                if !new.is_empty() && (!new.ends_with('\u{FFFD}') || pending >= MAX_PENDING) =>
+            {
                 self.text.push_str(new);
                 (self.prefix, self.read) = (self.read, tokens.len());
             }
             Some(_) => {}
+            // The window's text changed behind its end: bytes shown as U+FFFD that the
+            // last tokens completed into a character. Its own text is replaced.
+            None if self.text.ends_with(before.as_str()) => {
+                self.text.truncate(self.text.len() - before.len());
+                self.text.push_str(&now);
+                (self.prefix, self.read) = (self.read, tokens.len());
+            }
             // A decoder whose output for a window is not an extension: decode it all.
             None => {
                 self.text = self.decode(tok, tokens)?;

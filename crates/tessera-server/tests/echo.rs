@@ -307,6 +307,33 @@ fn echo_spells_the_prompt_with_its_offsets() {
             "the crab is not split across tokens: {tokens:?}"
         );
     }
+    // Bytes that never form a character (the crab's continuation tokens alone) between
+    // whole crabs: the echo is the whole prompt decoded at once, and the offsets stay
+    // non-decreasing character boundaries inside it.
+    let crab = tok.encode(" 🦀").expect("encode");
+    let lone = crab[crab.len() - 1];
+    let ids: Vec<u32> = [vec![lone; 6], crab.clone(), vec![lone; 2], crab].concat();
+    let (s, r) = post(
+        a,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ids, "echo": true, "logprobs": 0, "max_tokens": 0}),
+    );
+    assert_eq!(s, 200, "{r}");
+    let full = r["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(full, tok.decode_with_special(&ids).unwrap());
+    assert_eq!(full.matches('🦀').count(), 2, "{full:?}");
+    let offsets: Vec<usize> = r["choices"][0]["logprobs"]["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(offsets.len(), ids.len());
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    assert!(
+        offsets.iter().all(|&o| full.is_char_boundary(o)),
+        "{offsets:?}"
+    );
     srv.shutdown().expect("clean shutdown");
 }
 
