@@ -348,6 +348,14 @@ async fn echoes(
     }
     let mut out = Vec::with_capacity(ids.len());
     for (p, ids) in given.iter().zip(ids) {
+        let ctx = st.engine.context;
+        if ids.len() > ctx {
+            let msg = format!(
+                "the prompt has {} tokens; this model's context is {ctx} tokens",
+                ids.len()
+            );
+            return Err(ApiError::invalid("prompt", msg));
+        }
         let decoded = |special| {
             st.tok
                 .text_offsets(ids, special)
@@ -373,14 +381,6 @@ async fn echoes(
                 (t.clone(), offsets)
             }
         };
-        let ctx = st.engine.context;
-        if ids.len() > ctx {
-            let msg = format!(
-                "the prompt has {} tokens; this model's context is {ctx} tokens",
-                ids.len()
-            );
-            return Err(ApiError::invalid("prompt", msg));
-        }
         let mut entries = Vec::new();
         if let Some(k) = logprobs {
             let scored = match ids.len() {
