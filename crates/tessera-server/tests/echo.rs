@@ -73,13 +73,7 @@ fn echo_scores_the_prompt() {
             "token {i}: {top:?}, best {best}"
         );
     }
-    let tokens: Vec<&str> = lp["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
-    assert_eq!(tokens.concat(), text);
+    assert_eq!(token_strings(lp).concat(), text);
     assert_eq!(
         (
             r["usage"]["prompt_tokens"].as_u64(),
@@ -108,14 +102,9 @@ fn echo_scores_the_prompt() {
         .unwrap()
         .len();
     assert_eq!(lp["tokens"].as_array().unwrap().len(), n + generated);
-    let offsets: Vec<u64> = lp["text_offset"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o.as_u64().unwrap())
-        .collect();
+    let offsets = text_offsets(lp);
     assert!(
-        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[n] == text.len() as u64,
+        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[n] == text.len(),
         "{offsets:?}"
     );
     // n choices: each echoes; the prompt counts once in usage, as for generation.
@@ -133,6 +122,21 @@ fn echo_scores_the_prompt() {
         .all(|c| c["text"] == text && c["logprobs"].is_null()));
     assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(n as u64), "{r}");
     srv.shutdown().expect("clean shutdown");
+}
+
+/// A completions `logprobs` object's `tokens`.
+fn token_strings(lp: &serde_json::Value) -> Vec<&str> {
+    let tokens = lp["tokens"].as_array().expect("tokens");
+    tokens.iter().map(|t| t.as_str().unwrap()).collect()
+}
+
+/// A completions `logprobs` object's `text_offset`.
+fn text_offsets(lp: &serde_json::Value) -> Vec<usize> {
+    let offsets = lp["text_offset"].as_array().expect("text_offset");
+    offsets
+        .iter()
+        .map(|o| o.as_u64().unwrap() as usize)
+        .collect()
 }
 
 /// Waits (polling /metrics, at most a minute) until `done` holds for the metric `name`.
@@ -268,18 +272,7 @@ fn echo_spells_the_prompt_with_its_offsets() {
         let full = c["text"].as_str().unwrap();
         assert!(full.starts_with(text), "{prompt} echoed as {full:?}");
         let lp = &c["logprobs"];
-        let tokens: Vec<&str> = lp["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap())
-            .collect();
-        let offsets: Vec<usize> = lp["text_offset"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o.as_u64().unwrap() as usize)
-            .collect();
+        let (tokens, offsets) = (token_strings(lp), text_offsets(lp));
         assert_eq!((tokens.len(), offsets.len()), (n + 2, n + 2), "{lp}");
         assert_eq!((tokens[0], offsets[0]), ("<|im_start|>", 0), "{lp}");
         assert_eq!(offsets[1], "<|im_start|>".len(), "{lp}");
@@ -322,12 +315,7 @@ fn echo_spells_the_prompt_with_its_offsets() {
     let full = r["choices"][0]["text"].as_str().unwrap();
     assert_eq!(full, tok.decode_with_special(&ids).unwrap());
     assert_eq!(full.matches('🦀').count(), 2, "{full:?}");
-    let offsets: Vec<usize> = r["choices"][0]["logprobs"]["text_offset"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o.as_u64().unwrap() as usize)
-        .collect();
+    let offsets = text_offsets(&r["choices"][0]["logprobs"]);
     assert_eq!(offsets.len(), ids.len());
     assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
     assert!(
