@@ -30,13 +30,29 @@ pub type EventRx = tmpsc::UnboundedReceiver<Event>;
 /// so a handler answers 400, 503 or 500 from what happened, not from its wording.
 #[derive(Debug)]
 pub enum Refusal {
-    /// A request the engine refuses ([`tessera_engine::Error::Request`] names the field
-    /// at fault).
-    Request(tessera_engine::Error),
+    /// A request the engine refuses: the [`GenRequest`] field at fault and why
+    /// ([`tessera_engine::Error::Request`]).
+    Request {
+        /// The engine's name for the field.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The server is shutting down: the thread stopped, or cancelled the work.
     Stopped,
-    /// The engine failed while running it (the server's fault, not the request's).
+    /// The engine failed while taking or running it (the server's fault, not the
+    /// request's).
     Failed(String),
+}
+
+impl From<tessera_engine::Error> for Refusal {
+    /// A request error is the client's; any other engine error the server's.
+    fn from(e: tessera_engine::Error) -> Self {
+        match e {
+            tessera_engine::Error::Request { field, detail } => Refusal::Request { field, detail },
+            other => Refusal::Failed(other.to_string()),
+        }
+    }
 }
 
 enum Command {
@@ -244,7 +260,7 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
                 } => match Scorer::new(s.model(), tokens, alternatives) {
                     Ok(scorer) => scoring.push_back(ScoreJob { scorer, reply }),
                     Err(e) => {
-                        let _ = reply.send(Err(Refusal::Request(e)));
+                        let _ = reply.send(Err(e.into()));
                         shared.scoring.fetch_sub(1, Ordering::Relaxed);
                     }
                 },
@@ -332,7 +348,7 @@ fn submit(
     routes: &mut HashMap<SeqId, Route>,
     shared: &Shared,
 ) -> Result<Vec<EventRx>, Refusal> {
-    let ids = s.add_group(reqs).map_err(Refusal::Request)?;
+    let ids = s.add_group(reqs)?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         let (tx, rx) = tmpsc::unbounded_channel();

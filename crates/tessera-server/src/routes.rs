@@ -420,7 +420,7 @@ async fn echoes(
 /// shuts down, a 500 for the engine's own failure.
 fn refused(r: Refusal, kind: Kind) -> ApiError {
     match r {
-        Refusal::Request(tessera_engine::Error::Request { field, detail }) => {
+        Refusal::Request { field, detail } => {
             let param = match (field, kind) {
                 ("prompt", Kind::Chat) => "messages",
                 ("grammar", _) => "response_format",
@@ -431,7 +431,6 @@ fn refused(r: Refusal, kind: Kind) -> ApiError {
             };
             ApiError::invalid(param, detail)
         }
-        Refusal::Request(e) => ApiError::invalid("", e.to_string()),
         Refusal::Stopped => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
