@@ -302,16 +302,8 @@ impl Tokenizer {
         }
         let text = detok.finish(self, ids)?;
         // Where a character's bytes were shown as U+FFFD and then completed, the text
-        // behind an offset can have changed length: keep every offset a character
-        // boundary within the text, and non-decreasing.
-        let mut next = text.len();
-        for o in offsets.iter_mut().rev() {
-            *o = (*o).min(next);
-            while !text.is_char_boundary(*o) {
-                *o -= 1;
-            }
-            next = *o;
-        }
+        // behind an offset can have changed length.
+        fit_offsets(&text, &mut offsets);
         Ok((text, offsets))
     }
 
@@ -337,6 +329,19 @@ impl Tokenizer {
         let text = |id: Option<u32>| id.and_then(|i| self.token_text(i)).unwrap_or_default();
         let t = crate::chat::ChatTemplate::new(src, &text(self.bos), &text(self.eos))?;
         t.render(messages, true)
+    }
+}
+
+/// Makes `offsets` fit `text`: each at most the text's length, on a character boundary,
+/// and none above the one after it (so they never decrease).
+pub fn fit_offsets(text: &str, offsets: &mut [usize]) {
+    let mut next = text.len();
+    for o in offsets.iter_mut().rev() {
+        *o = (*o).min(next);
+        while !text.is_char_boundary(*o) {
+            *o -= 1;
+        }
+        next = *o;
     }
 }
 

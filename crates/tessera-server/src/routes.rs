@@ -371,12 +371,7 @@ async fn echoes(
                 if with != *t {
                     // A tokenizer that does not give the text back (a BOS it adds, a
                     // normalizer): the offsets are its decoding's, kept inside the text.
-                    for o in &mut offsets {
-                        *o = (*o).min(t.len());
-                        while !t.is_char_boundary(*o) {
-                            *o -= 1;
-                        }
-                    }
+                    tessera_engine::tokenizer::fit_offsets(t, &mut offsets);
                 }
                 (t.clone(), offsets)
             }
