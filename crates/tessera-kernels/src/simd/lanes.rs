@@ -104,6 +104,17 @@ pub(crate) trait Lanes {
         // SAFETY: the width's features per the contract; v holds v.len() floats.
         unsafe { super::lanes_exp::exp_shifted_sum::<Self>(p, p, v.len(), shift) }
     }
+    /// `v[i] = 2^(v[i] − shift)`, returning Σv ([`super::lanes_exp::exp2`]: flash
+    /// attention's weights, scores in base 2).
+    #[inline(always)]
+    unsafe fn exp2_shifted_sum(v: &mut [f32], shift: f32) -> f32
+    where
+        Self: Sized,
+    {
+        let p = v.as_mut_ptr();
+        // SAFETY: the width's features per the contract; v holds v.len() floats.
+        unsafe { super::lanes_exp::exp2_shifted_sum::<Self>(p, p, v.len(), shift) }
+    }
     /// Max of `v` skipping NaN (−∞ when empty or all NaN).
     #[inline(always)]
     unsafe fn row_max(v: &[f32]) -> f32

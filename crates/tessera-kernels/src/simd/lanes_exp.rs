@@ -14,6 +14,7 @@
 //! product. A NaN lane stays NaN.
 
 use super::lanes::Lanes;
+use super::{C2, T_HI, T_LO};
 
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
@@ -57,6 +58,30 @@ pub(crate) unsafe fn exp<L: Lanes>(x: L::F) -> L::F {
     }
 }
 
+/// 2^t per lane: the softmax weight of flash attention, whose scores carry log₂e in the
+/// query's scale. Against [`exp`]: n = round(t) and f = t − n (exact) replace the
+/// multiply by log₂e and the two-step Cody–Waite reduction, the polynomial is degree 5 on
+/// |f| ≤ ½ (not 7 on |r| ≤ 0.7) and the clamp of n is the clamp of t: 13 vector
+/// operations against 20. NaN stays NaN; −∞ gives 0.
+///
+/// # Safety
+/// The CPU features of `L`.
+#[inline(always)]
+pub(crate) unsafe fn exp2<L: Lanes>(t: L::F) -> L::F {
+    // SAFETY: L's features per the caller.
+    unsafe {
+        let t = L::clamp(t, L::splat_f(T_LO), L::splat_f(T_HI));
+        let n = L::round(t);
+        let f = L::fmadd(n, L::splat_f(-1.0), t);
+        let mut p = L::splat_f(C2[C2.len() - 1]);
+        for &c in C2[..C2.len() - 1].iter().rev() {
+            p = L::fmadd(p, f, L::splat_f(c));
+        }
+        p = L::fmadd(p, f, L::splat_f(1.0));
+        L::mul(p, L::exp2_int(n))
+    }
+}
+
 /// `dst[i] = e^(src[i] − shift)` for i < len, returning the sum; the last len mod N
 /// through the scalar [`super::exp`].
 ///
@@ -70,6 +95,55 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
     len: usize,
     shift: f32,
 ) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { shifted_sum::<L, false>(src, dst, len, shift) }
+}
+
+/// [`exp_shifted_sum`] in base 2: `dst[i] = 2^(src[i] − shift)` through [`exp2`], the
+/// tail through the scalar [`super::exp2`].
+///
+/// # Safety
+/// As [`exp_shifted_sum`].
+#[inline(always)]
+pub(crate) unsafe fn exp2_shifted_sum<L: Lanes>(
+    src: *const f32,
+    dst: *mut f32,
+    len: usize,
+    shift: f32,
+) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe { shifted_sum::<L, true>(src, dst, len, shift) }
+}
+
+/// 2^x with `BASE2`, else e^x (a function, not a closure: a closure's intrinsics may stay
+/// out of line, without the caller's target features).
+///
+/// # Safety
+/// The CPU features of `L`.
+#[inline(always)]
+unsafe fn pow<L: Lanes, const BASE2: bool>(x: L::F) -> L::F {
+    // SAFETY: L's features per the caller.
+    unsafe {
+        if BASE2 {
+            exp2::<L>(x)
+        } else {
+            exp::<L>(x)
+        }
+    }
+}
+
+/// The loop of both: e^ or, with `BASE2`, 2^(x − shift) per element, and the sum.
+///
+/// # Safety
+/// As [`exp_shifted_sum`].
+#[inline(always)]
+unsafe fn shifted_sum<L: Lanes, const BASE2: bool>(
+    src: *const f32,
+    dst: *mut f32,
+    len: usize,
+    shift: f32,
+) -> f32 {
+    let scalar = if BASE2 { super::exp2 } else { super::exp };
     // SAFETY: L's features per the caller; every access is at an offset below len.
     unsafe {
         let s = L::splat_f(shift);
@@ -79,7 +153,7 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
         while i + L::N * GROUP <= len {
             let mut y = [L::zero(); GROUP];
             for (g, y) in y.iter_mut().enumerate() {
-                *y = exp::<L>(L::fmadd(s, neg_one, L::load(src.add(i + L::N * g))));
+                *y = pow::<L, BASE2>(L::fmadd(s, neg_one, L::load(src.add(i + L::N * g))));
             }
             for (g, (a, &y)) in acc.iter_mut().zip(&y).enumerate() {
                 L::store(dst.add(i + L::N * g), y);
@@ -88,14 +162,14 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
             i += L::N * GROUP;
         }
         while i + L::N <= len {
-            let y = exp::<L>(L::fmadd(s, neg_one, L::load(src.add(i))));
+            let y = pow::<L, BASE2>(L::fmadd(s, neg_one, L::load(src.add(i))));
             L::store(dst.add(i), y);
             acc[0] = L::add(acc[0], y);
             i += L::N;
         }
         let mut tail = 0.0;
         for j in i..len {
-            let y = super::exp(*src.add(j) - shift);
+            let y = scalar(*src.add(j) - shift);
             *dst.add(j) = y;
             tail += y;
         }
@@ -235,6 +309,7 @@ mod tests {
     struct Width {
         name: &'static str,
         exp_sum: fn(&[f32], f32, &mut [f32]) -> f32,
+        exp2_sum: fn(&[f32], f32, &mut [f32]) -> f32,
         max: fn(&[f32]) -> f32,
         x_sigmoid: XSigmoid,
     }
@@ -247,6 +322,19 @@ mod tests {
             // SAFETY: AVX2 (with FMA and F16C) per the caller.
             unsafe { max::<crate::simd::lanes::Ymm>(v) }
         }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn ymm_exp2_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
+            assert_eq!(s.len(), d.len());
+            // SAFETY: AVX2 (with FMA and F16C) per the caller; equal lengths.
+            unsafe {
+                exp2_shifted_sum::<crate::simd::lanes::Ymm>(
+                    s.as_ptr(),
+                    d.as_mut_ptr(),
+                    s.len(),
+                    shift,
+                )
+            }
+        }
         if !tessera_core::Isa::Avx2.is_available() {
             println!("lanes_exp: no AVX2 on this CPU, nothing to check here");
             return Vec::new();
@@ -257,6 +345,8 @@ mod tests {
             name: "ymm",
             // SAFETY: see above.
             exp_sum: |s, shift, d| unsafe { exp_shifted_sum_ymm(s, shift, d) },
+            // SAFETY: see above.
+            exp2_sum: |s, shift, d| unsafe { ymm_exp2_sum(s, shift, d) },
             // SAFETY: see above.
             max: |v| unsafe { ymm_max(v) },
             // SAFETY: see above.
@@ -269,6 +359,18 @@ mod tests {
         vec![Width {
             name: "neon",
             exp_sum: exp_shifted_sum_neon,
+            exp2_sum: |s, shift, d| {
+                assert_eq!(s.len(), d.len());
+                // SAFETY: NEON is baseline on aarch64; equal lengths.
+                unsafe {
+                    exp2_shifted_sum::<crate::simd::lanes::Neon>(
+                        s.as_ptr(),
+                        d.as_mut_ptr(),
+                        s.len(),
+                        shift,
+                    )
+                }
+            },
             // SAFETY: NEON is baseline on aarch64.
             max: |v| unsafe { max::<crate::simd::lanes::Neon>(v) },
             x_sigmoid: x_sigmoid_neon,
@@ -340,6 +442,60 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// 2^(x − shift) per lane against f64, as flash attention calls it: random scores
+    /// below a shift (the running max) across the range where the weight is normal and
+    /// past it (underflow to 0), the max itself (exactly 1), −∞ (masked keys: 0), NaN,
+    /// and ragged lengths for the scalar tail; the sum against the f64 sum of the lanes.
+    #[test]
+    fn exp2_weights_match_f64() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let shift = rng.random_range(-20.0f32..20.0);
+        let mut xs: Vec<f32> = (0..4093)
+            .map(|_| shift - rng.random_range(0.0..140.0))
+            .collect();
+        xs.extend([
+            shift,
+            shift - 0.5,
+            shift - 126.0,
+            shift - 127.0,
+            f32::NEG_INFINITY,
+        ]);
+        for Width {
+            name, exp2_sum: f, ..
+        } in widths()
+        {
+            for len in [xs.len(), 37, 8, 3, 0] {
+                let src = &xs[xs.len() - len..];
+                let mut dst = vec![f32::NAN; len];
+                let sum = f(src, shift, &mut dst);
+                let mut want_sum = 0.0f64;
+                for (&x, &y) in src.iter().zip(&dst) {
+                    let want = ((x - shift) as f64).exp2();
+                    let ctx =
+                        format!("{name}: 2^({x} − {shift}) = {y}, want {want:e} (seed {seed})");
+                    if want < f32::MIN_POSITIVE as f64 {
+                        assert!((0.0..=f32::MIN_POSITIVE).contains(&y), "{ctx}");
+                    } else {
+                        assert!(((y as f64 - want) / want).abs() <= 4e-7, "{ctx}");
+                    }
+                    want_sum += y as f64;
+                }
+                let err = (sum as f64 - want_sum).abs() / want_sum.max(f64::MIN_POSITIVE);
+                assert!(
+                    err <= 1e-5,
+                    "{name}: sum {sum} against {want_sum} (seed {seed})"
+                );
+            }
+            let mut nan = [0.0f32, f32::NAN, -1.0];
+            assert!(f(&nan.clone(), 0.0, &mut nan).is_nan(), "{name}: NaN lost");
+            assert!(
+                nan[1].is_nan() && nan[0] == 1.0 && nan[2] == 0.5,
+                "{name}: {nan:?}"
+            );
         }
     }
 

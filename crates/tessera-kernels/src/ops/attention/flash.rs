@@ -4,6 +4,15 @@
 //! running max/sum and rescale of O, then O += P·V. The score tile never exceeds BR×BC,
 //! so memory is O(seq·d), not O(seq²).
 //!
+//! The scores are in base 2: the queries carry log₂e with the softmax scale, so each
+//! weight is 2^(s − max) ([`crate::simd::lanes_exp::exp2`]: no range reduction by ln 2,
+//! a degree-5 polynomial, 13 vector operations where e^x takes 20). At d = 64 a weight
+//! costs one exp per 2·64 multiply-adds, and e^x was ~25% of the kernel's time on AVX2
+//! (host B, 1 thread, causal 512 × 9 heads: 7.3 → 5.5 ms with the exp left out, a
+//! noisy run); base 2 took the median of 8 alternated runs from 6.33 to 5.86 ms
+//! (`tessera bench attention --problem prefill-512-causal --variant avx2 --set
+//! threads=1`, 2026-11-29).
+//!
 //! Both products are outer-product tiles: each loaded K/V row feeds several query rows
 //! through broadcast FMAs, with no horizontal reductions. [`Tiles`] supplies them: FMA
 //! tiles written once over [`Lanes`] (`LaneTiles`) for d = 64/128, instantiated for
@@ -16,7 +25,7 @@
 use crate::multiversion;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::simd::lanes::Lanes;
-use crate::simd::{exp, exp_shifted_sum};
+use crate::simd::{exp2, exp2_shifted_sum};
 
 /// Query rows per block: the 64×64 score tile (16 KiB) and 64 output rows stay in L1/L2
 /// while a block's K and V (32 KiB at d = 64) stream past.
@@ -54,7 +63,8 @@ impl PackedKv<'_> {
     }
 }
 
-/// The block of queries a task processes (already multiplied by the softmax scale).
+/// The block of queries a task processes, already multiplied by the softmax scale and
+/// by log₂e, so the scores are in base 2 ([module docs](self)).
 #[derive(Debug)]
 pub struct QueryBlock<'a> {
     /// `rows·d` scaled queries, then zeros to [`padded_q_len`]`(rows, d)`.
@@ -89,10 +99,10 @@ trait Tiles {
     /// `out[r] = out[r]·rescale[r] + Σ_c s[r][c]·v_{c0+c}` for r < rows (the online
     /// softmax's correction of the earlier blocks rides on the tile's load of `out`).
     fn pv(kv: &PackedKv<'_>, pv: PvBlock<'_>, out: &mut [f32]);
-    /// `v[i] = e^(v[i] − shift)`, returning Σv.
+    /// `v[i] = 2^(v[i] − shift)`, returning Σv (the scores are in base 2).
     #[inline(always)]
-    fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
-        exp_shifted_sum(v, shift)
+    fn exp2_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+        exp2_shifted_sum(v, shift)
     }
     /// Max of `v`, skipping NaN.
     #[inline(always)]
@@ -177,7 +187,7 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
             rescale[r] = if m_new == m[r] {
                 1.0
             } else {
-                exp(m[r] - m_new)
+                exp2(m[r] - m_new)
             };
             m[r] = m_new;
         }
@@ -193,7 +203,7 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
                 row.fill(0.0); // nothing visible yet in this row
                 continue;
             }
-            let sum = T::exp_shifted_sum(&mut row[..bc], m[r]);
+            let sum = T::exp2_shifted_sum(&mut row[..bc], m[r]);
             row[bc..].fill(0.0); // padded keys: zero weight (their V rows are zero too)
             l[r] = l[r] * rescale[r] + sum;
         }
@@ -273,10 +283,10 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     for LaneTiles<L, SR, SV, PR, PV>
 {
     #[inline(always)]
-    fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+    fn exp2_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
         // SAFETY: only reached from the width's entry (its CPU features checked by
         // `attend_block`).
-        unsafe { L::exp_shifted_sum(v, shift) }
+        unsafe { L::exp2_shifted_sum(v, shift) }
     }
 
     #[inline(always)]
@@ -389,10 +399,11 @@ mod x86 {
     type ZmmTiles<const PV: usize> = LaneTiles<Zmm, 6, 4, 4, PV>;
     /// Ymm (16 registers): scores 6 rows × 2 ymm (12 accumulators, 2 Kᵀ vectors, the
     /// query broadcast), four passes over the 64 keys; P·V 4 rows × 2 ymm per pass over
-    /// the head dim.
+    /// the head dim (6 rows, 12 accumulators, measured no faster: host B, 2026-11-29, 1
+    /// thread, 8 alternated runs, median 6.4 against 5.9 ms at 512 × 9 heads).
     type YmmTiles = LaneTiles<Ymm, 6, 2, 4, 2>;
 
-    /// The zmm tiles with AVX-512's own `exp` and max.
+    /// The zmm tiles with AVX-512's own max.
     struct Avx512<const PV: usize>;
 
     impl<const PV: usize> Tiles for Avx512<PV> {
@@ -405,8 +416,8 @@ mod x86 {
             ZmmTiles::<PV>::pv(kv, b, out)
         }
         #[inline(always)]
-        fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
-            ZmmTiles::<PV>::exp_shifted_sum(v, shift)
+        fn exp2_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
+            ZmmTiles::<PV>::exp2_shifted_sum(v, shift)
         }
         #[inline(always)]
         fn max(v: &[f32]) -> f32 {

@@ -241,6 +241,8 @@ pub fn attention_with<T: Element>(
         let q_blocks = dm.q_len.div_ceil(BR);
         let (ql, ol) = (*q.layout(), *o.layout());
         let optr = SharedMut(o.data_mut().as_mut_ptr());
+        // Scores in base 2: the flash body weighs keys by 2^(s − max) (its module docs).
+        let q_scale = p.scale * std::f32::consts::LOG2_E;
         // Blocks in reverse so the long causal rows (last blocks) start first: better balance.
         pool::global().run(dm.heads * q_blocks, threads, |t| {
             let (h, qb) = (t % dm.heads, q_blocks - 1 - t / dm.heads);
@@ -250,7 +252,7 @@ pub fn attention_with<T: Element>(
             for r in 0..rows {
                 let base = ql.index_of(&[first + r, h, 0]);
                 let dst = &mut qbuf[r * dm.d..(r + 1) * dm.d];
-                gather_row(isa, q.data(), base, ql.stride(2), p.scale, dst);
+                gather_row(isa, q.data(), base, ql.stride(2), q_scale, dst);
             }
             let kvh = h / group;
             let kv = PackedKv {
