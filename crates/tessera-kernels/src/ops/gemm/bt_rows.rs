@@ -94,9 +94,13 @@ struct Task {
 /// Slabs of weight rows and parts of x for `threads` threads (see the constants).
 fn plan(n_panels: usize, m_panels: usize, threads: usize) -> Vec<Task> {
     let want = threads.max(1) * TASKS_PER_THREAD;
+    // A whole number of slabs per thread where there are panels for it: 9 slabs of a
+    // 576-row matrix on 2 threads left one thread a fifth slab while the other idled.
     let slabs = n_panels
         .div_ceil(MAX_PANELS_PER_TASK)
         .max(want.min(n_panels))
+        .next_multiple_of(threads.max(1))
+        .min(n_panels)
         .max(1);
     let parts = if slabs >= want || threads <= 1 {
         1
@@ -384,6 +388,29 @@ mod tests {
                 assert!(t.p1 - t.p0 <= MAX_PANELS_PER_TASK);
             }
             assert!(seen.iter().all(|&s| s == 1), "{n_panels} x {m_panels}");
+        }
+    }
+
+    /// The default model's prefill shapes (576, 960 and 3,072 weight rows: 36, 60 and
+    /// 192 panels of 16) and a few ragged ones give every thread the same number of
+    /// slabs, so the last claimed slab does not leave a thread idle for a whole task
+    /// (where there are panels enough for [`TASKS_PER_THREAD`] each; fewer also split x).
+    #[test]
+    fn slabs_split_evenly_between_threads() {
+        for threads in [2, 3, 4] {
+            for n_panels in [36, 60, 192, 13, 37, 100] {
+                if n_panels < threads * TASKS_PER_THREAD {
+                    continue;
+                }
+                let tasks = plan(n_panels, 86, threads);
+                assert_eq!(
+                    tasks.len() % threads,
+                    0,
+                    "{n_panels} panels on {threads} threads: {} tasks",
+                    tasks.len()
+                );
+                assert!(tasks.iter().all(|t| t.r0 == 0 && t.r1 == 86));
+            }
         }
     }
 }
