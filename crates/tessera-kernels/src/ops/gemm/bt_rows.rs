@@ -29,6 +29,33 @@ use tessera_core::{AlignedVec, Error, Isa, Result, TensorView, TensorViewMut};
 /// Writes row `r` of Bᵀ (its K values) into `out`.
 pub type FillRow<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
 
+/// Writes rows `r0..r0 + 8` of Bᵀ (r0 a multiple of 8, r0 + 8 ≤ N), k-values
+/// `k0..k0 + kc`, straight into a packed panel: `out[kk·ld + i]` is row r0 + i at k0 + kk.
+/// Called as `fill8(r0, (k0, kc), out, ld)`; returns false, writing nothing, where the
+/// source cannot (then [`FillRow`] and a transpose fill those rows).
+pub type FillRows8<'a> = &'a (dyn Fn(usize, (usize, usize), &mut [f32], usize) -> bool + Sync);
+
+/// Where the rows of Bᵀ come from: N rows, one at a time, and optionally 8 at a time in
+/// the packed layout.
+#[derive(Clone, Copy)]
+pub struct WeightRows<'a> {
+    /// Rows of Bᵀ (N).
+    pub n: usize,
+    /// Any row.
+    pub fill: FillRow<'a>,
+    /// Eight rows at once into a panel, where the source has that layout.
+    pub fill8: Option<FillRows8<'a>>,
+}
+
+impl std::fmt::Debug for WeightRows<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightRows")
+            .field("n", &self.n)
+            .field("fill8", &self.fill8.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Most micro-panels one task packs: 4·16 = 64 weight rows on AVX2, so a 576-row matrix
 /// is ≥ 9 tasks and a slab's packed B (64·K floats, 384 KiB at K = 1,536) stays within
 /// Zen 3's 512 KiB L2; AVX-512's 64-wide panels make 256-row slabs, whose KC blocks
@@ -131,6 +158,23 @@ pub fn gemm_bt_rows(
     (n, fill): (usize, FillRow<'_>),
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
+    let rows = WeightRows {
+        n,
+        fill,
+        fill8: None,
+    };
+    gemm_bt_weight_rows(isa, threads, x, rows, y)
+}
+
+/// [`gemm_bt_rows`] with the rows of Bᵀ from `w`, 8 at a time where `w.fill8` can.
+pub fn gemm_bt_weight_rows(
+    isa: Isa,
+    threads: usize,
+    x: &TensorView<'_, f32>,
+    w: WeightRows<'_>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    let n = w.n;
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
@@ -180,7 +224,7 @@ pub fn gemm_bt_rows(
                 grow(slab, slab_len);
                 grow(rows, kern.nr * k);
                 let bufs = (&mut slab[..slab_len], &mut rows[..kern.nr * k]);
-                run_task(&kern, &blk, shape, (xp, fill), tasks[t], bufs, &c);
+                run_task(&kern, &blk, shape, (xp, w), tasks[t], bufs, &c);
             };
             SLAB.with(|s| match s.try_borrow_mut() {
                 Ok(mut bufs) => run(&mut bufs),
@@ -236,7 +280,7 @@ fn run_task(
     kern: &MicroKernel<f32>,
     blk: &Blocking,
     s: Shape,
-    (xp, fill): (&[f32], FillRow<'_>),
+    (xp, w): (&[f32], WeightRows<'_>),
     task: Task,
     (slab, rows): (&mut [f32], &mut [f32]),
     c: &MatMut,
@@ -245,10 +289,24 @@ fn run_task(
     let width = (task.p1 - task.p0) * nr;
     let n0 = task.p0 * nr;
     for p in 0..task.p1 - task.p0 {
+        let r0 = n0 + p * nr;
+        if let Some(fill8) = w.fill8.filter(|_| nr.is_multiple_of(8) && r0 + nr <= s.n) {
+            let mut filled = true;
+            for pc in (0..k).step_by(blk.kc) {
+                let kc = blk.kc.min(k - pc);
+                let panel = &mut slab[pc * width + p * nr * kc..][..nr * kc];
+                for g in (0..nr).step_by(8) {
+                    filled &= fill8(r0 + g, (pc, kc), &mut panel[g..], nr);
+                }
+            }
+            if filled {
+                continue;
+            }
+        }
         for (i, row) in rows.chunks_exact_mut(k).enumerate() {
-            let r = n0 + p * nr + i;
+            let r = r0 + i;
             if r < s.n {
-                fill(r, row);
+                (w.fill)(r, row);
             } else {
                 row.fill(0.0);
             }

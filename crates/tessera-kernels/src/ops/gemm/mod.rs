@@ -16,7 +16,7 @@ mod pack;
 pub mod reference;
 mod spec;
 
-pub use bt_rows::{gemm_bt_rows, FillRow};
+pub use bt_rows::{gemm_bt_rows, gemm_bt_weight_rows, FillRow, FillRows8, WeightRows};
 pub use driver::Blocking;
 pub use spec::{GemmOp, GemmProblem, TOL_BF16, TOL_F16, TOL_F32};
 

@@ -36,7 +36,7 @@ pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 pub use spec_fp8::{Fp8Problem, QMatmulFp8Op};
 pub use spec_int8::{I8Problem, QMatmulI8Op};
 
-use super::gemm::gemm_bt_rows;
+use super::gemm::{gemm_bt_rows, gemm_bt_weight_rows, WeightRows};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
@@ -170,7 +170,15 @@ fn packed_f32(
         return Ok(());
     }
     let dequant = |r: usize, out: &mut [f32]| w.dequantize_row(r, out);
-    gemm_bt_rows(isa, threads, x, (n, &dequant), y)
+    let dequant8 = |r0: usize, ks: (usize, usize), out: &mut [f32], ld: usize| {
+        w.dequantize_rows8(r0, ks, out, ld)
+    };
+    let rows = WeightRows {
+        n,
+        fill: &dequant,
+        fill8: Some(&dequant8),
+    };
+    gemm_bt_weight_rows(isa, threads, x, rows, y)
 }
 
 /// Up to this many rows [`qmatmul_packed`] takes the integer path for every layout: the
