@@ -9,8 +9,10 @@
 //! panel. Here x is packed once per call into a buffer every task reads, and each task
 //! claims a slab of weight rows, dequantizes it NR rows at a time into a row buffer,
 //! transposes that into its own packed B and runs the micro-kernel over every row of x.
-//! Slabs are claimed from the pool's counter, several per thread, so a thread the OS
-//! took away delays nobody (issue #24's contention case).
+//! A source whose layout already interleaves 8 rows (4-bit packed weights) writes the
+//! packed B directly instead ([`FillRows8`]: no row buffer, no transpose). Slabs are
+//! claimed from the pool's counter, several per thread and the same number for each, so
+//! a thread the OS took away delays nobody (issue #24's contention case).
 //!
 //! Loop nest per task (B slab ≤ [`MAX_PANELS_PER_TASK`] micro-panels, all of K):
 //! ```text

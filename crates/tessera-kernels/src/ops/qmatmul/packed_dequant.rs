@@ -1,6 +1,8 @@
 //! Dequantizing packed rows to f32 ([`PackedWeights::dequantize_row`]): prefill runs every
 //! weight through here once per matmul call (`gemm_bt_rows` fills its slabs from it), so
-//! codes are taken 4 at a time and the body is compiled per ISA.
+//! codes are taken 4 at a time and the body is compiled per ISA. Interleaved 4-bit rows
+//! go 8 at a time straight into the GEMM's packed panel
+//! ([`PackedWeights::dequantize_rows8`]).
 
 use super::{CodeLayout, PackedWeights};
 use crate::multiversion;
