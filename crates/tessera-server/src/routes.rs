@@ -362,6 +362,8 @@ async fn echoes(
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))
         };
         let (text, offsets) = match p {
+            // Without logprobs the offsets go nowhere and a text prompt is echoed as given.
+            Prompt::Text(t) if logprobs.is_none() => (t.clone(), Vec::new()),
             Prompt::Tokens(_) => decoded(true)?,
             Prompt::Text(t) => {
                 let (mut with, mut offsets) = decoded(true)?;
