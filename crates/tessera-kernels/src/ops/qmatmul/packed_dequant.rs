@@ -212,7 +212,8 @@ mod tests {
     /// take it.
     #[test]
     fn grouped_dequant_writes_the_formats_values_into_a_panel() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let (rows, cols, ld) = (17, 768, 16);
         let data: Vec<f32> = (0..rows * cols)
             .map(|i| rng.random_range(-1.0f32..1.0) * if i % 61 == 0 { 30.0 } else { 1.0 })
@@ -238,7 +239,10 @@ mod tests {
                         (5, 0),
                         (760, 9),
                     ] {
-                        let at = format!("{dtype} {:?} rows {r0}.. k {k0}+{kc}", p.layout);
+                        let at = format!(
+                            "{dtype} {:?} rows {r0}.. k {k0}+{kc} (seed {seed})",
+                            p.layout
+                        );
                         let mut out = vec![f32::NAN; kc.max(1) * ld];
                         let took = p.dequantize_rows8(r0, (k0, kc), &mut out, ld);
                         let expect = able && r0 + 8 <= rows && k0 + kc <= cols;
@@ -276,7 +280,8 @@ mod tests {
     /// are summed in the same order.
     #[test]
     fn prefill_with_grouped_panels_matches_row_fill() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let (rows, cols, m) = (41, 608, 70);
         let data: Vec<f32> = (0..rows * cols)
             .map(|_| rng.random_range(-1.0..1.0))
@@ -300,9 +305,9 @@ mod tests {
                 let mut wv = TensorViewMut::contiguous(&mut want, &[m, rows]).unwrap();
                 let fill = |r: usize, out: &mut [f32]| p.dequantize_row(r, out);
                 gemm_bt_rows(isa, 2, &xv, (rows, &fill), &mut wv).unwrap();
-                assert!(y.iter().all(|v| v.is_finite()), "{isa}");
+                assert!(y.iter().all(|v| v.is_finite()), "{isa} (seed {seed})");
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&y), bits(&want), "{isa} {:?}", p.dtype);
+                assert_eq!(bits(&y), bits(&want), "{isa} {:?} (seed {seed})", p.dtype);
             }
         }
     }
