@@ -79,6 +79,27 @@ pub struct QueryBlock<'a> {
 
 type ScoreTile = [[f32; BC]; BR];
 
+/// Per query row of a block, the keys `[lo, hi)` of the current KV block it may see
+/// (block-relative); every other key of the block is masked. A tile whose rows see none
+/// of a run of keys skips that run: on the causal diagonal, a 6-row score tile needs
+/// the first ⌈(r + 6)/16⌉ of 4 key chunks, a 4-row P·V tile the first r + 4 keys.
+type KeySpans = [(usize, usize); BR];
+
+/// The keys any of rows `r0..r0 + nr` may see: the union of their spans (empty as
+/// `(BC, 0)` when none sees any).
+#[inline(always)]
+fn rows_span(spans: &KeySpans, r0: usize, nr: usize) -> (usize, usize) {
+    spans[r0..r0 + nr]
+        .iter()
+        .fold((BC, 0), |(lo, hi), &(a, b)| {
+            if a < b {
+                (lo.min(a), hi.max(b))
+            } else {
+                (lo, hi)
+            }
+        })
+}
+
 /// One KV block's P·V operands for a query block.
 #[derive(Clone, Copy)]
 struct PvBlock<'a> {
@@ -90,12 +111,15 @@ struct PvBlock<'a> {
     p: &'a ScoreTile,
     /// Per row, the factor for the output so far (the running max moved).
     rescale: &'a [f32; BR],
+    /// Per row, the keys of the block it sees (weights elsewhere are 0).
+    spans: &'a KeySpans,
 }
 
 /// The two tile products of a block.
 trait Tiles {
-    /// `s[r][c] = q_r · k_{c0+c}` for r < rows.
-    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile);
+    /// `s[r][c] = q_r · k_{c0+c}` for r < rows and c in `spans[r]`; other entries may
+    /// be left as they were (the caller masks them).
+    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, keys: (usize, &KeySpans), s: &mut ScoreTile);
     /// `out[r] = out[r]·rescale[r] + Σ_c s[r][c]·v_{c0+c}` for r < rows (the online
     /// softmax's correction of the earlier blocks rides on the tile's load of `out`).
     fn pv(kv: &PackedKv<'_>, pv: PvBlock<'_>, out: &mut [f32]);
@@ -163,21 +187,26 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
     // Per row, the factor its running output and sum take for the block's new max.
     let mut rescale = [1f32; BR];
     let mut c0 = lo - lo % BC;
+    let mut spans: KeySpans = [(BC, 0); BR];
     while c0 < hi {
         let bc = BC.min(kv.kv_len - c0);
-        T::scores(kv, qb, c0, &mut s);
+        for (r, span) in spans.iter_mut().enumerate().take(qb.rows) {
+            let (a, b) = range(qb.first + r);
+            let lo = a.saturating_sub(c0).min(bc);
+            *span = (lo, b.saturating_sub(c0).clamp(lo, bc));
+        }
+        T::scores(kv, qb, (c0, &spans), &mut s);
         // Two passes over the rows, each of short iterations with no chain from one row
         // to the next, so the core overlaps rows (one pass with the max, the exps and
         // their sums per row ran ~37% of the kernel's samples in a chain per row).
         // First the mask and the new max; the scalar exp only where the max moved.
         for r in 0..qb.rows {
-            let (a, b) = range(qb.first + r);
             let row = &mut s[r];
-            if c0 < a || c0 + bc > b {
-                // Keys c0 + c visible for c in [a − c0, b − c0): two fills, not a compare
-                // per key (AVX2 made that a masked store per vector, ~10% of the kernel).
-                let lo = a.saturating_sub(c0).min(bc);
-                let hi = b.saturating_sub(c0).clamp(lo, bc);
+            let (lo, hi) = spans[r];
+            if lo > 0 || hi < bc {
+                // Keys c0 + c visible for c in [lo, hi): two fills, not a compare per key
+                // (AVX2 made that a masked store per vector, ~10% of the kernel). They
+                // also cover what `scores` skipped.
                 row[..lo].fill(f32::NEG_INFINITY);
                 row[hi..bc].fill(f32::NEG_INFINITY);
             }
@@ -212,6 +241,7 @@ fn attend_body<T: Tiles>(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]
             c0,
             p: &s,
             rescale: &rescale,
+            spans: &spans,
         };
         T::pv(kv, block, out);
         c0 += BC;
@@ -229,7 +259,12 @@ struct Portable;
 
 impl Tiles for Portable {
     #[inline(always)]
-    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+    fn scores(
+        kv: &PackedKv<'_>,
+        qb: &QueryBlock<'_>,
+        (c0, _): (usize, &KeySpans),
+        s: &mut ScoreTile,
+    ) {
         let d = kv.d;
         let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
         let mut r0 = 0;
@@ -297,7 +332,12 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
     }
 
     #[inline(always)]
-    fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
+    fn scores(
+        kv: &PackedKv<'_>,
+        qb: &QueryBlock<'_>,
+        (c0, spans): (usize, &KeySpans),
+        s: &mut ScoreTile,
+    ) {
         let d = kv.d;
         let block = &kv.kt[(c0 / BC) * d * BC..][..d * BC];
         const { assert!(Q_ROW_PAD.is_multiple_of(SR)) };
@@ -305,6 +345,11 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
             let mut r0 = 0;
             while r0 < qb.rows {
                 let nr = SR.min(qb.rows - r0);
+                let (lo, hi) = rows_span(spans, r0, nr);
+                if cc >= hi || cc + L::N * SV <= lo {
+                    r0 += nr; // none of these rows sees these keys
+                    continue;
+                }
                 // All SR rows: the block's rows are zero-padded to a multiple of SR.
                 let q = &qb.q[r0 * d..(r0 + SR) * d];
                 // SAFETY: only reached from the width's entry (its CPU features checked
@@ -348,6 +393,7 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
         let mut r0 = 0;
         while r0 < rows {
             let nr = PR.min(rows - r0);
+            let keys = rows_span(b.spans, r0, nr);
             let o = &mut out[r0 * d..(r0 + nr) * d];
             for dc in (0..d).step_by(L::N * PV) {
                 // SAFETY: as in `scores`; v holds BC rows of d floats, o nr rows of d,
@@ -362,7 +408,8 @@ impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usiz
                             *ax = L::mul(L::load(o.as_ptr().add(i * d + dc + L::N * x)), f);
                         }
                     }
-                    for c in 0..BC {
+                    // Keys outside every row's span weigh 0 for each of them.
+                    for c in keys.0..keys.1 {
                         let mut vr = [L::zero(); PV];
                         for (x, vx) in vr.iter_mut().enumerate() {
                             *vx = L::load(v.as_ptr().add(c * d + dc + L::N * x));
@@ -391,7 +438,9 @@ mod x86 {
     //! The x86 entries: zmm (AVX-512F) and ymm (AVX2 + FMA) instances of [`LaneTiles`],
     //! the zmm one with AVX-512's `exp` and max.
 
-    use super::{attend_body, LaneTiles, PackedKv, PvBlock, QueryBlock, ScoreTile, Tiles};
+    use super::{
+        attend_body, KeySpans, LaneTiles, PackedKv, PvBlock, QueryBlock, ScoreTile, Tiles,
+    };
     use crate::simd::lanes::{Ymm, Zmm};
 
     /// Zmm: scores 6 rows × 4 zmm (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4
@@ -408,8 +457,13 @@ mod x86 {
 
     impl<const PV: usize> Tiles for Avx512<PV> {
         #[inline(always)]
-        fn scores(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, c0: usize, s: &mut ScoreTile) {
-            ZmmTiles::<PV>::scores(kv, qb, c0, s)
+        fn scores(
+            kv: &PackedKv<'_>,
+            qb: &QueryBlock<'_>,
+            keys: (usize, &KeySpans),
+            s: &mut ScoreTile,
+        ) {
+            ZmmTiles::<PV>::scores(kv, qb, keys, s)
         }
         #[inline(always)]
         fn pv(kv: &PackedKv<'_>, b: PvBlock<'_>, out: &mut [f32]) {
