@@ -64,6 +64,16 @@ impl std::fmt::Debug for WeightRows<'_> {
 /// (384·256 floats) are what must stay there.
 const MAX_PANELS_PER_TASK: usize = 4;
 
+/// K per block on AVX2: all of K up to 576 (the default model's width) in one block,
+/// where the shared default is 256. One block writes each C tile once (no reload of C
+/// with β = 1) and runs each micro-kernel call 3× longer; the slab's block (64 rows ×
+/// 576, 147 KiB) and x's (96 × 576, 221 KiB) still fit Zen 3's 512 KiB L2 together.
+/// Host B, 2026-11-29, 2 threads: prefill 512 of the default model, two sets of 6
+/// alternated runs, medians 574 → 588 and 588 → 631 tok/s (K blocks of 256 → 576);
+/// `tessera bench qmatmul --dtype q4_1 --shape 512x3072x576 --variant avx2`, 4
+/// alternated runs, median 12.3 → 11.6 ms. K = 1,536 (ffn_down) becomes 3 blocks of 512.
+const AVX2_KC: usize = 576;
+
 /// Tasks wanted per thread: with several, claiming balances uneven slabs and absorbs a
 /// descheduled thread. Below this many slabs the rows of x are split as well (each part
 /// then dequantizes its slab again, a few percent of its work).
@@ -211,6 +221,9 @@ pub fn gemm_bt_weight_rows(
         return Ok(());
     }
     let mut blk = super::default_blocking(isa).round(&kern);
+    if isa == Isa::Avx2 {
+        blk.kc = AVX2_KC;
+    }
     // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
     // pays a whole tile's C update for a quarter of the work.
     blk.kc = k.div_ceil(k.div_ceil(blk.kc));
