@@ -1,6 +1,6 @@
 //! The CPU's data caches as Linux reports them (`/sys/devices/system/cpu/cpu0/cache`),
-//! read once. Kernels size their blocks from the L1D (a block tuned for one host's
-//! 48 KiB L1 spills on a 32 KiB one); benchmarks size their cold rotation sets past
+//! read once. Kernels size their blocks from the L1D and L2 (a block tuned for one
+//! host's 48 KiB L1 spills on a 32 KiB one); benchmarks size their cold rotation sets past
 //! the largest cache. Where sysfs says nothing (not Linux, a sandbox) every size is
 //! None and callers keep the defaults they document.
 
@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 pub struct CacheSizes {
     /// The level-1 data cache.
     pub l1d: Option<usize>,
+    /// The level-2 (data or unified) cache of one core.
+    pub l2: Option<usize>,
     /// The largest data or unified cache (the last level).
     pub largest: Option<usize>,
 }
@@ -38,8 +40,10 @@ fn read_sysfs(dir: &str) -> CacheSizes {
         let Some(bytes) = read("size").as_deref().and_then(parse_cache_size) else {
             continue;
         };
-        if read("level").as_deref().map(str::trim) == Some("1") {
-            sizes.l1d = Some(bytes);
+        match read("level").as_deref().map(str::trim) {
+            Some("1") => sizes.l1d = Some(bytes),
+            Some("2") => sizes.l2 = Some(bytes),
+            _ => {}
         }
         sizes.largest = sizes.largest.max(Some(bytes));
     }
@@ -84,7 +88,7 @@ mod tests {
     /// A sysfs tree as Linux lays it out (Zen 3: 32K L1D and L1I, 512K L2, 32M L3),
     /// with an unreadable entry among them: the L1 instruction cache is not the L1D.
     #[test]
-    fn the_tree_gives_the_l1d_and_the_largest_cache() {
+    fn the_tree_gives_the_l1d_the_l2_and_the_largest_cache() {
         let root = std::env::temp_dir().join(format!("tessera-cache-{}", std::process::id()));
         let caches = [
             ("index0", "Data", "1", "32K"),
@@ -103,6 +107,7 @@ mod tests {
         let got = read_sysfs(root.to_str().unwrap());
         std::fs::remove_dir_all(&root).unwrap();
         assert_eq!(got.l1d, Some(32 << 10));
+        assert_eq!(got.l2, Some(512 << 10));
         assert_eq!(got.largest, Some(32 << 20));
         assert_eq!(read_sysfs("/nonexistent"), CacheSizes::default());
     }

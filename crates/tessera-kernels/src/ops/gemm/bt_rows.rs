@@ -26,7 +26,7 @@ use super::driver::{grow, run_tile, Blocking, MatMut, MicroKernel, Tile};
 use super::pack::{pack, Block, Mat};
 use crate::pool::{self, SharedMut};
 use std::cell::RefCell;
-use tessera_core::{AlignedVec, Error, Isa, Result, TensorView, TensorViewMut};
+use tessera_core::{AlignedVec, CacheSizes, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// Writes row `r` of Bᵀ (its K values) into `out`.
 pub type FillRow<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
@@ -64,15 +64,27 @@ impl std::fmt::Debug for WeightRows<'_> {
 /// (384·256 floats) are what must stay there.
 const MAX_PANELS_PER_TASK: usize = 4;
 
-/// K per block on AVX2: all of K up to 576 (the default model's width) in one block,
-/// where the shared default is 256. One block writes each C tile once (no reload of C
-/// with β = 1) and runs each micro-kernel call 3× longer; the slab's block (64 rows ×
-/// 576, 147 KiB) and x's (96 × 576, 221 KiB) still fit Zen 3's 512 KiB L2 together.
-/// Host B, 2026-11-29, 2 threads: prefill 512 of the default model, two sets of 6
+/// Most K per block on AVX2: all of K up to 576 (the default model's width) in one
+/// block, where the shared default is 256. One block writes each C tile once (no reload
+/// of C with β = 1) and runs each micro-kernel call 3× longer. Host B (Zen 3, 512 KiB
+/// L2), 2026-11-29, 2 threads: prefill 512 of the default model, two sets of 6
 /// alternated runs, medians 574 → 588 and 588 → 631 tok/s (K blocks of 256 → 576);
 /// `tessera bench qmatmul --dtype q4_1 --shape 512x3072x576 --variant avx2`, 4
 /// alternated runs, median 12.3 → 11.6 ms. K = 1,536 (ffn_down) becomes 3 blocks of 512.
+/// Not more: larger blocks were not measured.
 const AVX2_KC: usize = 576;
+
+/// The K block on AVX2 for a core with `l2` bytes of L2: [`AVX2_KC`] where a task's
+/// slab block (its `slab_rows` weight rows) and x's block (MC rows) fit in ¾ of it
+/// together (Zen 3's 512 KiB holds 64 + 96 rows × 576 floats in 368 KiB), less on a
+/// smaller L2 (Haswell's or Skylake client's 256 KiB: 307, so K = 576 runs as 2 × 288),
+/// never below the shared
+/// default; that default where the L2 is unknown.
+fn avx2_kc(l2: Option<usize>, slab_rows: usize, mc: usize, default: usize) -> usize {
+    let Some(l2) = l2 else { return default };
+    let fit = l2 / 4 * 3 / ((slab_rows + mc) * std::mem::size_of::<f32>());
+    fit.min(AVX2_KC).max(default)
+}
 
 /// Tasks wanted per thread: with several, claiming balances uneven slabs and absorbs a
 /// descheduled thread. Below this many slabs the rows of x are split as well (each part
@@ -222,7 +234,8 @@ pub fn gemm_bt_weight_rows(
     }
     let mut blk = super::default_blocking(isa).round(&kern);
     if isa == Isa::Avx2 {
-        blk.kc = AVX2_KC;
+        let slab_rows = MAX_PANELS_PER_TASK * kern.nr;
+        blk.kc = avx2_kc(CacheSizes::get().l2, slab_rows, blk.mc, blk.kc);
     }
     // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
     // pays a whole tile's C update for a quarter of the work.
@@ -468,6 +481,20 @@ mod tests {
     /// 192 panels of 16) and a few ragged ones give every thread the same number of
     /// slabs, so the last claimed slab does not leave a thread idle for a whole task
     /// (where there are panels enough for [`TASKS_PER_THREAD`] each; fewer also split x).
+    /// The AVX2 K block from the L2 size: the measured 576 on Zen 3's 512 KiB and on
+    /// larger L2s, what fits ¾ of a 256 KiB L2, the shared default where the L2 is small
+    /// or unknown.
+    #[test]
+    fn avx2_k_block_follows_the_l2() {
+        let (slab, mc, default) = (64, 96, 256);
+        assert_eq!(avx2_kc(Some(512 << 10), slab, mc, default), 576);
+        assert_eq!(avx2_kc(Some(2 << 20), slab, mc, default), 576);
+        // 196,608 bytes / (160 rows × 4 bytes) = 307 floats per row.
+        assert_eq!(avx2_kc(Some(256 << 10), slab, mc, default), 307);
+        assert_eq!(avx2_kc(Some(64 << 10), slab, mc, default), default);
+        assert_eq!(avx2_kc(None, slab, mc, default), default);
+    }
+
     #[test]
     fn slabs_split_evenly_between_threads() {
         for threads in [2, 3, 4] {
