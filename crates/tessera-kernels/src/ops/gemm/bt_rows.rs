@@ -78,8 +78,7 @@ const AVX2_KC: usize = 576;
 /// slab block (its `slab_rows` weight rows) and x's block (MC rows) fit in ¾ of it
 /// together (Zen 3's 512 KiB holds 64 + 96 rows × 576 floats in 368 KiB), less on a
 /// smaller L2 (Haswell's or Skylake client's 256 KiB: 307, so K = 576 runs as 2 × 288),
-/// never below the shared
-/// default; that default where the L2 is unknown.
+/// never below the shared default; that default where the L2 is unknown.
 fn avx2_kc(l2: Option<usize>, slab_rows: usize, mc: usize, default: usize) -> usize {
     let Some(l2) = l2 else { return default };
     let fit = l2 / 4 * 3 / ((slab_rows + mc) * std::mem::size_of::<f32>());
