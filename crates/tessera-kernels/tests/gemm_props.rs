@@ -64,6 +64,61 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Batched GEMM (B per entry or one B for all) with more threads than entries or
+    /// fewer, so both ways of sharing out the work run: entries on their own threads,
+    /// and each entry's B blocks split into tasks of A blocks × B micro-panels. Shapes
+    /// large enough to pass the one-thread cut-off; C poisoned with NaN (β = 0).
+    #[test]
+    fn batched_gemm_matches_f64(
+        batch in 1usize..5, m in 20usize..130, n in 20usize..160, k in 20usize..200,
+        shared_b: bool, threads in 1usize..6,
+        mc in 1usize..64, kc in 1usize..96, nc in 1usize..128, seed: u64,
+    ) {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + 1e-3
+        };
+        let b_entries = if shared_b { 1 } else { batch };
+        let a: Vec<f32> = (0..batch * m * k).map(|_| next()).collect();
+        let b: Vec<f32> = (0..b_entries * k * n).map(|_| next()).collect();
+        let av = TensorView::contiguous(&a, &[batch, m, k]).expect("dims");
+        let bv = if shared_b {
+            TensorView::contiguous(&b, &[k, n])
+        } else {
+            TensorView::contiguous(&b, &[batch, k, n])
+        }
+        .expect("dims");
+        let want: Vec<f64> = (0..batch * m * n)
+            .map(|bij| {
+                let (e, i, j) = (bij / (m * n), bij / n % m, bij % n);
+                let be = if shared_b { 0 } else { e };
+                (0..k)
+                    .map(|p| a[(e * m + i) * k + p] as f64 * b[(be * k + p) * n + j] as f64)
+                    .sum()
+            })
+            .collect();
+        for isa in Isa::available() {
+            let mut c = vec![f32::NAN; batch * m * n];
+            let mut cv =
+                TensorViewMut::new(&mut c, Layout::contiguous(&[batch, m, n]).expect("dims"))
+                    .expect("fits");
+            let blocking = Blocking { mc, kc, nc, threads };
+            gemm_with(isa, blocking, &av, &bv, &mut cv, GemmParams::default())
+                .expect("valid problem");
+            let err: f64 = c.iter().zip(&want).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+            let norm: f64 = want.iter().map(|y| y * y).sum();
+            let rel = (err / norm.max(f64::MIN_POSITIVE)).sqrt();
+            prop_assert!(
+                rel <= TOL_F32.rel,
+                "{isa}: rel {rel:e} (batch{batch} m{m} n{n} k{k} shared_b{shared_b} threads{threads})"
+            );
+        }
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
     /// `gemm_bt_rows` (prefill's GEMM against weight rows produced on demand) against the
     /// f64 triple loop: ragged M, N and K across the MR/NR tiles, the KC blocks and the

@@ -1,22 +1,31 @@
 //! The blocked, threaded GEMM driver (the Goto/BLIS loop nest).
 //!
 //! ```text
-//! for jc in N step NC:            B block (KC×NC) packed once, reused by every A block
+//! for jc in N step NC:
 //!   for pc in K step KC:
-//!     pack B[pc.., jc..]
-//!     for ic in M step MC:        A block (MC×KC) packed, stays in L2
-//!       pack A[ic.., pc..]
-//!       for jr in NC step NR:     B micro-panel (KC×NR) stays in L1 across ir
-//!         for ir in MC step MR:   micro-kernel: MR×NR tile of C in registers
+//!     pack A[.., pc..], B[pc.., jc..]  A's K slice, the B block (KC×NC): once, shared
+//!     tasks (A block × B panels):      claimed from the pool's counter
+//!       for jr in NC step NR:          B micro-panel (KC×NR) stays in L1 across ir
+//!         for ir in MC step MR:        micro-kernel; the A block (MC×KC) stays in L2
 //! ```
-//! Threads split C into independent rectangles (each packs its own blocks): no barriers,
-//! and on 2 cores the duplicated packing of one operand costs ~1% at 2048³.
+//!
+//! Work is claimed, not split: each block is cut into several tasks per thread (A
+//! blocks, and column ranges of B when M has few A blocks), so a thread the OS takes
+//! away delays the call by about one task, not by its whole share, as a static split into
+//! one rectangle per thread would (issue #24). Both operands are packed once per block by
+//! all threads together and shared; the cost is two pool dispatches per block (~0.2 µs
+//! each).
+//!
+//! The two inner loops run in the order that keeps the smaller operand in L1
+//! ([`b_panel_outer`]): a B micro-panel where it fits in half of L1 (AVX2's 16×256 floats,
+//! 16 KiB), as BLIS does; otherwise (AVX-512's 64×384, 96 KiB) an A micro-panel, with
+//! the B micro-panels streamed past it.
 
 use super::micro::TileOut;
 use super::pack::{pack, Block, Mat, PackSource, Packed};
 use crate::pool::{self, SharedMut};
 use std::cell::RefCell;
-use tessera_core::AlignedVec;
+use tessera_core::{AlignedVec, CacheSizes};
 
 /// A micro-kernel and its tile shape.
 #[derive(Clone, Copy, Debug)]
@@ -70,63 +79,27 @@ pub(super) struct Operands<T> {
     pub c: MatMut,
 }
 
-/// A rectangle of C one task computes.
-#[derive(Clone, Copy, Debug)]
-struct Task {
-    batch: usize,
-    m0: usize,
-    m1: usize,
-    n0: usize,
-    n1: usize,
-}
-
 /// Below this many FLOPs a GEMM stays on one thread (dispatch would cost more than it saves).
 const MIN_FLOPS_PER_THREAD: f64 = 2e6;
 
-fn plan(
-    batches: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    kern_nr: usize,
-    kern_mr: usize,
-    threads: usize,
-) -> Vec<Task> {
-    let flops = 2.0 * (batches * m * n * k) as f64;
-    let want = threads.min((flops / MIN_FLOPS_PER_THREAD) as usize).max(1);
-    let per_batch = want.div_ceil(batches).max(1);
-    // Split N first (keeps the micro-kernel's wide dimension whole), then M.
-    let n_split = per_batch.min(n.div_ceil(kern_nr)).max(1);
-    let m_split = per_batch.div_ceil(n_split).min(m.div_ceil(kern_mr)).max(1);
-    let cut = |len: usize, parts: usize, q: usize, i: usize| {
-        let step = len.div_ceil(parts).div_ceil(q) * q;
-        ((i * step).min(len), ((i + 1) * step).min(len))
-    };
-    let mut tasks = Vec::new();
-    for batch in 0..batches {
-        for mi in 0..m_split {
-            for ni in 0..n_split {
-                let (m0, m1) = cut(m, m_split, kern_mr, mi);
-                let (n0, n1) = cut(n, n_split, kern_nr, ni);
-                if m0 < m1 && n0 < n1 {
-                    tasks.push(Task {
-                        batch,
-                        m0,
-                        m1,
-                        n0,
-                        n1,
-                    });
-                }
-            }
-        }
-    }
-    tasks
-}
+/// Tasks wanted per thread in each B block: with several, claiming balances them and
+/// absorbs a descheduled thread.
+const TASKS_PER_THREAD: usize = 4;
+
+/// B micro-panels one packing task writes.
+const PACK_PANELS_PER_TASK: usize = 8;
+
+/// L1 data cache assumed where the OS does not report it.
+const DEFAULT_L1D: usize = 32 << 10;
 
 thread_local! {
-    /// Per-thread packing buffers, reused across calls (decode calls GEMM ~100× per token).
-    static SCRATCH: RefCell<(AlignedVec<f32>, AlignedVec<f32>)> =
-        RefCell::new((AlignedVec::zeroed(0).expect("empty"), AlignedVec::zeroed(0).expect("empty")));
+    /// The packed B block of the calling thread's current call, read by every task (the
+    /// packing buffers are reused across calls).
+    static PACKED_B: RefCell<AlignedVec<f32>> =
+        RefCell::new(AlignedVec::zeroed(0).expect("empty"));
+    /// The packed K slice of A (all M rows) of the calling thread's current call.
+    static PACKED_A: RefCell<AlignedVec<f32>> =
+        RefCell::new(AlignedVec::zeroed(0).expect("empty"));
 }
 
 pub(super) fn grow(buf: &mut AlignedVec<f32>, len: usize) {
@@ -135,98 +108,238 @@ pub(super) fn grow(buf: &mut AlignedVec<f32>, len: usize) {
     }
 }
 
+/// Runs `job` on this thread's buffer in `cell` (a fresh one where it is already borrowed),
+/// grown to `len` 4-byte elements and viewed as `P`.
+fn with_packed<P: Packed, R>(
+    cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
+    len: usize,
+    job: impl FnOnce(&mut [P]) -> R,
+) -> R {
+    cell.with(|c| match c.try_borrow_mut() {
+        Ok(mut buf) => {
+            grow(&mut buf, len);
+            job(as_packed(&mut buf, len))
+        }
+        Err(_) => {
+            let mut buf = AlignedVec::zeroed(0).expect("empty");
+            grow(&mut buf, len);
+            job(as_packed(&mut buf, len))
+        }
+    })
+}
+
 /// View 4-byte packed scratch as `P`.
 fn as_packed<P: Packed>(buf: &mut [f32], len: usize) -> &mut [P] {
+    assert!(len <= buf.len());
     // SAFETY: P is 4-byte POD with every bit pattern valid (Packed's contract) and the
-    // buffer is 64-byte aligned; len ≤ buf.len() (grown by the caller).
+    // buffer is 64-byte aligned; len ≤ buf.len() (asserted).
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut P, len) }
 }
 
-/// Runs the GEMM for every batch entry produced by `operands(b)`.
+/// Whether a task loops over B micro-panels outside A micro-panels: where one B
+/// micro-panel (`ks` packed steps of `nr`) fits in half of an `l1d`-byte L1 it stays
+/// there while the A block streams from L2 (BLIS's order); where it does not, an A
+/// micro-panel stays in L1 instead. Host B (Zen 3, 32 KiB L1, AVX2 6×16 at KC = 256:
+/// 16 KiB panels), 2026-11-29, one thread, this driver and the one before it (the A
+/// order) run at once on the two cores, cores swapped each round (`tessera bench gemm
+/// --shape S --variant avx2 --set threads=1`): median ratio 1.045 at 2048³ (10 rounds),
+/// 1.04 at 512×3072×576 (8). AVX-512's 6×64 at KC = 384 (96 KiB panels) keeps the
+/// A-panel order it was tuned with on host A.
+pub(super) fn b_panel_outer(ks: usize, nr: usize, elem: usize, l1d: Option<usize>) -> bool {
+    ks * nr * elem <= l1d.unwrap_or(DEFAULT_L1D) / 2
+}
+
+/// Runs the GEMM for every batch entry produced by `operands(b)`: entries on their own
+/// threads where there are at least as many as threads, otherwise one after another,
+/// each on all of them.
 pub(super) fn run<T: PackSource, P: Packed>(
     kern: MicroKernel<P>,
     blocking: Blocking,
     (batches, m, n, k): (usize, usize, usize, usize),
     operands: &(dyn Fn(usize) -> Operands<T> + Sync),
-    (alpha, beta): (f32, f32),
+    scalars: (f32, f32),
 ) {
     let blk = blocking.round(&kern);
-    let tasks = plan(batches, m, n, k, kern.nr, kern.mr, blk.threads);
-    pool::global().run(tasks.len(), blk.threads, |t| {
-        let task = tasks[t];
-        let ops = operands(task.batch);
-        let job = |scratch: &mut (AlignedVec<f32>, AlignedVec<f32>)| {
-            compute_rect(&kern, &blk, &ops, task, k, (alpha, beta), scratch)
-        };
-        SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => job(&mut s),
-            Err(_) => job(&mut (
-                AlignedVec::zeroed(0).expect("empty"),
-                AlignedVec::zeroed(0).expect("empty"),
-            )),
+    let flops = 2.0 * (batches * m * n * k) as f64;
+    let threads = blk
+        .threads
+        .min((flops / MIN_FLOPS_PER_THREAD) as usize)
+        .max(1);
+    if batches >= threads {
+        pool::global().run(batches, threads, |b| {
+            entry(&kern, &blk, &operands(b), (m, n, k), scalars, 1)
         });
-    });
+    } else {
+        for b in 0..batches {
+            entry(&kern, &blk, &operands(b), (m, n, k), scalars, threads);
+        }
+    }
 }
 
-fn compute_rect<T: PackSource, P: Packed>(
+/// One GEMM on up to `threads` threads: per B block, one pool job packs it and the A
+/// rows against it (shared by every task), a second runs tasks of one A block against a
+/// range of the block's B micro-panels.
+fn entry<T: PackSource, P: Packed>(
     kern: &MicroKernel<P>,
     blk: &Blocking,
     ops: &Operands<T>,
-    task: Task,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     (alpha, beta): (f32, f32),
-    (abuf, bbuf): &mut (AlignedVec<f32>, AlignedVec<f32>),
+    threads: usize,
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
+    let a_blocks = m.div_ceil(blk.mc);
+    let l1d = CacheSizes::get().l1d;
+    for jc in (0..n).step_by(blk.nc) {
+        let nc = blk.nc.min(n - jc);
+        let panels = nc.div_ceil(nr);
+        // Column ranges per A block: enough tasks for each thread to claim several.
+        let parts = if threads == 1 {
+            1
+        } else {
+            (TASKS_PER_THREAD * threads).div_ceil(a_blocks).min(panels)
+        };
+        for pc in (0..k).step_by(blk.kc) {
+            let k_len = blk.kc.min(k - pc);
+            let (ablk, bblk) = (
+                Block {
+                    r0: 0,
+                    rows: m,
+                    k0: pc,
+                    k_len,
+                    panel: mr,
+                },
+                Block {
+                    r0: jc,
+                    rows: nc,
+                    k0: pc,
+                    k_len,
+                    panel: nr,
+                },
+            );
+            let ks = bblk.k_steps::<P>();
+            let b_outer = b_panel_outer(ks, nr, std::mem::size_of::<P>(), l1d);
+            let beta = if pc == 0 { beta } else { 1.0 };
+            with_packed::<P, _>(&PACKED_A, ablk.packed_len::<P>(), |ap| {
+                with_packed::<P, _>(&PACKED_B, bblk.packed_len::<P>(), |bp| {
+                    pack_shared(
+                        [
+                            (&ops.a, ablk, false, &mut *ap),
+                            (&ops.b, bblk, true, &mut *bp),
+                        ],
+                        threads,
+                    );
+                    let (ap, bp): (&[P], &[P]) = (ap, bp);
+                    pool::global().run(a_blocks * parts, threads, |t| {
+                        let (ib, part) = (t / parts, t % parts);
+                        let ic = ib * blk.mc;
+                        let rows = blk.mc.min(m - ic);
+                        let block = BlockTiles {
+                            // mc is a multiple of MR, so A block ib starts at a panel.
+                            a: (&ap[ic * ks..][..rows.div_ceil(mr) * mr * ks], ic, rows),
+                            b: (bp, jc, nc),
+                            ks,
+                            b_panels: (part * panels / parts, (part + 1) * panels / parts),
+                            b_outer,
+                        };
+                        block_tiles(kern, block, &ops.c, (alpha, beta));
+                    });
+                });
+            });
+        }
+    }
+}
+
+/// One block to pack: its matrix, which block, whether its logical rows are the matrix's
+/// columns (B), and where it goes.
+type PackJob<'a, T, P> = (&'a Mat<T>, Block, bool, &'a mut [P]);
+
+/// Packs every job's block on up to `threads` threads in one pool job, a few micro-panels
+/// per task.
+fn pack_shared<T: PackSource, P: Packed>(jobs: [PackJob<'_, T, P>; 2], threads: usize) {
+    // Per job: its tasks, its panels, one panel's length, where its buffer starts.
+    let plan = jobs.map(|(m, blk, transposed, dst)| {
+        let panels = blk.rows.div_ceil(blk.panel);
+        let panel_len = blk.panel * blk.k_steps::<P>();
+        assert!(dst.len() >= panels * panel_len);
+        let out = SharedMut(dst.as_mut_ptr());
+        (
+            panels.div_ceil(PACK_PANELS_PER_TASK),
+            (m, blk, transposed),
+            panels,
+            panel_len,
+            out,
+        )
+    });
+    let first_tasks = plan[0].0;
+    pool::global().run(first_tasks + plan[1].0, threads, |t| {
+        let (job, t) = if t < first_tasks {
+            (&plan[0], t)
+        } else {
+            (&plan[1], t - first_tasks)
+        };
+        let (_, (m, blk, transposed), panels, panel_len, out) = *job;
+        let p0 = t * PACK_PANELS_PER_TASK;
+        let p1 = (p0 + PACK_PANELS_PER_TASK).min(panels);
+        let part = Block {
+            r0: blk.r0 + p0 * blk.panel,
+            rows: (p1 * blk.panel).min(blk.rows) - p0 * blk.panel,
+            ..blk
+        };
+        // SAFETY: panels p0..p1 of this job occupy [p0·panel_len, p1·panel_len) of its
+        // buffer (asserted to hold every panel), written by this task alone.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(out.get().add(p0 * panel_len), (p1 - p0) * panel_len)
+        };
+        pack(m, part, transposed, o);
+    });
+}
+
+/// One task's tiles: a packed A block against B micro-panels `b_panels` of a packed B
+/// block.
+struct BlockTiles<'a, P> {
+    /// The packed A block, its first row of C and its rows.
+    a: (&'a [P], usize, usize),
+    /// The packed B block, its first column of C and its columns.
+    b: (&'a [P], usize, usize),
+    /// Packed k-steps per micro-panel.
+    ks: usize,
+    /// Which of the block's B micro-panels.
+    b_panels: (usize, usize),
+    /// Loop order ([`b_panel_outer`]).
+    b_outer: bool,
+}
+
+fn block_tiles<P>(kern: &MicroKernel<P>, blk: BlockTiles<'_, P>, c: &MatMut, scalars: (f32, f32)) {
+    let (mr, nr, ks) = (kern.mr, kern.nr, blk.ks);
+    let ((ap, ic, mc), (bp, jc, nc)) = (blk.a, blk.b);
     let mut tmp = [0f32; 8 * 64]; // MR·NR ≤ 512 for every kernel (6·64 at most)
     debug_assert!(mr * nr <= tmp.len());
-    for jc in (task.n0..task.n1).step_by(blk.nc) {
-        let nc = blk.nc.min(task.n1 - jc);
-        for pc in (0..k).step_by(blk.kc) {
-            let kc = blk.kc.min(k - pc);
-            let bblk = Block {
-                r0: jc,
-                rows: nc,
-                k0: pc,
-                k_len: kc,
-                panel: nr,
-            };
-            grow(bbuf, bblk.packed_len::<P>());
-            let bp = as_packed::<P>(bbuf, bblk.packed_len::<P>());
-            pack(&ops.b, bblk, true, bp);
-            let ks = bblk.k_steps::<P>();
-            let beta_eff = if pc == 0 { beta } else { 1.0 };
-            for ic in (task.m0..task.m1).step_by(blk.mc) {
-                let mc = blk.mc.min(task.m1 - ic);
-                let ablk = Block {
-                    r0: ic,
-                    rows: mc,
-                    k0: pc,
-                    k_len: kc,
-                    panel: mr,
-                };
-                grow(abuf, ablk.packed_len::<P>());
-                let ap = as_packed::<P>(abuf, ablk.packed_len::<P>());
-                pack(&ops.a, ablk, false, ap);
-                for ir in 0..mc.div_ceil(mr) {
-                    let rows = mr.min(mc - ir * mr);
-                    let a_panel = ap[ir * ks * mr..].as_ptr();
-                    for jr in 0..nc.div_ceil(nr) {
-                        let cols = nr.min(nc - jr * nr);
-                        let b_panel = bp[jr * ks * nr..].as_ptr();
-                        let (i0, j0) = (ic + ir * mr, jc + jr * nr);
-                        let tile = Tile {
-                            at: (i0, j0, rows, cols),
-                            ks,
-                            a_panel,
-                            b_panel,
-                        };
-                        // SAFETY: the panels hold ks·MR / ks·NR packed elements; the tile is
-                        // inside C, which this task alone writes (disjoint rectangles).
-                        unsafe { run_tile(kern, tile, &ops.c, (alpha, beta_eff), &mut tmp) };
-                    }
-                }
-            }
+    let mut tile = |ir: usize, jr: usize| {
+        let tile = Tile {
+            at: (
+                ic + ir * mr,
+                jc + jr * nr,
+                mr.min(mc - ir * mr),
+                nr.min(nc - jr * nr),
+            ),
+            ks,
+            a_panel: ap[ir * ks * mr..][..ks * mr].as_ptr(),
+            b_panel: bp[jr * ks * nr..][..ks * nr].as_ptr(),
+        };
+        // SAFETY: the panels hold ks·MR / ks·NR packed elements (sliced above); the tile
+        // is inside C, which this task alone writes (tasks cover disjoint A blocks ×
+        // column ranges).
+        unsafe { run_tile(kern, tile, c, scalars, &mut tmp) };
+    };
+    let (a_panels, (j0, j1)) = (mc.div_ceil(mr), blk.b_panels);
+    if blk.b_outer {
+        for jr in j0..j1 {
+            (0..a_panels).for_each(|ir| tile(ir, jr));
+        }
+    } else {
+        for ir in 0..a_panels {
+            (j0..j1).for_each(|jr| tile(ir, jr));
         }
     }
 }
@@ -298,5 +411,25 @@ fn merge_edge(
                 *p = if beta == 0.0 { v } else { v + beta * *p };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_micro_panel_that_fits_half_of_l1_stays_there() {
+        // AVX2 6×16 at KC = 256: a 16 KiB B panel, half of a 32 KiB L1.
+        assert!(b_panel_outer(256, 16, 4, Some(32 << 10)));
+        assert!(
+            b_panel_outer(256, 16, 4, None),
+            "32 KiB assumed where unknown"
+        );
+        // AVX-512 6×64 at KC = 384 (96 KiB), bf16 pairs at 192 steps (48 KiB): A stays.
+        assert!(!b_panel_outer(384, 64, 4, Some(48 << 10)));
+        assert!(!b_panel_outer(192, 64, 4, Some(48 << 10)));
+        // A larger KC on AVX2 overflows half of L1 as well.
+        assert!(!b_panel_outer(512, 16, 4, Some(32 << 10)));
     }
 }
