@@ -108,19 +108,23 @@ pub(super) fn grow(buf: &mut AlignedVec<f32>, len: usize) {
     }
 }
 
-/// Runs `job` on this thread's buffer in `cell` (a fresh one where it is already borrowed),
-/// grown to `len` 4-byte elements and viewed as `P`.
+/// Buffers up to this many 4-byte elements (64 MiB) are kept per thread for the next
+/// call; A's K slice of a larger call (M > 65,536 rows at KC = 256) is allocated for it.
+const REUSED_ELEMS: usize = 16 << 20;
+
+/// Runs `job` on this thread's buffer in `cell` (a fresh one where it is already borrowed
+/// or `len` is over [`REUSED_ELEMS`]), grown to `len` 4-byte elements and viewed as `P`.
 fn with_packed<P: Packed, R>(
     cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
     len: usize,
     job: impl FnOnce(&mut [P]) -> R,
 ) -> R {
     cell.with(|c| match c.try_borrow_mut() {
-        Ok(mut buf) => {
+        Ok(mut buf) if len <= REUSED_ELEMS => {
             grow(&mut buf, len);
             job(as_packed(&mut buf, len))
         }
-        Err(_) => {
+        _ => {
             let mut buf = AlignedVec::zeroed(0).expect("empty");
             grow(&mut buf, len);
             job(as_packed(&mut buf, len))
