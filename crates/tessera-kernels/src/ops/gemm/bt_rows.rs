@@ -22,8 +22,10 @@
 //!       for ir in MC step MR:   micro-kernel: MR×NR tile of y in registers
 //! ```
 
-use super::driver::{grow, run_tile, Blocking, MatMut, MicroKernel, Tile};
-use super::pack::{pack, Block, Mat};
+use super::driver::{
+    grow, pack_shared, run_tile, with_scratch, Blocking, MatMut, MicroKernel, PackJob, Tile,
+};
+use super::pack::{Block, Mat};
 use crate::pool::{self, SharedMut};
 use std::cell::RefCell;
 use tessera_core::{AlignedVec, CacheSizes, Error, Isa, Result, TensorView, TensorViewMut};
@@ -90,13 +92,6 @@ fn avx2_kc(l2: Option<usize>, slab_rows: usize, mc: usize, default: usize) -> us
 /// then dequantizes its slab again, a few percent of its work).
 const TASKS_PER_THREAD: usize = 4;
 
-/// Panels of x one packing task handles (48 rows on AVX2).
-const PACK_PANELS_PER_TASK: usize = 8;
-
-/// Buffers up to this many floats (64 MiB) are kept per thread for the next call; a
-/// larger call allocates its own (a 2,048-token prefill at K = 1,536 packs 3 M floats).
-const REUSED_FLOATS: usize = 16 << 20;
-
 thread_local! {
     /// The packed x of the calling thread's current call.
     static PACKED_X: RefCell<AlignedVec<f32>> =
@@ -104,22 +99,6 @@ thread_local! {
     /// A task's packed B slab and its NR-row dequantize buffer.
     static SLAB: RefCell<(AlignedVec<f32>, AlignedVec<f32>)> =
         RefCell::new((AlignedVec::zeroed(0).expect("empty"), AlignedVec::zeroed(0).expect("empty")));
-}
-
-/// Runs `job` on this thread's reused buffer (or a fresh one when it is borrowed or the
-/// call is larger than [`REUSED_FLOATS`]), grown to `len` floats.
-fn with_buffer<R>(
-    cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
-    len: usize,
-    job: impl FnOnce(&mut AlignedVec<f32>) -> R,
-) -> Result<R> {
-    cell.with(|c| match c.try_borrow_mut() {
-        Ok(mut buf) if len <= REUSED_FLOATS => {
-            grow(&mut buf, len);
-            Ok(job(&mut buf))
-        }
-        _ => Ok(job(&mut AlignedVec::zeroed(len)?)),
-    })
 }
 
 /// The shape of one call after validation.
@@ -241,7 +220,7 @@ pub fn gemm_bt_weight_rows(
     blk.kc = k.div_ceil(k.div_ceil(blk.kc));
     let threads = threads.max(1);
     let xm = Mat::of(x);
-    with_buffer(&PACKED_X, packed_len, |xp| {
+    with_scratch(&PACKED_X, packed_len, |xp| {
         pack_x(&kern, &blk, &xm, shape, threads, &mut xp[..packed_len]);
         let tasks = plan(n.div_ceil(kern.nr), m_pad / kern.mr, threads);
         let xp: &[f32] = &xp[..packed_len];
@@ -264,41 +243,32 @@ pub fn gemm_bt_weight_rows(
     })
 }
 
-/// Packs all of x: K blocks of KC in order, each `[x panel][k][MR]` (rows past M zero).
+/// Packs all of x: K blocks of KC in order, each `[x panel][k][MR]` (rows past M zero),
+/// all blocks in one pool job.
 fn pack_x(
     kern: &MicroKernel<f32>,
     blk: &Blocking,
     xm: &Mat<f32>,
     s: Shape,
     threads: usize,
-    out: &mut [f32],
+    mut out: &mut [f32],
 ) {
-    let mr = kern.mr;
-    let panels = s.m_pad / mr;
-    let dst = SharedMut(out.as_mut_ptr());
-    let out_len = out.len();
-    pool::global().run(panels.div_ceil(PACK_PANELS_PER_TASK), threads, |t| {
-        let p0 = t * PACK_PANELS_PER_TASK;
-        let p1 = (p0 + PACK_PANELS_PER_TASK).min(panels);
-        for pc in (0..s.k).step_by(blk.kc) {
-            let kc = blk.kc.min(s.k - pc);
-            let at = pc * s.m_pad + p0 * mr * kc;
-            let len = (p1 - p0) * mr * kc;
-            debug_assert!(at + len <= out_len);
-            // SAFETY: block pc occupies [pc·m_pad, (pc+kc)·m_pad) of `out` (pc and kc
-            // sum to ≤ K, and out holds m_pad·K); within it this task's panels p0..p1
-            // are the disjoint range [at, at + len), written by no other task.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add(at), len) };
-            let b = Block {
-                r0: p0 * mr,
-                rows: (p1 - p0) * mr,
-                k0: pc,
-                k_len: kc,
-                panel: mr,
-            };
-            pack(xm, b, false, o);
-        }
-    });
+    let mut jobs: Vec<PackJob<'_, f32, f32>> = Vec::with_capacity(s.k.div_ceil(blk.kc));
+    for pc in (0..s.k).step_by(blk.kc) {
+        let kc = blk.kc.min(s.k - pc);
+        // Block pc occupies [pc·m_pad, (pc + kc)·m_pad) of the packed x.
+        let (block, rest) = std::mem::take(&mut out).split_at_mut(kc * s.m_pad);
+        out = rest;
+        let b = Block {
+            r0: 0,
+            rows: s.m,
+            k0: pc,
+            k_len: kc,
+            panel: kern.mr,
+        };
+        jobs.push((xm, b, false, block));
+    }
+    pack_shared(jobs, threads);
 }
 
 /// One task: dequantize and pack its slab of weight rows, then every MR×NR tile of its

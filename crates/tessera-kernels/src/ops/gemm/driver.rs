@@ -86,9 +86,6 @@ const MIN_FLOPS_PER_THREAD: f64 = 2e6;
 /// absorbs a descheduled thread.
 const TASKS_PER_THREAD: usize = 4;
 
-/// B micro-panels one packing task writes.
-const PACK_PANELS_PER_TASK: usize = 8;
-
 /// L1 data cache assumed where the OS does not report it.
 const DEFAULT_L1D: usize = 32 << 10;
 
@@ -109,27 +106,35 @@ pub(super) fn grow(buf: &mut AlignedVec<f32>, len: usize) {
 }
 
 /// Buffers up to this many 4-byte elements (64 MiB) are kept per thread for the next
-/// call; A's K slice of a larger call (M > 65,536 rows at KC = 256) is allocated for it.
+/// call; a larger one is allocated for its call (A's K slice past M = 65,536 rows at
+/// KC = 256; `gemm_bt_rows`' x past 2,048 tokens × K = 8,192).
 const REUSED_ELEMS: usize = 16 << 20;
 
 /// Runs `job` on this thread's buffer in `cell` (a fresh one where it is already borrowed
-/// or `len` is over [`REUSED_ELEMS`]), grown to `len` 4-byte elements and viewed as `P`.
+/// or `len` is over [`REUSED_ELEMS`]), grown to `len` 4-byte elements. Errors only where
+/// a fresh buffer cannot be allocated.
+pub(super) fn with_scratch<R>(
+    cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
+    len: usize,
+    job: impl FnOnce(&mut AlignedVec<f32>) -> R,
+) -> tessera_core::Result<R> {
+    cell.with(|c| match c.try_borrow_mut() {
+        Ok(mut buf) if len <= REUSED_ELEMS => {
+            grow(&mut buf, len);
+            Ok(job(&mut buf))
+        }
+        _ => Ok(job(&mut AlignedVec::zeroed(len)?)),
+    })
+}
+
+/// [`with_scratch`] with the first `len` elements viewed as `P`.
 fn with_packed<P: Packed, R>(
     cell: &'static std::thread::LocalKey<RefCell<AlignedVec<f32>>>,
     len: usize,
     job: impl FnOnce(&mut [P]) -> R,
 ) -> R {
-    cell.with(|c| match c.try_borrow_mut() {
-        Ok(mut buf) if len <= REUSED_ELEMS => {
-            grow(&mut buf, len);
-            job(as_packed(&mut buf, len))
-        }
-        _ => {
-            let mut buf = AlignedVec::zeroed(0).expect("empty");
-            grow(&mut buf, len);
-            job(as_packed(&mut buf, len))
-        }
-    })
+    with_scratch(cell, len, |buf| job(as_packed(buf, len)))
+        .expect("GEMM packing buffer (sized by validated blocking)")
 }
 
 /// View 4-byte packed scratch as `P`.
@@ -148,7 +153,7 @@ fn as_packed<P: Packed>(buf: &mut [f32], len: usize) -> &mut [P] {
 /// order) run at once on the two cores, cores swapped each round (`tessera bench gemm
 /// --shape S --variant avx2 --set threads=1`): median ratio 1.045 at 2048³ (10 rounds),
 /// 1.04 at 512×3072×576 (8). AVX-512's 6×64 at KC = 384 (96 KiB panels) keeps the
-/// A-panel order it was tuned with on host A.
+/// A-panel order it had before (not re-measured: no AVX-512 host here).
 pub(super) fn b_panel_outer(ks: usize, nr: usize, elem: usize, l1d: Option<usize>) -> bool {
     ks * nr * elem <= l1d.unwrap_or(DEFAULT_L1D) / 2
 }
@@ -226,13 +231,11 @@ fn entry<T: PackSource, P: Packed>(
             let beta = if pc == 0 { beta } else { 1.0 };
             with_packed::<P, _>(&PACKED_A, ablk.packed_len::<P>(), |ap| {
                 with_packed::<P, _>(&PACKED_B, bblk.packed_len::<P>(), |bp| {
-                    pack_shared(
-                        [
-                            (&ops.a, ablk, false, &mut *ap),
-                            (&ops.b, bblk, true, &mut *bp),
-                        ],
-                        threads,
-                    );
+                    let jobs = vec![
+                        (&ops.a, ablk, false, &mut *ap),
+                        (&ops.b, bblk, true, &mut *bp),
+                    ];
+                    pack_shared(jobs, threads);
                     let (ap, bp): (&[P], &[P]) = (ap, bp);
                     pool::global().run(a_blocks * parts, threads, |t| {
                         let (ib, part) = (t / parts, t % parts);
@@ -256,34 +259,36 @@ fn entry<T: PackSource, P: Packed>(
 
 /// One block to pack: its matrix, which block, whether its logical rows are the matrix's
 /// columns (B), and where it goes.
-type PackJob<'a, T, P> = (&'a Mat<T>, Block, bool, &'a mut [P]);
+pub(super) type PackJob<'a, T, P> = (&'a Mat<T>, Block, bool, &'a mut [P]);
 
-/// Packs every job's block on up to `threads` threads in one pool job, a few micro-panels
-/// per task.
-fn pack_shared<T: PackSource, P: Packed>(jobs: [PackJob<'_, T, P>; 2], threads: usize) {
-    // Per job: its tasks, its panels, one panel's length, where its buffer starts.
-    let plan = jobs.map(|(m, blk, transposed, dst)| {
-        let panels = blk.rows.div_ceil(blk.panel);
-        let panel_len = blk.panel * blk.k_steps::<P>();
-        assert!(dst.len() >= panels * panel_len);
-        let out = SharedMut(dst.as_mut_ptr());
-        (
-            panels.div_ceil(PACK_PANELS_PER_TASK),
-            (m, blk, transposed),
-            panels,
-            panel_len,
-            out,
-        )
-    });
-    let first_tasks = plan[0].0;
-    pool::global().run(first_tasks + plan[1].0, threads, |t| {
-        let (job, t) = if t < first_tasks {
-            (&plan[0], t)
-        } else {
-            (&plan[1], t - first_tasks)
-        };
-        let (_, (m, blk, transposed), panels, panel_len, out) = *job;
-        let p0 = t * PACK_PANELS_PER_TASK;
+/// B micro-panels (or A panels) one packing task writes (48 rows of A on AVX2).
+const PACK_PANELS_PER_TASK: usize = 8;
+
+/// Packs every job's block on up to `threads` threads in one pool job, a few panels per
+/// task.
+pub(super) fn pack_shared<T: PackSource, P: Packed>(jobs: Vec<PackJob<'_, T, P>>, threads: usize) {
+    // Per job: its first task, its matrix and block, its panels, one panel's length,
+    // where its buffer starts.
+    let mut tasks = 0;
+    let plan: Vec<_> = jobs
+        .into_iter()
+        .map(|(m, blk, transposed, dst)| {
+            let panels = blk.rows.div_ceil(blk.panel);
+            let panel_len = blk.panel * blk.k_steps::<P>();
+            assert!(dst.len() >= panels * panel_len);
+            let first = tasks;
+            tasks += panels.div_ceil(PACK_PANELS_PER_TASK);
+            let out = SharedMut(dst.as_mut_ptr());
+            (first, (m, blk, transposed), panels, panel_len, out)
+        })
+        .collect();
+    pool::global().run(tasks, threads, |t| {
+        let job = plan
+            .iter()
+            .rposition(|j| j.0 <= t)
+            .expect("task 0 is job 0's");
+        let (first, (m, blk, transposed), panels, panel_len, out) = plan[job];
+        let p0 = (t - first) * PACK_PANELS_PER_TASK;
         let p1 = (p0 + PACK_PANELS_PER_TASK).min(panels);
         let part = Block {
             r0: blk.r0 + p0 * blk.panel,
