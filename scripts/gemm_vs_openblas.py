@@ -47,12 +47,22 @@ args = parser.parse_args()
 variant, coretype = host_isa()
 variant = args.variant or variant
 coretype = args.coretype or coretype
-shapes = [tuple(int(d) for d in s.lower().split("x")) for s in (args.shape or [])]
-if args.size:
-    shapes.append((args.size,) * 3)
+def parse_shape(text):
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        sys.exit(f"--shape {text!r}: expected MxNxK, three positive integers")
+    return dims
+
+
+shapes = [parse_shape(s) for s in (args.shape or [])]
+if args.size is not None:
+    shapes.append(parse_shape(f"{args.size}x{args.size}x{args.size}"))
 shapes = shapes or [(2048, 2048, 2048)]
-if any(len(s) != 3 or min(s) < 1 for s in shapes):
-    sys.exit("--shape takes MxNxK with three positive sizes")
+if args.rounds < 1 or args.threads < 1:
+    sys.exit("--rounds and --threads take positive integers")
 
 if coretype:
     os.environ["OPENBLAS_CORETYPE"] = coretype  # override any inherited setting
@@ -106,8 +116,15 @@ def tessera_gflops(m, n, k):
 
 
 subprocess.run(["cargo", "build", "--release", "-q"], cwd=root, check=True)
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-           platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
+cpu = cpu_name()
 print(f"f32 GEMM on {cpu}: Tessera {variant}, OpenBLAS "
       f"{os.environ.get('OPENBLAS_CORETYPE', 'its own choice')}, {args.threads} threads, "
       f"numpy {np.__version__}")
