@@ -10,7 +10,8 @@
 //! compile with the caller's features).
 //!
 //! Implementations: `Ymm` and `Zmm` on x86-64 (`lanes_x86`), `Neon` (4 lanes) on
-//! aarch64 (`lanes_neon`).
+//! aarch64 (`lanes_neon`); in tests, `Soft<N>` (`lanes_soft`: plain Rust at any width,
+//! so the 16-lane instances run on a host without AVX-512).
 //!
 //! # Safety
 //! Every method requires the CPU features of its implementation: AVX2, FMA and F16C for
@@ -20,6 +21,8 @@ use half::{bf16, f16};
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) use super::lanes_neon::Neon;
+#[cfg(test)]
+pub(crate) use super::lanes_soft::Soft;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use super::lanes_x86::{Ymm, Zmm};
 

@@ -19,6 +19,8 @@ pub(crate) mod lanes;
 mod lanes_exp;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod lanes_neon;
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod lanes_soft;
 #[cfg(target_arch = "x86_64")]
 mod lanes_x86;
 

@@ -176,10 +176,29 @@ pub fn gemm_bt_weight_rows(
     w: WeightRows<'_>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    let n = w.n;
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
+    let kern = super::f32_kernel(isa);
+    let mut blk = super::default_blocking(isa).round(&kern);
+    if isa == Isa::Avx2 {
+        let slab_rows = MAX_PANELS_PER_TASK * kern.nr;
+        blk.kc = avx2_kc(CacheSizes::get().l2, slab_rows, blk.mc, blk.kc);
+    }
+    bt_rows_with(&kern, blk, threads, x, w, y)
+}
+
+/// [`gemm_bt_weight_rows`] with micro-kernel `kern` and blocking `blk` (rounded to its
+/// tile; KC is evened out over K here).
+pub(super) fn bt_rows_with(
+    kern: &MicroKernel<f32>,
+    mut blk: Blocking,
+    threads: usize,
+    x: &TensorView<'_, f32>,
+    w: WeightRows<'_>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    let n = w.n;
     let (xd, yd) = (x.dims(), y.dims());
     if xd.len() != 2 || yd.len() != 2 || yd[0] != xd[0] || yd[1] != n {
         return Err(Error::shape(
@@ -191,7 +210,6 @@ pub fn gemm_bt_weight_rows(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let kern = super::f32_kernel(isa);
     let m_pad = m.div_ceil(kern.mr) * kern.mr;
     let packed_len = m_pad
         .checked_mul(k)
@@ -210,18 +228,13 @@ pub fn gemm_bt_weight_rows(
         super::scale_c(&|_| c, 1, 0.0); // an empty product: y = 0
         return Ok(());
     }
-    let mut blk = super::default_blocking(isa).round(&kern);
-    if isa == Isa::Avx2 {
-        let slab_rows = MAX_PANELS_PER_TASK * kern.nr;
-        blk.kc = avx2_kc(CacheSizes::get().l2, slab_rows, blk.mc, blk.kc);
-    }
     // Equal K blocks: 576 as 288 + 288, not 256 + 256 + 64, whose short last block
     // pays a whole tile's C update for a quarter of the work.
     blk.kc = k.div_ceil(k.div_ceil(blk.kc));
     let threads = threads.max(1);
     let xm = Mat::of(x);
     with_scratch(&PACKED_X, packed_len, |xp| {
-        pack_x(&kern, &blk, &xm, shape, threads, &mut xp[..packed_len]);
+        pack_x(kern, &blk, &xm, shape, threads, &mut xp[..packed_len]);
         let tasks = plan(n.div_ceil(kern.nr), m_pad / kern.mr, threads);
         let xp: &[f32] = &xp[..packed_len];
         pool::global().run(tasks.len(), threads, |t| {
@@ -230,7 +243,7 @@ pub fn gemm_bt_weight_rows(
                 grow(slab, slab_len);
                 grow(rows, kern.nr * k);
                 let bufs = (&mut slab[..slab_len], &mut rows[..kern.nr * k]);
-                run_task(&kern, &blk, shape, (xp, w), tasks[t], bufs, &c);
+                run_task(kern, &blk, shape, (xp, w), tasks[t], bufs, &c);
             };
             SLAB.with(|s| match s.try_borrow_mut() {
                 Ok(mut bufs) => run(&mut bufs),

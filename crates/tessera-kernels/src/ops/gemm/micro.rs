@@ -192,6 +192,11 @@ pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOu
     unsafe { lanes_f32::<Ymm, 6, 2>(k, a, b, t) }
 }
 
+/// Rows of the 16-lane tile (AVX-512's f32 and bf16 kernels).
+pub(super) const WIDE_MR: usize = 6;
+/// 16-lane vectors per row of that tile (64 columns).
+pub(super) const WIDE_NV: usize = 4;
+
 /// AVX-512 6×64: 24 zmm accumulators of 32 registers, 4 B vectors and a broadcast;
 /// 24 independent FMA chains cover the 4-cycle latency on two FMA pipes 3× over, and
 /// each k-step does 24 FMAs per 10 loads (below Zen 5's 2 loads/cycle).
@@ -202,7 +207,18 @@ pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOu
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub(super) unsafe fn avx512_f32_6x64(k: usize, a: *const f32, b: *const f32, t: TileOut) {
     // SAFETY: forwarded contract; the features `Zmm` needs are enabled here.
-    unsafe { lanes_f32::<Zmm, 6, 4>(k, a, b, t) }
+    unsafe { lanes_f32::<Zmm, WIDE_MR, WIDE_NV>(k, a, b, t) }
+}
+
+/// [`avx512_f32_6x64`]'s tile in software lanes (`Soft<16>`): AVX-512's instance of
+/// [`lanes_f32`] on any host, for the tests that drive it through the GEMM drivers.
+///
+/// # Safety
+/// As [`portable`] with MR = 6, NR = 64.
+#[cfg(test)]
+pub(super) unsafe fn soft_6x64(k: usize, a: *const f32, b: *const f32, t: TileOut) {
+    // SAFETY: forwarded contract; `Soft` needs no CPU feature.
+    unsafe { lanes_f32::<crate::simd::lanes::Soft<16>, WIDE_MR, WIDE_NV>(k, a, b, t) }
 }
 
 /// NEON 8×8: 16 q-register accumulators of 32.
@@ -227,8 +243,8 @@ pub(super) unsafe fn neon_8x8(k: usize, a: *const f32, b: *const f32, t: TileOut
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")]
 pub(super) unsafe fn avx512_bf16_6x64(k: usize, a: *const u32, b: *const u32, t: TileOut) {
-    const MR: usize = 6;
-    const NV: usize = 4;
+    const MR: usize = WIDE_MR;
+    const NV: usize = WIDE_NV;
     // SAFETY: `Zmm`'s features are enabled here.
     unsafe { prefetch_tile::<Zmm>(t, MR, 16 * NV) };
     let pairs = |v: __m512i| -> __m512bh {

@@ -15,6 +15,8 @@ mod micro;
 mod pack;
 pub mod reference;
 mod spec;
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod wide_tests;
 
 pub use bt_rows::{gemm_bt_rows, gemm_bt_weight_rows, FillRow, FillRows8, WeightRows};
 pub use driver::Blocking;
@@ -236,9 +238,43 @@ pub fn gemm_with<T: GemmInput>(
     if batches * m * n == 0 {
         return Ok(());
     }
+    let c_mat = c_matrices(c, m, n);
+    if k == 0 {
+        scale_c(&c_mat, batches, p.beta);
+        return Ok(());
+    }
+    if m <= gemv::MAX_M
+        && (b.layout().stride(b.rank() - 2) == 1 || b.layout().stride(b.rank() - 1) == 1)
+    {
+        run_gemv(isa, blocking.threads, a, b, &s, &c_mat, p);
+        return Ok(());
+    }
+    if T::DTYPE == tessera_core::DType::BF16 && isa == Isa::Avx512 && CpuFeatures::get().avx512_bf16
+    {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let kern = MicroKernel::<u32> {
+                mr: micro::WIDE_MR,
+                nr: 16 * micro::WIDE_NV,
+                run: micro::avx512_bf16_6x64,
+            };
+            blocked(kern, blocking, (a, b), &s, &c_mat, p);
+            return Ok(());
+        }
+    }
+    blocked(f32_kernel(isa), blocking, (a, b), &s, &c_mat, p);
+    Ok(())
+}
+
+/// Per batch entry, C's matrix (validated view: `m × n`).
+fn c_matrices(
+    c: &mut TensorViewMut<'_, f32>,
+    m: usize,
+    n: usize,
+) -> impl Fn(usize) -> MatMut + Sync {
     let cl = *c.layout();
     let cptr = SharedMut(c.data_mut().as_mut_ptr());
-    let c_mat = |i: usize| {
+    move |i: usize| {
         let l = if cl.rank() == 3 {
             cl.index0(i).expect("batch checked")
         } else {
@@ -252,38 +288,24 @@ pub fn gemm_with<T: GemmInput>(
             rs: l.stride(0),
             cs: l.stride(1),
         }
-    };
-    if k == 0 {
-        scale_c(&c_mat, batches, p.beta);
-        return Ok(());
     }
-    if m <= gemv::MAX_M
-        && (b.layout().stride(b.rank() - 2) == 1 || b.layout().stride(b.rank() - 1) == 1)
-    {
-        run_gemv(isa, blocking.threads, a, b, &s, &c_mat, p);
-        return Ok(());
-    }
+}
+
+/// The blocked driver over every batch entry with micro-kernel `kern`.
+fn blocked<T: GemmInput, P: pack::Packed>(
+    kern: MicroKernel<P>,
+    blocking: Blocking,
+    (a, b): (&TensorView<'_, T>, &TensorView<'_, T>),
+    s: &Shapes,
+    c_mat: &(dyn Fn(usize) -> MatMut + Sync),
+    p: GemmParams,
+) {
     let operands = |i: usize| Operands {
         a: Mat::of(&matrix(a, s.a_batched, i)),
         b: Mat::of(&matrix(b, s.b_batched, i)),
         c: c_mat(i),
     };
-    let scalars = (p.alpha, p.beta);
-    if T::DTYPE == tessera_core::DType::BF16 && isa == Isa::Avx512 && CpuFeatures::get().avx512_bf16
-    {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let kern = MicroKernel::<u32> {
-                mr: 6,
-                nr: 64,
-                run: micro::avx512_bf16_6x64,
-            };
-            driver::run(kern, blocking, s.dims, &operands, scalars);
-            return Ok(());
-        }
-    }
-    driver::run(f32_kernel(isa), blocking, s.dims, &operands, scalars);
-    Ok(())
+    driver::run(kern, blocking, s.dims, &operands, (p.alpha, p.beta));
 }
 
 /// Small-M path: each row of A against B, no packing.
@@ -293,7 +315,7 @@ fn run_gemv<T: GemmInput>(
     a: &TensorView<'_, T>,
     b: &TensorView<'_, T>,
     s: &Shapes,
-    c_mat: &dyn Fn(usize) -> MatMut,
+    c_mat: &(dyn Fn(usize) -> MatMut + Sync),
     p: GemmParams,
 ) {
     let (batches, m, n, k) = s.dims;
@@ -332,8 +354,8 @@ fn f32_kernel(isa: Isa) -> MicroKernel<f32> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => MicroKernel {
-            mr: 6,
-            nr: 64,
+            mr: micro::WIDE_MR,
+            nr: 16 * micro::WIDE_NV,
             run: micro::avx512_f32_6x64,
         },
         #[cfg(target_arch = "x86_64")]
