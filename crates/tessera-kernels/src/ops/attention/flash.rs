@@ -307,11 +307,18 @@ impl Tiles for Portable {
 /// The score and P·V tiles written once over [`Lanes`], with the register tile shape
 /// per width: SR query rows × SV vectors of keys in the score tile, PR output rows × PV
 /// vectors of the head dim in the P·V tile. Only reached from the `target_feature`
-/// entries below, which instantiate it for their width.
+/// entries below, which instantiate it for their width, and from the tests over
+/// `Soft<16>` (software lanes, which need no CPU feature).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct LaneTiles<L, const SR: usize, const SV: usize, const PR: usize, const PV: usize>(
     std::marker::PhantomData<L>,
 );
+
+/// The 16-lane tile shape, AVX-512's (and `Soft<16>`'s in the tests): scores 6 rows × 4
+/// vectors (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4 rows × the head dim
+/// (PV = d/16 vectors).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+type WideTiles<L, const PV: usize> = LaneTiles<L, 6, 4, 4, PV>;
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl<L: Lanes, const SR: usize, const SV: usize, const PR: usize, const PV: usize> Tiles
@@ -440,12 +447,12 @@ mod x86 {
 
     use super::{
         attend_body, KeySpans, LaneTiles, PackedKv, PvBlock, QueryBlock, ScoreTile, Tiles,
+        WideTiles,
     };
     use crate::simd::lanes::{Ymm, Zmm};
 
-    /// Zmm: scores 6 rows × 4 zmm (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4
-    /// rows × the head dim (d/16 zmm).
-    type ZmmTiles<const PV: usize> = LaneTiles<Zmm, 6, 4, 4, PV>;
+    /// Zmm: [`WideTiles`].
+    type ZmmTiles<const PV: usize> = WideTiles<Zmm, PV>;
     /// Ymm (16 registers): scores 6 rows × 2 ymm (12 accumulators, 2 Kᵀ vectors, the
     /// query broadcast), four passes over the 64 keys; P·V 4 rows × 2 ymm per pass over
     /// the head dim (6 rows, 12 accumulators, measured no faster: host B, 2026-11-29, 1
@@ -504,4 +511,112 @@ mod x86 {
 unsafe fn attend_neon(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
     // Scores 6 rows × 4 q registers (24 accumulators of 32), P·V 4 rows × 4.
     attend_body::<LaneTiles<crate::simd::lanes::Neon, 6, 4, 4, 4>>(kv, qb, out)
+}
+
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod tests {
+    use super::*;
+    use crate::registry::verify::rel_error;
+    use crate::simd::lanes::Soft;
+    use rand::{Rng, SeedableRng};
+
+    /// AVX-512's tiles ([`WideTiles`]) in software lanes, and each ISA this host runs,
+    /// against float64 on query blocks that start at 0, in the middle and at a ragged
+    /// end, causal (bottom-right aligned, with a cached prefix), windowed and not, at
+    /// d = 64 and 128: the 16-lane key chunks, span skips on the diagonal and P·V
+    /// passes otherwise never run on a host without AVX-512.
+    #[test]
+    fn wide_tiles_match_f64_in_software_lanes() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let cases = [
+            (150, 150, true, None),
+            (70, 203, true, None),
+            (64, 64, true, Some(37)),
+            (150, 150, true, Some(20)),
+            (40, 300, true, Some(100)),
+            (100, 91, false, None),
+        ];
+        for d in [64, 128] {
+            for &(q_len, kv_len, causal, window) in &cases {
+                let mut rand_vec = |n: usize| -> Vec<f32> {
+                    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+                };
+                let (q, k, v) = (
+                    rand_vec(q_len * d),
+                    rand_vec(kv_len * d),
+                    rand_vec(kv_len * d),
+                );
+                let kv_pad = kv_len.next_multiple_of(BC);
+                let (mut kt, mut vv) = (vec![0f32; kv_pad * d], vec![0f32; kv_pad * d]);
+                for j in 0..kv_len {
+                    for p in 0..d {
+                        kt[PackedKv::kt_index(d, j, p)] = k[j * d + p];
+                    }
+                }
+                vv[..kv_len * d].copy_from_slice(&v);
+                let kv = PackedKv {
+                    kt: &kt,
+                    v: &vv,
+                    kv_len,
+                    d,
+                };
+                let scale = 1.0 / (d as f32).sqrt();
+                let row = |x: &[f32], j: usize| -> Vec<f64> {
+                    x[j * d..][..d].iter().map(|&x| x as f64).collect()
+                };
+                let mut firsts: Vec<usize> = (0..q_len).step_by(BR).collect();
+                firsts.truncate(3);
+                for first in firsts {
+                    let rows = BR.min(q_len - first);
+                    let mut qbuf = vec![0f32; padded_q_len(rows, d)];
+                    for (i, x) in qbuf[..rows * d].iter_mut().enumerate() {
+                        *x = q[first * d + i] * scale * std::f32::consts::LOG2_E;
+                    }
+                    let block = QueryBlock {
+                        q: &qbuf,
+                        first,
+                        rows,
+                        q_len,
+                        causal,
+                        window,
+                    };
+                    let want: Vec<f64> = (first..first + rows)
+                        .flat_map(|i| {
+                            let range = super::super::reference::key_range(
+                                i, q_len, kv_len, causal, window,
+                            );
+                            super::super::reference::attend(
+                                &row(&q, i),
+                                range,
+                                |j| row(&k, j),
+                                |j| row(&v, j),
+                                scale as f64,
+                            )
+                        })
+                        .collect();
+                    let check = |what: &str, out: &[f32]| {
+                        let got: Vec<f64> = out.iter().map(|&x| x as f64).collect();
+                        let err = rel_error(&got, &want);
+                        assert!(
+                            err <= super::super::TOL_F32.rel,
+                            "{what}: d {d} q {q_len} kv {kv_len} causal {causal} window \
+                             {window:?} block at {first}: error {err:.2e} (seed {seed})"
+                        );
+                    };
+                    let mut out = vec![f32::NAN; rows * d];
+                    match d {
+                        64 => attend_body::<WideTiles<Soft<16>, 4>>(&kv, &block, &mut out),
+                        _ => attend_body::<WideTiles<Soft<16>, 8>>(&kv, &block, &mut out),
+                    }
+                    check("Soft<16>", &out);
+                    for isa in tessera_core::Isa::available() {
+                        let mut out = vec![f32::NAN; rows * d];
+                        attend_block(isa, &kv, &block, &mut out);
+                        check(isa.name(), &out);
+                    }
+                }
+            }
+        }
+    }
 }
