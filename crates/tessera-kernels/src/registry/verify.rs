@@ -55,6 +55,21 @@ pub fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
     }
 }
 
+/// [`rel_error`], or infinity where an output is not finite and its reference is (an
+/// element left NaN-poisoned, a NaN the kernel made) or the lengths differ: what a test
+/// asserts on, as `rel_error` skips the non-finite pairs.
+pub fn rel_error_finite(out: &[f64], reference: &[f64]) -> f64 {
+    let lost = out
+        .iter()
+        .zip(reference)
+        .any(|(o, r)| r.is_finite() && !o.is_finite());
+    if lost || out.len() != reference.len() {
+        f64::INFINITY
+    } else {
+        rel_error(out, reference)
+    }
+}
+
 fn norm(v: &[f64]) -> f64 {
     v.iter()
         .filter(|x| x.is_finite())

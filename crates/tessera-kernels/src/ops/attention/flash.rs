@@ -516,7 +516,7 @@ unsafe fn attend_neon(kv: &PackedKv<'_>, qb: &QueryBlock<'_>, out: &mut [f32]) {
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod tests {
     use super::*;
-    use crate::registry::verify::rel_error;
+    use crate::registry::verify::rel_error_finite;
     use crate::simd::lanes::Soft;
     use rand::{Rng, SeedableRng};
 
@@ -597,7 +597,7 @@ mod tests {
                         .collect();
                     let check = |what: &str, out: &[f32]| {
                         let got: Vec<f64> = out.iter().map(|&x| x as f64).collect();
-                        let err = rel_error(&got, &want);
+                        let err = rel_error_finite(&got, &want);
                         assert!(
                             err <= super::super::TOL_F32.rel,
                             "{what}: d {d} q {q_len} kv {kv_len} causal {causal} window \

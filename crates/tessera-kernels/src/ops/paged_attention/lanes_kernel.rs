@@ -78,13 +78,22 @@ type Args<'s, 'a, T> = (
 /// AVX-512F/BW/VL/DQ, AVX2, FMA and F16C are available; d ∈ {64, 128}; T is a cache type.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn zmm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
-    use crate::simd::lanes::Zmm;
+unsafe fn zmm<T: Element>(args: Args<'_, '_, T>) {
+    // SAFETY: forwarded contract.
+    unsafe { wide::<crate::simd::lanes::Zmm, T>(args) }
+}
+
+/// The 16-lane instance: AVX-512's, and `Soft<16>`'s in the tests.
+///
+/// # Safety
+/// L's features, L::N = 16; d ∈ {64, 128}; T is a cache type.
+#[inline(always)]
+unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.
     unsafe {
         match job.cache.d {
-            64 => kernel::<Zmm, T, 4, 4>(job, s, o, ml),
-            _ => kernel::<Zmm, T, 8, 4>(job, s, o, ml),
+            64 => kernel::<L, T, 4, 4>(job, s, o, ml),
+            _ => kernel::<L, T, 8, 4>(job, s, o, ml),
         }
     }
 }
@@ -327,5 +336,116 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
                 unsafe { L::store(o[at(hh, v)..][..L::N].as_mut_ptr(), a) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ChunkAll, PagedKvCache};
+    use super::*;
+    use crate::registry::verify::rel_error_finite;
+    use crate::simd::lanes::Soft;
+    use rand::{Rng, SeedableRng};
+
+    /// AVX-512's instance ([`wide`]) in software lanes, and each ISA this host runs,
+    /// against float64: f32, f16 and bf16 caches, d 64 and 128, 3 query heads per KV
+    /// head, chunks of 1 to 100 tokens (ragged against the 16-token transposes and the
+    /// 32-token V tiles) whose records are scattered over the pool as a block table
+    /// leaves them.
+    #[test]
+    fn wide_instance_matches_f64_in_software_lanes() {
+        fn run<T: Element>(rng: &mut impl Rng, seed: u64) {
+            let (kv_heads, g, block_size, num_blocks) = (2, 3, 16, 12);
+            let heads = kv_heads * g;
+            for d in [64, 128] {
+                let rec_len = kv_heads * d;
+                let len = num_blocks * block_size * rec_len;
+                let mut rand_t = |n: usize| -> Vec<T> {
+                    (0..n)
+                        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
+                        .collect()
+                };
+                let (k, v) = (rand_t(len), rand_t(len));
+                let cache = PagedKvCache {
+                    k: &k,
+                    v: &v,
+                    num_blocks,
+                    block_size,
+                    kv_heads,
+                    d,
+                };
+                for n in [1, 17, 45, 100] {
+                    // Token t lives in block (7·(t / 16) + 3) mod 12: scattered, in range.
+                    let records: Vec<usize> = (0..n)
+                        .map(|t| {
+                            ((7 * (t / block_size) + 3) % num_blocks * block_size + t % block_size)
+                                * rec_len
+                        })
+                        .collect();
+                    let q: Vec<f32> = (0..heads * d)
+                        .map(|_| rng.random_range(-0.5..0.5))
+                        .collect();
+                    let job = ChunkAll {
+                        cache: &cache,
+                        records: &records,
+                        q: &q,
+                    };
+                    let want: Vec<f64> = (0..heads)
+                        .flat_map(|h| {
+                            let at = |r: usize| records[r] + h / g * d;
+                            let s: Vec<f64> = (0..n)
+                                .map(|r| {
+                                    (0..d)
+                                        .map(|x| q[h * d + x] as f64 * k[at(r) + x].to_f64())
+                                        .sum()
+                                })
+                                .collect();
+                            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                            let total: f64 = w.iter().sum();
+                            (0..d)
+                                .map(|x| {
+                                    (0..n).map(|r| w[r] * v[at(r) + x].to_f64()).sum::<f64>()
+                                        / total
+                                })
+                                .collect::<Vec<f64>>()
+                        })
+                        .collect();
+                    let check = |what: &str, o: &[f32], ml: &[(f32, f32)]| {
+                        let got: Vec<f64> = (0..heads * d)
+                            .map(|i| o[i] as f64 / ml[i / d].1 as f64)
+                            .collect();
+                        let err = rel_error_finite(&got, &want);
+                        assert!(
+                            err <= super::super::TOL_F32.rel,
+                            "{what} {:?}: d {d}, {n} tokens: error {err:.2e} (seed {seed})",
+                            T::DTYPE
+                        );
+                    };
+                    let bufs = || {
+                        (
+                            vec![f32::NAN; heads * n],
+                            vec![f32::NAN; heads * d],
+                            vec![(f32::NAN, f32::NAN); heads],
+                        )
+                    };
+                    let (mut s, mut o, mut ml) = bufs();
+                    // SAFETY: Soft needs no CPU feature; d ∈ {64, 128}; T is a cache type.
+                    unsafe { wide::<Soft<16>, T>((&job, &mut s, &mut o, &mut ml)) };
+                    check("Soft<16>", &o, &ml);
+                    for isa in Isa::available() {
+                        let (mut s, mut o, mut ml) = bufs();
+                        if chunk(isa, &job, &mut s, &mut o, &mut ml) {
+                            check(isa.name(), &o, &ml);
+                        }
+                    }
+                }
+            }
+        }
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        run::<f32>(&mut rng, seed);
+        run::<f16>(&mut rng, seed);
+        run::<bf16>(&mut rng, seed);
     }
 }
