@@ -90,13 +90,24 @@ unsafe fn dots_avx2<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
 unsafe fn dots_avx512<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe { dots_wide::<Zmm, B>(w, x, out) }
+}
+
+/// The 16-lane instance's body (AVX-512's; `Soft<16>`'s in the tests): two
+/// accumulators per row.
+///
+/// # Safety
+/// `L`'s features, L::N = 16; as [`row_dots`].
+#[inline(always)]
+unsafe fn dots_wide<L: Lanes, B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
     // SAFETY: forwarded contract (every arm); the slice patterns fix the row count.
     unsafe {
         match x {
-            [a] => dots_m::<Zmm, B, 1, 2>(w, [a], out),
-            [a, b] => dots_m::<Zmm, B, 2, 2>(w, [a, b], out),
-            [a, b, c] => dots_m::<Zmm, B, 3, 2>(w, [a, b, c], out),
-            [a, b, c, d] => dots_m::<Zmm, B, 4, 2>(w, [a, b, c, d], out),
+            [a] => dots_m::<L, B, 1, 2>(w, [a], out),
+            [a, b] => dots_m::<L, B, 2, 2>(w, [a, b], out),
+            [a, b, c] => dots_m::<L, B, 3, 2>(w, [a, b, c], out),
+            [a, b, c, d] => dots_m::<L, B, 4, 2>(w, [a, b, c, d], out),
             _ => unreachable!("1..=M_CHUNK activation rows"),
         }
     }
@@ -165,5 +176,78 @@ unsafe fn dots_m<L: Lanes, B: Expand, const M: usize, const A: usize>(
         }
         // SAFETY: as above.
         *o = unsafe { L::sum(v) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::QuantMatrix;
+    use crate::simd::lanes::Soft;
+    use rand::{Rng, SeedableRng};
+
+    /// AVX-512's instance ([`dots_wide`]) in software lanes against float64 dots with
+    /// the dequantized weights, 1–4 activation rows, every format of the kernel.
+    fn check<B: Expand>(rng: &mut impl Rng, seed: u64) {
+        let k = 2 * B::BLOCK;
+        let x: Vec<f32> = (0..3 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let w = QuantMatrix::<B>::quantize(3, k, &x).expect("quantize");
+        let acts: Vec<Vec<f32>> = (0..4)
+            .map(|_| (0..k).map(|_| rng.random_range(-1.0..1.0)).collect())
+            .collect();
+        for r in 0..3 {
+            let mut wr = vec![0f32; k];
+            w.dequantize_row(r, &mut wr);
+            for m in 1..=4 {
+                let rows: Vec<&[f32]> = acts[..m].iter().map(|a| a.as_slice()).collect();
+                // Each dot and Σ|w·x|, the scale the op's tolerance is relative to.
+                let want: Vec<(f64, f64)> = rows
+                    .iter()
+                    .map(|a| {
+                        let terms = a.iter().zip(&wr).map(|(&a, &b)| a as f64 * b as f64);
+                        terms.fold((0.0, 0.0), |(s, t), p| (s + p, t + p.abs()))
+                    })
+                    .collect();
+                let mut out = vec![f32::NAN; m];
+                // SAFETY: Soft needs no CPU feature; m ≤ M_CHUNK rows of k floats.
+                unsafe { dots_wide::<Soft<16>, B>(w.row(r), &rows, &mut out) };
+                let err = out
+                    .iter()
+                    .zip(&want)
+                    .map(|(&g, &(e, scale))| (g as f64 - e).abs() / scale)
+                    .fold(0.0, |worst: f64, x| {
+                        if x.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            worst.max(x)
+                        }
+                    });
+                assert!(
+                    err <= super::super::TOL.rel,
+                    "{} row {r}, {m} rows: error {err:.2e} (seed {seed})",
+                    B::DTYPE
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn wide_instance_matches_f64_in_software_lanes() {
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        check::<BlockQ4_0>(&mut rng, seed);
+        check::<BlockQ4_1>(&mut rng, seed);
+        check::<BlockQ5_0>(&mut rng, seed);
+        check::<BlockQ5_1>(&mut rng, seed);
+        check::<BlockQ8_0>(&mut rng, seed);
+        check::<BlockQ2K>(&mut rng, seed);
+        check::<BlockQ3K>(&mut rng, seed);
+        check::<BlockQ4K>(&mut rng, seed);
+        check::<BlockQ5K>(&mut rng, seed);
+        check::<BlockQ6K>(&mut rng, seed);
+        check::<BlockQ8K>(&mut rng, seed);
+        check::<BlockInt4G32>(&mut rng, seed);
+        check::<BlockInt4G64>(&mut rng, seed);
+        check::<BlockInt4G128>(&mut rng, seed);
     }
 }
