@@ -317,7 +317,7 @@ struct LaneTiles<L, const SR: usize, const SV: usize, const PR: usize, const PV:
 /// The 16-lane tile shape, AVX-512's (and `Soft<16>`'s in the tests): scores 6 rows × 4
 /// vectors (all 64 keys: 24 accumulators + 4 Kᵀ vectors); P·V 4 rows × the head dim
 /// (PV = d/16 vectors).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(target_arch = "x86_64", all(test, target_arch = "aarch64")))]
 type WideTiles<L, const PV: usize> = LaneTiles<L, 6, 4, 4, PV>;
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -193,8 +193,10 @@ pub(super) unsafe fn avx2_6x16(k: usize, a: *const f32, b: *const f32, t: TileOu
 }
 
 /// Rows of the 16-lane tile (AVX-512's f32 and bf16 kernels).
+#[cfg(any(target_arch = "x86_64", test))]
 pub(super) const WIDE_MR: usize = 6;
 /// 16-lane vectors per row of that tile (64 columns).
+#[cfg(any(target_arch = "x86_64", test))]
 pub(super) const WIDE_NV: usize = 4;
 
 /// AVX-512 6×64: 24 zmm accumulators of 32 registers, 4 B vectors and a broadcast;

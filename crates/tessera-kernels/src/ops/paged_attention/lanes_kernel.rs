@@ -87,6 +87,7 @@ unsafe fn zmm<T: Element>(args: Args<'_, '_, T>) {
 ///
 /// # Safety
 /// L's features, L::N = 16; d ∈ {64, 128}; T is a cache type.
+#[cfg(any(target_arch = "x86_64", test))]
 #[inline(always)]
 unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.

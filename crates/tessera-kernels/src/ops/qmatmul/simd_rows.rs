@@ -99,6 +99,7 @@ unsafe fn dots_avx512<B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
 ///
 /// # Safety
 /// `L`'s features, L::N = 16; as [`row_dots`].
+#[cfg(any(target_arch = "x86_64", test))]
 #[inline(always)]
 unsafe fn dots_wide<L: Lanes, B: Expand>(w: &[B], x: &[&[f32]], out: &mut [f32]) {
     // SAFETY: forwarded contract (every arm); the slice patterns fix the row count.
