@@ -13,6 +13,15 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use tessera_core::{Isa, Layout, TensorView, TensorViewMut};
 
+/// AVX-512's f32 tile ([`micro::lanes_f32`] at 6×64) over `Soft<16>`.
+fn soft_f32_kernel() -> MicroKernel<f32> {
+    MicroKernel {
+        mr: WIDE_MR,
+        nr: 16 * WIDE_NV,
+        run: micro::soft_6x64,
+    }
+}
+
 /// `vdpbf16ps` over the 6×64 tile in plain Rust: each packed u32 is a pair of bf16
 /// k-values (the lower k in the low half); both products add into the f32 accumulator.
 ///
@@ -143,11 +152,7 @@ impl Case {
 fn avx512_tile_and_blocking_match_f64_in_software_lanes() {
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let f32_kern = MicroKernel::<f32> {
-        mr: WIDE_MR,
-        nr: 16 * WIDE_NV,
-        run: micro::soft_6x64,
-    };
+    let f32_kern = soft_f32_kernel();
     let bf16_kern = MicroKernel::<u32> {
         mr: WIDE_MR,
         nr: 16 * WIDE_NV,
@@ -197,11 +202,7 @@ fn avx512_tile_in_the_prefill_driver_matches_f64_in_software_lanes() {
     use super::WeightRows;
     let seed: u64 = rand::random();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let kern = MicroKernel::<f32> {
-        mr: WIDE_MR,
-        nr: 16 * WIDE_NV,
-        run: micro::soft_6x64,
-    };
+    let kern = soft_f32_kernel();
     for (m, n, k) in [(100, 300, 577), (7, 65, 385), (13, 520, 96), (1, 8, 5)] {
         let x: Vec<f32> = (0..2 * m * k)
             .map(|_| rng.random_range(-1.0f32..1.0))
