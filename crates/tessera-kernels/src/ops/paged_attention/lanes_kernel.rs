@@ -4,7 +4,8 @@
 //! A task covers every KV head of a run of tokens, so each token's cache record
 //! (`kv_heads·d` elements) is read whole and in order: per-head tasks read one slice of
 //! every record, a gapped stream that wastes adjacent-line prefetches and DRAM rows.
-//! Per token and KV head the K row is loaded once and dotted with the group's queries;
+//! KT tokens at a time, each K vector of a KV head is loaded once and dotted with the
+//! group's queries (KT × up to three heads of independent FMA chains);
 //! N tokens' partial vectors are reduced together by one transpose-add tree
 //! ([`Lanes::transpose_sums`]). The V pass runs in tiles of [`V_TILE`] tokens, one KV head
 //! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
@@ -28,6 +29,9 @@ const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
 const V_HEADS: usize = 3;
+
+/// Heads of a group whose key dots one K step computes (KT tokens × K_HEADS chains).
+const K_HEADS: usize = 3;
 
 /// Tokens per V tile: every KV head's pass over a tile finds its records in L1 (32 tokens
 /// of d 64 × 3 KV heads are 12 KiB in f16, 24 KiB in f32).
@@ -90,11 +94,12 @@ unsafe fn zmm<T: Element>(args: Args<'_, '_, T>) {
 #[cfg(any(target_arch = "x86_64", test))]
 #[inline(always)]
 unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
-    // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.
+    // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers;
+    // K steps of 4 tokens: 12 chains, 4 keys and a query, 17 registers.
     unsafe {
         match job.cache.d {
-            64 => kernel::<L, T, 4, 4>(job, s, o, ml),
-            _ => kernel::<L, T, 8, 4>(job, s, o, ml),
+            64 => kernel::<L, T, 4, 4, 4>(job, s, o, ml),
+            _ => kernel::<L, T, 8, 4, 4>(job, s, o, ml),
         }
     }
 }
@@ -105,14 +110,15 @@ unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Ymm;
-    // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers.
+    // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers;
+    // K steps of 2 tokens: 6 chains, 2 keys and a query (4 tokens measured no faster).
     // CV = 4 fills all 16 and LLVM then spills one accumulator, a store→load→FMA chain
     // on every token: CV = 2 ran 16×192 f16 (1 thread, in cache) in 235 µs against 268–272
     // (min/p10 of 11 alternated runs, host B).
     unsafe {
         match job.cache.d {
-            64 => kernel::<Ymm, T, 8, 2>(job, s, o, ml),
-            _ => kernel::<Ymm, T, 16, 2>(job, s, o, ml),
+            64 => kernel::<Ymm, T, 8, 2, 2>(job, s, o, ml),
+            _ => kernel::<Ymm, T, 16, 2, 2>(job, s, o, ml),
         }
     }
 }
@@ -122,11 +128,12 @@ unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
 #[cfg(target_arch = "aarch64")]
 unsafe fn neon<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Neon;
-    // SAFETY: forwarded contract; d = 4·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers.
+    // SAFETY: forwarded contract; d = 4·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers;
+    // K steps of 4 tokens as for zmm.
     unsafe {
         match job.cache.d {
-            64 => kernel::<Neon, T, 16, 4>(job, s, o, ml),
-            _ => kernel::<Neon, T, 32, 4>(job, s, o, ml),
+            64 => kernel::<Neon, T, 16, 4, 4>(job, s, o, ml),
+            _ => kernel::<Neon, T, 32, 4, 4>(job, s, o, ml),
         }
     }
 }
@@ -170,12 +177,13 @@ fn prefetch_record<L: Lanes, T>(buf: &[T], records: &[usize], i: usize, rec_len:
 }
 
 /// Scores, softmax pieces and weighted values of one chunk, every head: d = N·NV; the
-/// V pass keeps up to [`V_HEADS`] heads × CV vectors in registers.
+/// K pass takes KT tokens a step ([`key_dots`]); the V pass keeps up to [`V_HEADS`]
+/// heads × CV vectors in registers.
 ///
 /// # Safety
-/// L's features; d = L::N·NV; CV divides NV; T is f32, f16 or bf16.
+/// L's features; d = L::N·NV; CV divides NV; KT divides L::N; T is f32, f16 or bf16.
 #[inline(always)]
-unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
+unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const KT: usize>(
     job: &ChunkAll<'_, T>,
     scores: &mut [f32],
     o: &mut [f32],
@@ -190,43 +198,59 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
     // Per head, N tokens' partial vectors (N×N floats), reduced together.
     let tile = L::N * L::N;
     let mut partial = vec![0f32; heads * tile];
-    for (i, &at) in job.records.iter().enumerate() {
-        prefetch_record::<L, T>(c.k, job.records, i + L2_AHEAD, rec_len, true);
-        prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
-        prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
-        let rec = c.k[at..at + rec_len].as_ptr();
+    const { assert!(L::N.is_multiple_of(KT)) };
+    // KT tokens at a time (KT divides N, so a step never straddles two transposes).
+    for t0 in (0..n).step_by(KT) {
+        for i in t0..t0 + KT {
+            prefetch_record::<L, T>(c.k, job.records, i + L2_AHEAD, rec_len, true);
+            prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
+            prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
+        }
+        // Past the chunk's end the last token stands in: its dots land in transpose
+        // rows that are dropped below.
+        let mut recs = [c.k.as_ptr(); KT];
+        for (t, r) in recs.iter_mut().enumerate() {
+            *r = c.k[job.records[(t0 + t).min(n - 1)]..][..rec_len].as_ptr();
+        }
         for kvh in 0..kvh_n {
-            // SAFETY: L's features, per the contract.
-            let mut k = [unsafe { L::zero() }; NV];
-            for (v, kv) in k.iter_mut().enumerate() {
-                // SAFETY: rec addresses kv_heads·d elements of a validated record.
-                *kv = unsafe { load_row::<L, T>(rec.add(kvh * d + L::N * v)) };
-            }
-            for h in kvh * g..(kvh + 1) * g {
-                // One chain of NV FMAs per head: the out-of-order core overlaps the
-                // group's heads and the next tokens (two chains of NV/2 measured no
-                // faster: 239–242 µs min/p10 against 235, 16×192 f16, host B).
-                // SAFETY: job.q holds heads·d floats; partial holds heads·N·N.
+            let mut h0 = kvh * g;
+            while h0 < (kvh + 1) * g {
+                let hb = ((kvh + 1) * g - h0).min(K_HEADS);
+                let step = KStep {
+                    recs,
+                    kvh,
+                    h0,
+                    slot: t0 % L::N,
+                };
+                // SAFETY: forwarded contract; hb ≤ K_HEADS heads from h0 exist.
                 unsafe {
-                    let mut acc = L::mul(L::load(qp.add(h * d)), k[0]);
-                    for (v, &kv) in k.iter().enumerate().skip(1) {
-                        acc = L::fmadd(L::load(qp.add(h * d + L::N * v)), kv, acc);
+                    match hb {
+                        1 => key_dots::<L, T, NV, KT, 1>(&step, qp, &mut partial),
+                        2 => key_dots::<L, T, NV, KT, 2>(&step, qp, &mut partial),
+                        _ => key_dots::<L, T, NV, KT, 3>(&step, qp, &mut partial),
                     }
-                    L::store(partial.as_mut_ptr().add(h * tile + (i % L::N) * L::N), acc);
                 }
+                h0 += hb;
             }
         }
+        let i = (t0 + KT).min(n) - 1;
         if i % L::N == L::N - 1 || i + 1 == n {
             // Rows past `done` hold an earlier group's partials; their sums are dropped.
             let done = i % L::N + 1;
             for h in 0..heads {
-                let mut sums = [0f32; 16];
-                // SAFETY: partial holds N·N floats per head; sums holds 16 ≥ N.
+                let first = h * n + i + 1 - done;
+                // SAFETY: partial holds N·N floats per head; a whole group's N sums go
+                // straight to scores[first..first + N] (inside head h's n scores).
                 unsafe {
                     let t = L::transpose_sums(partial.as_ptr().add(h * tile));
-                    L::store(sums.as_mut_ptr(), t);
+                    if done == L::N {
+                        L::store(scores[first..first + L::N].as_mut_ptr(), t);
+                    } else {
+                        let mut sums = [0f32; 16];
+                        L::store(sums.as_mut_ptr(), t);
+                        scores[first..first + done].copy_from_slice(&sums[..done]);
+                    }
                 }
-                scores[h * n + i + 1 - done..h * n + i + 1].copy_from_slice(&sums[..done]);
             }
         }
     }
@@ -261,6 +285,65 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize>(
             }
         }
         from = tokens.end;
+    }
+}
+
+/// One step of the K pass: KT tokens' records, a KV head, its first query head, and the
+/// transpose row of the first token.
+struct KStep<T, const KT: usize> {
+    recs: [*const T; KT],
+    kvh: usize,
+    h0: usize,
+    slot: usize,
+}
+
+/// Per token t of the step and head h0 + hh, the N-lane partial dot of the query with
+/// the KV head's key row, stored as row `slot + t` of the head's transpose tile. Each
+/// key vector is converted once and feeds KT·H independent FMA chains. One token and
+/// one head per chain, in program order, ran the K pass ~5–8% slower on AVX2 (host B,
+/// 1 × 544 f16 tokens, 9/3 heads, d 64, in cache, one thread; 6 interleaved rounds in
+/// one process: 35.0–40.1 against 37.4–43.4 µs for the whole kernel).
+///
+/// # Safety
+/// As for [`kernel`]; every `recs[t]` addresses a whole record; heads h0..h0+H belong to
+/// `kvh`; `partial` holds N·N floats for every head.
+#[inline(always)]
+unsafe fn key_dots<L: Lanes, T: Element, const NV: usize, const KT: usize, const H: usize>(
+    step: &KStep<T, KT>,
+    qp: *const f32,
+    partial: &mut [f32],
+) {
+    let d = L::N * NV;
+    let tile = L::N * L::N;
+    debug_assert!(partial.len() >= (step.h0 + H) * tile && step.slot + KT <= L::N);
+    // SAFETY: per the contract: records hold kv_heads·d elements (kvh·d + N·v < that),
+    // the queries heads·d floats, partial (h0 + H)·N·N.
+    unsafe {
+        let mut acc = [[L::zero(); H]; KT];
+        for v in 0..NV {
+            // A loop, not `array::from_fn`: a closure's intrinsics may stay out of line,
+            // without the entry's target features.
+            let mut k = [L::zero(); KT];
+            for (t, kt) in k.iter_mut().enumerate() {
+                *kt = load_row::<L, T>(step.recs[t].add(step.kvh * d + L::N * v));
+            }
+            for hh in 0..H {
+                let q = L::load(qp.add((step.h0 + hh) * d + L::N * v));
+                for t in 0..KT {
+                    acc[t][hh] = if v == 0 {
+                        L::mul(q, k[t])
+                    } else {
+                        L::fmadd(q, k[t], acc[t][hh])
+                    };
+                }
+            }
+        }
+        for (t, row) in acc.iter().enumerate() {
+            for (hh, &a) in row.iter().enumerate() {
+                let at = (step.h0 + hh) * tile + (step.slot + t) * L::N;
+                L::store(partial.as_mut_ptr().add(at), a);
+            }
+        }
     }
 }
 
