@@ -5,7 +5,7 @@
 //! (`kv_heads·d` elements) is read whole and in order: per-head tasks read one slice of
 //! every record, a gapped stream that wastes adjacent-line prefetches and DRAM rows.
 //! KT tokens at a time, each K vector of a KV head is loaded once and dotted with the
-//! group's queries (KT × up to three heads of independent FMA chains);
+//! group's queries (KT × up to four heads of independent FMA chains);
 //! N tokens' partial vectors are reduced together by one transpose-add tree
 //! ([`Lanes::transpose_sums`]). The V pass runs in tiles of [`V_TILE`] tokens, one KV head
 //! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
@@ -30,8 +30,10 @@ const L2_AHEAD: usize = 32;
 /// Heads whose V sums one register pass keeps.
 const V_HEADS: usize = 3;
 
-/// Heads of a group whose key dots one K step computes (KT tokens × K_HEADS chains).
-const K_HEADS: usize = 3;
+/// Heads of a group whose key dots one K step computes (KT tokens × K_HEADS chains): a
+/// group of up to 4 query heads (SmolLM2's 3, Llama 3's 4) converts each key vector
+/// once; larger groups once per 4 heads.
+const K_HEADS: usize = 4;
 
 /// Tokens per V tile: every KV head's pass over a tile finds its records in L1 (32 tokens
 /// of d 64 × 3 KV heads are 12 KiB in f16, 24 KiB in f32).
@@ -95,7 +97,7 @@ unsafe fn zmm<T: Element>(args: Args<'_, '_, T>) {
 #[inline(always)]
 unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     // SAFETY: forwarded contract; d = 16·NV, CV divides NV, 3·CV + CV + 1 ≤ 32 registers;
-    // K steps of 4 tokens: 12 chains, 4 keys and a query, 17 registers.
+    // K steps of 4 tokens: up to 16 chains, 4 keys and a query, 21 registers.
     unsafe {
         match job.cache.d {
             64 => kernel::<L, T, 4, 4, 4>(job, s, o, ml),
@@ -111,7 +113,8 @@ unsafe fn wide<L: Lanes, T: Element>((job, s, o, ml): Args<'_, '_, T>) {
 unsafe fn ymm<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     use crate::simd::lanes::Ymm;
     // SAFETY: forwarded contract; d = 8·NV, CV divides NV, 3·CV + 3 + 1 ≤ 16 registers;
-    // K steps of 2 tokens: 6 chains, 2 keys and a query (4 tokens measured no faster).
+    // K steps of 2 tokens: up to 8 chains, 2 keys and a query (4 tokens measured no
+    // faster).
     // CV = 4 fills all 16 and LLVM then spills one accumulator, a store→load→FMA chain
     // on every token: CV = 2 ran 16×192 f16 (1 thread, in cache) in 235 µs against 268–272
     // (min/p10 of 11 alternated runs, host B).
@@ -227,7 +230,8 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
                     match hb {
                         1 => key_dots::<L, T, NV, KT, 1>(&step, qp, &mut partial),
                         2 => key_dots::<L, T, NV, KT, 2>(&step, qp, &mut partial),
-                        _ => key_dots::<L, T, NV, KT, 3>(&step, qp, &mut partial),
+                        3 => key_dots::<L, T, NV, KT, 3>(&step, qp, &mut partial),
+                        _ => key_dots::<L, T, NV, KT, 4>(&step, qp, &mut partial),
                     }
                 }
                 h0 += hb;
@@ -432,14 +436,14 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// AVX-512's instance ([`wide`]) in software lanes, and each ISA this host runs,
-    /// against float64: f32, f16 and bf16 caches, d 64 and 128, 3 query heads per KV
-    /// head, chunks of 1 to 100 tokens (ragged against the 16-token transposes and the
+    /// against float64: f32, f16 and bf16 caches, d 64 and 128, 3 and 6 query heads per
+    /// KV head, chunks of 1 to 100 tokens (ragged against the 16-token transposes and the
     /// 32-token V tiles) whose records are scattered over the pool as a block table
     /// leaves them.
     #[test]
     fn wide_instance_matches_f64_in_software_lanes() {
-        fn run<T: Element>(rng: &mut impl Rng, seed: u64) {
-            let (kv_heads, g, block_size, num_blocks) = (2, 3, 16, 12);
+        fn run<T: Element>(rng: &mut impl Rng, seed: u64, g: usize) {
+            let (kv_heads, block_size, num_blocks) = (2, 16, 12);
             let heads = kv_heads * g;
             for d in [64, 128] {
                 let rec_len = kv_heads * d;
@@ -502,7 +506,8 @@ mod tests {
                         let err = rel_error_finite(&got, &want);
                         assert!(
                             err <= super::super::TOL_F32.rel,
-                            "{what} {:?}: d {d}, {n} tokens: error {err:.2e} (seed {seed})",
+                            "{what} {:?}: d {d}, {g} heads per KV head, {n} tokens: error \
+                             {err:.2e} (seed {seed})",
                             T::DTYPE
                         );
                     };
@@ -528,8 +533,11 @@ mod tests {
         }
         let seed: u64 = rand::random();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        run::<f32>(&mut rng, seed);
-        run::<f16>(&mut rng, seed);
-        run::<bf16>(&mut rng, seed);
+        // Groups of 3 heads (one K step of 3) and 6 (steps of 4 and 2).
+        for g in [3, 6] {
+            run::<f32>(&mut rng, seed, g);
+            run::<f16>(&mut rng, seed, g);
+            run::<bf16>(&mut rng, seed, g);
+        }
     }
 }
