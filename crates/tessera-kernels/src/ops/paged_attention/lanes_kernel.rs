@@ -304,9 +304,10 @@ struct KStep<T, const KT: usize> {
 /// Per token t of the step and head h0 + hh, the N-lane partial dot of the query with
 /// the KV head's key row, stored as row `slot + t` of the head's transpose tile. Each
 /// key vector is converted once and feeds KT·H independent FMA chains. One token and
-/// one head per chain, in program order, ran the K pass ~5–8% slower on AVX2 (host B,
-/// 1 × 544 f16 tokens, 9/3 heads, d 64, in cache, one thread; 6 interleaved rounds in
-/// one process: 35.0–40.1 against 37.4–43.4 µs for the whole kernel).
+/// one head per chain, in program order, left AVX2 waiting on the FMA latency (host B,
+/// 1 × 544 f16 tokens, 9/3 heads, d 64, in cache, one thread: the whole kernel's best of
+/// 15 rounds, both orders interleaved in one process, 7 runs: 35.0–45.4 µs against
+/// 37.4–46.3, lower in 6 of the 7).
 ///
 /// # Safety
 /// As for [`kernel`]; every `recs[t]` addresses a whole record; heads h0..h0+H belong to
