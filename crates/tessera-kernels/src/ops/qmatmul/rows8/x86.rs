@@ -59,13 +59,19 @@ pub(in super::super) unsafe fn dots_vnni(
 /// Rows [`dots_vnni16`] covers per call: two adjacent groups.
 pub(in super::super) const ROWS16: usize = 2 * ROWS8;
 
-/// Activation rows from which [`dots_vnni16`] runs on zmm. A decode row (one) stays on
-/// ymm: with 512-bit instructions in flight Intel cores lose port 1's vector ALU, and
-/// one activation row leaves the code loads, inserts and nibble masks as many as the
-/// dot products. Intel Xeon (AVX-512 + VNNI) host, Q4_1 3072×576, 3 alternated rounds:
-/// M = 1 cold 31–52 µs ymm against 59–83 zmm; in cache M = 2 35–69 against 32–40,
-/// M = 8 133–147 against 88–101 (docs/performance.md).
-const ZMM_MIN_ROWS: usize = 2;
+/// Activation rows from which [`dots_vnni16`] runs on zmm: only a full pass
+/// ([`VNNI_M`]). With 512-bit instructions in flight Intel cores lose port 1's vector
+/// ALU, and a few activation rows leave the code loads, inserts and nibble masks as
+/// many as the dot products, so until a pass is full the ymm kernel is as fast in cache
+/// and faster with the weights cold, as a decode step reads them. Intel Xeon host H
+/// (AVX-512 + VNNI + AMX), Q4_1 3072×576 cold, `tessera bench qmatmul --variant
+/// avx512-vnni-r8`, 2–3 alternated rounds, ymm against zmm: 2 rows 50–51 µs against
+/// 61–62, 4 rows 56–58 against 71, 8 rows 74–75 against 81–84 (in cache 63 against
+/// 61–70); 16 rows in cache 123–124 against 98–101. The default 16-bit activations
+/// make a decode row two: one stream's decode 234–244 tok/s against 180–198 with zmm
+/// from two rows, and 16 streams (32 rows, full passes) 5% faster on zmm than on ymm
+/// (docs/performance.md, host H).
+const ZMM_MIN_ROWS: usize = VNNI_M;
 
 /// [`dots_vnni`] on zmm registers for the 16 rows of groups r0/8 and r0/8 + 1, each
 /// lane one row: `out[16i + g] = Σ_k W[r0 + g, k]·x̂_i[k]`.
