@@ -108,15 +108,17 @@ impl ActPanels {
 }
 
 /// Copies up to [`PANEL_SLOTS`] rows into one panel's records and zeroes the slots past
-/// them (the buffer holds an earlier call's records).
+/// them (the buffer holds an earlier call's records). A partial panel's record is zeroed
+/// whole, a fixed-size store the compiler writes inline, before its rows are copied in:
+/// zeroing only the empty slots' four ranges called `memset` four times per chunk, 5% of
+/// a one-row 576×576 call (perf, host H).
 fn fill_panel(panel: &mut [u32], rows: &[QuantActs], chunks: usize) {
-    for (c, rec) in panel.chunks_exact_mut(RECORD_WORDS).enumerate() {
-        let live = rows.len();
+    let live = rows.len();
+    let (records, rest) = panel.as_chunks_mut::<RECORD_WORDS>();
+    debug_assert!(rest.is_empty() && records.len() == chunks);
+    for (c, rec) in records.iter_mut().enumerate() {
         if live < PANEL_SLOTS {
-            rec[live * QK / 4..INIT_AT / 4].fill(0);
-            for at in [INIT_AT, DX_AT, SUMS_AT] {
-                rec[at / 4 + live..at / 4 + PANEL_SLOTS].fill(0);
-            }
+            *rec = [0; RECORD_WORDS];
         }
         for (s, a) in rows.iter().enumerate() {
             let q = &a.q[c * QK..][..QK];
@@ -136,7 +138,6 @@ fn fill_panel(panel: &mut [u32], rows: &[QuantActs], chunks: usize) {
             rec[SUMS_AT / 4 + s] = a.block_sums[c].to_bits();
         }
     }
-    debug_assert_eq!(panel.len(), chunks * RECORD_WORDS);
 }
 
 impl<'a> PanelRows<'a> {

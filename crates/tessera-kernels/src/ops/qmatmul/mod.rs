@@ -577,6 +577,9 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
         .next_multiple_of(G);
     let act_block = act_block.max(1);
     pool::global().run(n.div_ceil(per_task), threads.max(1), |t| {
+        // One tile per task, not zeroed per group: `dots` writes out[..mc·G] before
+        // anything is read from it (lanes of a last, partial group are never copied).
+        let mut out = [[0f32; G]; ROWS];
         for a0 in (0..m).step_by(act_block) {
             let a1 = (a0 + act_block).min(m);
             for r in (t * per_task..((t + 1) * per_task).min(n)).step_by(G) {
@@ -584,7 +587,6 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
                 let mut m0 = a0;
                 while m0 < a1 {
                     let mc = ROWS.min(a1 - m0);
-                    let mut out = [[0f32; G]; ROWS];
                     dots(r, m0, mc, &mut out.as_flattened_mut()[..mc * G]);
                     for (i, outs) in out[..mc].iter().enumerate() {
                         let at = origin + (m0 + i) * ld + r * step;

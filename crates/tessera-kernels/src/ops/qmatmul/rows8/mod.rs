@@ -55,7 +55,7 @@ pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
 pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, VNNI_M};
 
-/// The body of every instance (`x86::dots`, `x86::dots_vnni`, `x86::dots_vnni16`,
+/// The body of every instance (`x86::dots`, `x86::dots_vnni16` on ymm and zmm,
 /// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target
 /// features: the chunk loop is written once, its register width and 4-byte dot product
 /// (`L`) per instruction set.
@@ -63,15 +63,16 @@ pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, V
 /// # Safety
 /// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
 /// ≤ MC, the rows quantized for `w.cols` columns and `w`'s offset, starting at a slot
-/// that leaves MC slots in the panel; out.len() ≥ 8·acts.live(); `L`'s CPU features; for
-/// `L::GROUPS` = 2, r0 a multiple of 16 with row r0 + 8 below the rows, and out
-/// 16·acts.live() long.
+/// that leaves MC slots in the panel; `L`'s CPU features; for `L::GROUPS` = 2, r0 a
+/// multiple of 16 with row r0 + 8 below the rows. Activation row i's 8·`L::GROUPS`
+/// outputs go to `out[ld·i..]`: ld ≥ 8·`L::GROUPS` and out.len() ≥ ld·(live − 1) +
+/// 8·`L::GROUPS`.
 #[inline(always)]
 unsafe fn dots_with<L: RowLanes, const MC: usize>(
     w: &PackedWeights,
     r0: usize,
     acts: PanelRows<'_>,
-    out: &mut [f32],
+    (out, ld): (&mut [f32], usize),
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
@@ -88,12 +89,12 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
             Meta::F32 { scales, mins } => {
                 debug_assert!(scales.len() >= at(1) + nb * ROWS8);
                 let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, (out, ld))
             }
             Meta::F16 { scales, mins } => {
                 debug_assert!(scales.len() >= at(1) + nb * ROWS8);
                 let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, out)
+                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, (out, ld))
             }
             Meta::Factored(f) => {
                 debug_assert!(f.sc.len() >= at(1) + nb * ROWS8);
@@ -106,7 +107,7 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
                         mn: f.mn.as_ptr().add(at(j)),
                     }
                 });
-                by_rows::<L, _, MC>(w, m, true, r0, acts, out)
+                by_rows::<L, _, MC>(w, m, true, r0, acts, (out, ld))
             }
             Meta::SplitI8(_) => unreachable!("split scales run `planes` (IntKernel::reading)"),
         }
@@ -393,7 +394,7 @@ unsafe fn by_rows<L: RowLanes, C: ChunkMeta, const MC: usize>(
     min: bool,
     r0: usize,
     acts: PanelRows<'_>,
-    out: &mut [f32],
+    out: (&mut [f32], usize),
 ) {
     macro_rules! arms {
         ($($codes:path, $min:literal;)*) => {
@@ -463,14 +464,14 @@ impl ActRecords {
 
 /// The loop over the chunks of the groups `L` covers for M activation rows
 /// (`acts.live()` real ones, the rest of the M slots zero or later rows, their outputs
-/// dropped).
+/// dropped); row i's lanes go to `out[ld·i..]`.
 #[inline(always)]
 unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, const M: usize>(
     w: &PackedWeights,
     meta: [C; 2],
     r0: usize,
     acts: PanelRows<'_>,
-    out: &mut [f32],
+    (out, ld): (&mut [f32], usize),
 ) {
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
@@ -478,7 +479,7 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
     let (records, slot) = acts.first_record();
     let lanes = ROWS8 * L::GROUPS;
     debug_assert!((1..=M).contains(&live) && slot + M <= PANEL_SLOTS);
-    debug_assert!(out.len() >= lanes * live);
+    debug_assert!(ld >= lanes && out.len() >= ld * (live - 1) + lanes);
     debug_assert!(w.quants.len() >= (group + L::GROUPS) * w.group_bytes());
     debug_assert!(records.len() >= nb * RECORD_BYTES);
     let g = Group {
@@ -515,8 +516,8 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
         if c < nb {
             chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
         }
-        for (a, o) in acc[..live].iter().zip(out.chunks_exact_mut(lanes)) {
-            L::store(*a, o);
+        for (i, a) in acc[..live].iter().enumerate() {
+            L::store(*a, &mut out[ld * i..]);
         }
     }
 }

@@ -12,7 +12,7 @@
 //! each is one line of `asm!` in `simd::lanes_neon`.
 
 use super::super::act_panel::PanelRows;
-use super::super::packed::{Meta, PackedWeights, QuantActs};
+use super::super::packed::{Meta, PackedWeights, QuantActs, ROWS8};
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};
@@ -36,7 +36,7 @@ pub(in super::super) unsafe fn dots_sdot(
     out: &mut [f32],
 ) {
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Sdot8, M_CHUNK>(w, r0, acts, out) }
+    unsafe { dots_with::<Sdot8, M_CHUNK>(w, r0, acts, (out, ROWS8)) }
 }
 
 /// 8 rows' i32 lanes: rows 0–3, rows 4–7.

@@ -30,28 +30,23 @@ pub(in super::super) unsafe fn dots(
     out: &mut [f32],
 ) {
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, out) }
+    unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, (out, ROWS8)) }
 }
 
-/// Activation rows [`dots_vnni`] takes per pass over a group's codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and
-/// accumulators where AVX2's 16 hold 4 ([`M_CHUNK`]); each pass expands the codes once
-/// and finishes each chunk's 8 rows with one load of their scales, so a 16-row batch
-/// expands every code twice instead of four times.
+/// Activation rows the VNNI kernel ([`dots_vnni16`]) takes per pass over a group's
+/// codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and accumulators
+/// where AVX2's 16 hold 4 ([`M_CHUNK`]); each pass expands the codes once and finishes
+/// each chunk's 8 rows with one load of their scales, so a 16-row batch expands every
+/// code twice instead of four times.
 pub(in super::super) const VNNI_M: usize = 8;
 
-/// [`dots`] with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL): the same loop,
-/// one instruction per 4 activation bytes instead of `vpmaddubsw` + `vpaddw`, and no
-/// `vpmaddwd` per chunk.
+/// The ymm pass of [`dots_vnni16`] for one group, row i's 8 outputs at `out[ld·i..]`.
 ///
 /// # Safety
-/// As [`dots`] with [`VNNI_M`] for M_CHUNK, and the CPU has AVX-512F/VL and AVX512_VNNI.
+/// As [`dots_vnni16`] for one group (r0 a multiple of 8), with out.len() ≥ ld·(live −
+/// 1) + 8.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-pub(in super::super) unsafe fn dots_vnni(
-    w: &PackedWeights,
-    r0: usize,
-    acts: PanelRows<'_>,
-    out: &mut [f32],
-) {
+unsafe fn dots_vnni8(w: &PackedWeights, r0: usize, acts: PanelRows<'_>, out: (&mut [f32], usize)) {
     // SAFETY: forwarded contract.
     unsafe { dots_with::<Ymm<Vnni>, VNNI_M>(w, r0, acts, out) }
 }
@@ -73,20 +68,22 @@ pub(in super::super) const ROWS16: usize = 2 * ROWS8;
 /// (docs/performance.md, host H).
 const ZMM_MIN_ROWS: usize = VNNI_M;
 
-/// [`dots_vnni`] on zmm registers for the 16 rows of groups r0/8 and r0/8 + 1, each
-/// lane one row: `out[16i + g] = Σ_k W[r0 + g, k]·x̂_i[k]`.
+/// [`dots`] with `vpdpbusd` (AVX512_VNNI; one instruction per 4 activation bytes
+/// instead of `vpmaddubsw` + `vpaddw`, and no `vpmaddwd` per chunk) for the 16 rows of
+/// groups r0/8 and r0/8 + 1, on zmm registers with each lane one row: `out[16i + g] =
+/// Σ_k W[r0 + g, k]·x̂_i[k]`.
 ///
 /// Why two groups per register rather than two chunk steps of one: the chunk's finish
 /// (a conversion, a scale multiply, one or two FMAs per activation row) then serves 16
 /// rows instead of 8, where with 8 rows in 16 lanes it would stay as costly as on ymm.
 /// The second group's codes come in with one `vinserti64x4` per 32 bytes, shared by
-/// the pass's activation rows. A last, odd group runs [`dots_vnni`] (its rows land in
-/// the first 8 of each 16 outputs), and so does a pass of fewer than [`ZMM_MIN_ROWS`]
-/// activation rows.
+/// the pass's activation rows. A last, odd group runs the same loop on ymm registers
+/// (AVX512VL; its rows land in the first 8 of each 16 outputs), and so does each group
+/// of a pass of fewer than [`ZMM_MIN_ROWS`] activation rows.
 ///
 /// # Safety
-/// As [`dots_vnni`], r0 a multiple of 16, out.len() ≥ 16·acts.live(), and the CPU has
-/// AVX-512F/BW/DQ/VL and AVX512_VNNI.
+/// As [`dots`] with [`VNNI_M`] for M_CHUNK, r0 a multiple of 16, out.len() ≥
+/// 16·acts.live(), and the CPU has AVX-512F/BW/DQ/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(in super::super) unsafe fn dots_vnni16(
     w: &PackedWeights,
@@ -95,23 +92,16 @@ pub(in super::super) unsafe fn dots_vnni16(
     out: &mut [f32],
 ) {
     debug_assert!(r0.is_multiple_of(ROWS16) && out.len() >= ROWS16 * acts.live());
-    let live = acts.live();
-    if r0 + ROWS8 < w.rows && live >= ZMM_MIN_ROWS {
+    if r0 + ROWS8 < w.rows && acts.live() >= ZMM_MIN_ROWS {
         // SAFETY: forwarded contract; group r0/8 + 1 holds row r0 + 8 < rows.
-        return unsafe { dots_with::<Zmm, VNNI_M>(w, r0, acts, out) };
+        return unsafe { dots_with::<Zmm, VNNI_M>(w, r0, acts, (out, ROWS16)) };
     }
-    let mut eight = [0f32; ROWS8 * VNNI_M];
     for r in (r0..w.rows.min(r0 + ROWS16)).step_by(ROWS8) {
-        // SAFETY: forwarded contract, for one group.
-        unsafe { dots_vnni(w, r, acts, &mut eight) };
-        let at = r - r0;
-        for (o, e) in out
-            .chunks_exact_mut(ROWS16)
-            .zip(eight.chunks_exact(ROWS8))
-            .take(live)
-        {
-            o[at..at + ROWS8].copy_from_slice(e);
-        }
+        // Straight into lanes r − r0.. of each row's 16 (a row stride of 16): staging
+        // each group's rows and copying them over was ~2% of a one-row 576×576 call.
+        // SAFETY: forwarded contract, for one group; out[r − r0..] holds 16·(live − 1)
+        // + 8 floats as out holds 16·live.
+        unsafe { dots_vnni8(w, r, acts, (&mut out[r - r0..], ROWS16)) };
     }
 }
 
