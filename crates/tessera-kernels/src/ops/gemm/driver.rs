@@ -133,8 +133,10 @@ fn with_packed<P: Packed, R>(
     len: usize,
     job: impl FnOnce(&mut [P]) -> R,
 ) -> R {
+    // Bounded: B's block by the blocking, A's slice by [`A_SLICE_ELEMS`]; only an
+    // exhausted machine fails here.
     with_scratch(cell, len, |buf| job(as_packed(buf, len)))
-        .expect("GEMM packing buffer (sized by validated blocking)")
+        .expect("GEMM packing buffer (a bounded block)")
 }
 
 /// View 4-byte packed scratch as `P`.
@@ -197,64 +199,81 @@ fn entry<T: PackSource, P: Packed>(
     threads: usize,
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
-    let a_blocks = m.div_ceil(blk.mc);
+    let slice_rows = a_slice_rows(blk);
     let l1d = CacheSizes::get().l1d;
     for jc in (0..n).step_by(blk.nc) {
         let nc = blk.nc.min(n - jc);
         let panels = nc.div_ceil(nr);
-        // Column ranges per A block: enough tasks for each thread to claim several.
-        let parts = if threads == 1 {
-            1
-        } else {
-            (TASKS_PER_THREAD * threads).div_ceil(a_blocks).min(panels)
-        };
         for pc in (0..k).step_by(blk.kc) {
             let k_len = blk.kc.min(k - pc);
-            let (ablk, bblk) = (
-                Block {
-                    r0: 0,
-                    rows: m,
-                    k0: pc,
-                    k_len,
-                    panel: mr,
-                },
-                Block {
-                    r0: jc,
-                    rows: nc,
-                    k0: pc,
-                    k_len,
-                    panel: nr,
-                },
-            );
+            let bblk = Block {
+                r0: jc,
+                rows: nc,
+                k0: pc,
+                k_len,
+                panel: nr,
+            };
             let ks = bblk.k_steps::<P>();
             let b_outer = b_panel_outer(ks, nr, std::mem::size_of::<P>(), l1d);
             let beta = if pc == 0 { beta } else { 1.0 };
-            with_packed::<P, _>(&PACKED_A, ablk.packed_len::<P>(), |ap| {
-                with_packed::<P, _>(&PACKED_B, bblk.packed_len::<P>(), |bp| {
-                    let jobs = vec![
-                        (&ops.a, ablk, false, &mut *ap),
-                        (&ops.b, bblk, true, &mut *bp),
-                    ];
-                    pack_shared(jobs, threads);
-                    let (ap, bp): (&[P], &[P]) = (ap, bp);
-                    pool::global().run(a_blocks * parts, threads, |t| {
-                        let (ib, part) = (t / parts, t % parts);
-                        let ic = ib * blk.mc;
-                        let rows = blk.mc.min(m - ic);
-                        let block = BlockTiles {
-                            // mc is a multiple of MR, so A block ib starts at a panel.
-                            a: (&ap[ic * ks..][..rows.div_ceil(mr) * mr * ks], ic, rows),
-                            b: (bp, jc, nc),
-                            ks,
-                            b_panels: (part * panels / parts, (part + 1) * panels / parts),
-                            b_outer,
-                        };
-                        block_tiles(kern, block, &ops.c, (alpha, beta));
+            with_packed::<P, _>(&PACKED_B, bblk.packed_len::<P>(), |bp| {
+                for i0 in (0..m).step_by(slice_rows) {
+                    let ablk = Block {
+                        r0: i0,
+                        rows: slice_rows.min(m - i0),
+                        k0: pc,
+                        k_len,
+                        panel: mr,
+                    };
+                    let a_blocks = ablk.rows.div_ceil(blk.mc);
+                    // Column ranges per A block: enough tasks for each thread to claim
+                    // several.
+                    let parts = if threads == 1 {
+                        1
+                    } else {
+                        (TASKS_PER_THREAD * threads).div_ceil(a_blocks).min(panels)
+                    };
+                    with_packed::<P, _>(&PACKED_A, ablk.packed_len::<P>(), |ap| {
+                        // B is packed with the first slice of A, in the same pool job.
+                        let mut jobs = vec![(&ops.a, ablk, false, &mut *ap)];
+                        if i0 == 0 {
+                            jobs.push((&ops.b, bblk, true, &mut *bp));
+                        }
+                        pack_shared(jobs, threads);
+                        let (ap, bp): (&[P], &[P]) = (ap, bp);
+                        pool::global().run(a_blocks * parts, threads, |t| {
+                            let (ib, part) = (t / parts, t % parts);
+                            let at = ib * blk.mc;
+                            let rows = blk.mc.min(ablk.rows - at);
+                            let block = BlockTiles {
+                                // mc is a multiple of MR, so A block ib starts at a panel.
+                                a: (&ap[at * ks..][..rows.div_ceil(mr) * mr * ks], i0 + at, rows),
+                                b: (bp, jc, nc),
+                                ks,
+                                b_panels: (part * panels / parts, (part + 1) * panels / parts),
+                                b_outer,
+                            };
+                            block_tiles(kern, block, &ops.c, (alpha, beta));
+                        });
                     });
-                });
+                }
             });
         }
     }
+}
+
+/// Packed elements of A per slice: the reused buffer's size. The crate's unit tests
+/// take a small one, so their GEMMs of more than MC rows run in several slices; the
+/// integration tests and `tessera verify` run the size users get.
+const A_SLICE_ELEMS: usize = if cfg!(test) { 1 << 14 } else { REUSED_ELEMS };
+
+/// Rows of A packed at once: all of them up to [`A_SLICE_ELEMS`] packed elements at the
+/// block's KC (65,536 rows at KC = 256), a multiple of MC beyond. Packing every row at
+/// once let a tall A (a stride-0 view of many rows, say) ask for more memory than the
+/// machine has; in slices the buffer stays bounded, and B, packed once per block, serves
+/// every slice.
+fn a_slice_rows(blk: &Blocking) -> usize {
+    (A_SLICE_ELEMS / blk.kc.max(1) / blk.mc.max(1)).max(1) * blk.mc.max(1)
 }
 
 /// One block to pack: its matrix, which block, whether its logical rows are the matrix's
@@ -440,5 +459,25 @@ mod tests {
         assert!(!b_panel_outer(192, 64, 4, Some(48 << 10)));
         // A larger KC on AVX2 overflows half of L1 as well.
         assert!(!b_panel_outer(512, 16, 4, Some(32 << 10)));
+    }
+
+    /// A slice of A is whole MC blocks, at least one, and within the slice budget
+    /// whenever one MC block is.
+    #[test]
+    fn a_slices_are_whole_mc_blocks_within_the_budget() {
+        for (mc, kc) in [(96, 256), (144, 384), (1, 1), (7, 5), (96, 1 << 20)] {
+            let blk = Blocking {
+                mc,
+                kc,
+                nc: 64,
+                threads: 1,
+            };
+            let rows = a_slice_rows(&blk);
+            assert!(rows >= mc && rows.is_multiple_of(mc), "{mc} {kc}: {rows}");
+            assert!(
+                rows * kc <= A_SLICE_ELEMS.max(mc * kc),
+                "{mc} {kc}: {rows} rows"
+            );
+        }
     }
 }
