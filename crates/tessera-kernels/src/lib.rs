@@ -23,5 +23,6 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod registry;
+mod reuse;
 pub mod simd;
 pub mod tuning;

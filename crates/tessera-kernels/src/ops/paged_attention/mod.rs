@@ -20,6 +20,7 @@ pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32};
 
 use crate::pool::{self, SharedMut};
 use crate::registry::{TuneParam, TuneSpace};
+use crate::reuse::with_reused;
 use crate::simd::exp;
 use tessera_core::{Element, Error, Isa, Result, TensorView, TensorViewMut};
 
@@ -295,16 +296,12 @@ pub fn paged_attention<T: Element>(
     let ol = *o.layout();
     let out = SharedMut(o.data_mut().as_mut_ptr());
     pool::global().run(tasks.len(), p.threads, |ti| {
-        SCRATCH.with(|cell| {
-            // A fresh set if this thread's is in use (never expected: a task starts no
-            // other task on its thread).
-            let mut fresh = TaskScratch::default();
-            let mut reused = cell.try_borrow_mut().ok();
+        with_reused(&SCRATCH, true, |scratch| {
             let TaskScratch {
                 q: qbuf,
                 records: recs,
                 scores,
-            } = reused.as_deref_mut().unwrap_or(&mut fresh);
+            } = scratch;
             let (s, ci) = tasks[ti];
             let len = seqs.context_lens[s];
             let (t0, t1) = (ci * chunk, ((ci + 1) * chunk).min(len));

@@ -21,6 +21,7 @@ use super::{int_operands, run_int8, ActScales, SMALL_M};
 use crate::multiversion;
 use crate::pool;
 use crate::quant::QK;
+use crate::reuse::with_reused;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
 /// Largest |q| of a block: 127 in each plane, q = 255·h + l.
@@ -112,10 +113,7 @@ pub fn qmatmul_a16(
         static REUSED: std::cell::RefCell<(Vec<QuantActs>, Vec<f32>)> =
             const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
-    REUSED.with(|cell| {
-        let mut fresh = (Vec::new(), Vec::new());
-        let mut reused = cell.try_borrow_mut().ok();
-        let (acts, pairs) = reused.as_deref_mut().unwrap_or(&mut fresh);
+    with_reused(&REUSED, true, |(acts, pairs)| {
         if acts.len() < 2 * m {
             acts.resize_with(2 * m, QuantActs::default);
         }

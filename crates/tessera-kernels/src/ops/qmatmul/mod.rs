@@ -40,6 +40,7 @@ use super::gemm::{gemm_bt_rows, gemm_bt_weight_rows, WeightRows};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
+use crate::reuse::with_reused;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use tessera_core::CacheSizes;
 use tessera_core::{Error, Isa, Result, TensorView, TensorViewMut};
@@ -303,10 +304,7 @@ fn int8_path(
             std::cell::RefCell::new(Vec::new())
         };
     }
-    REUSED_ACTS.with(|cell| {
-        let mut fresh = Vec::new();
-        let mut reused = cell.try_borrow_mut().ok().filter(|_| m <= REUSED_ACT_ROWS);
-        let acts = reused.as_deref_mut().unwrap_or(&mut fresh);
+    with_reused(&REUSED_ACTS, m <= REUSED_ACT_ROWS, |acts| {
         quantize(acts);
         run_int8(isa, threads, w, act, &acts[..m], y);
     });
@@ -492,13 +490,7 @@ fn with_panels(
         static REUSED_PANELS: std::cell::RefCell<act_panel::ActPanels> =
             std::cell::RefCell::new(act_panel::ActPanels::default());
     }
-    REUSED_PANELS.with(|cell| {
-        let mut fresh = act_panel::ActPanels::default();
-        let mut reused = cell
-            .try_borrow_mut()
-            .ok()
-            .filter(|_| acts.len() <= REUSED_ACT_ROWS);
-        let panels = reused.as_deref_mut().unwrap_or(&mut fresh);
+    with_reused(&REUSED_PANELS, acts.len() <= REUSED_ACT_ROWS, |panels| {
         panels.refill(acts, chunks, threads);
         f(panels)
     })
