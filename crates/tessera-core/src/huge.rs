@@ -7,12 +7,8 @@
 //! weights are hundreds of matrices of 60 KB–1 MB, too small for a page of their own, so
 //! buffers are bump-allocated one after another from shared 32 MiB chunks, 2 MiB
 //! aligned, advised with `MADV_HUGEPAGE` before anything touches them (Linux's default
-//! `madvise` mode gives large pages only to memory that asks). On the host measured for
-//! this (docs/performance.md, host H) the default model decoded 12–16% faster.
-//!
-//! Not for memory written piecemeal over time, like the KV cache pool: its blocks lie
-//! across the pool, and each first write would zero a fresh 2 MiB page (measured: 16-
-//! stream decode a third slower).
+//! `madvise` mode gives large pages only to memory that asks). On a host measured for
+//! this (docs/performance.md) the default model decoded ~10–20% faster.
 //!
 //! A chunk is freed when its last buffer is dropped; space of a dropped buffer is not
 //! reused before that, which suits weights (they live as long as their model). Where the
@@ -48,9 +44,6 @@ unsafe impl Sync for Chunk {}
 impl Chunk {
     fn new(bytes: usize) -> Self {
         let layout = Layout::from_size_align(bytes, LARGE_PAGE).expect("chunk size fits isize");
-        // glibc serves a request this large (past its 32 MiB mmap threshold cap, with
-        // the alignment slack) from a fresh mapping: nothing in it is touched yet, so
-        // the advice below decides how its pages are faulted in.
         // SAFETY: the layout's size is non-zero (at least one large page).
         let base = NonNull::new(unsafe { alloc::alloc(layout) })
             .unwrap_or_else(|| alloc::handle_alloc_error(layout));
@@ -77,6 +70,21 @@ fn advise_large_pages(at: *mut u8, bytes: usize) {
 
 #[cfg(not(target_os = "linux"))]
 fn advise_large_pages(_at: *mut u8, _bytes: usize) {}
+
+/// Asks for 2 MiB pages under the whole large pages inside `data` (best effort, as for
+/// the chunks): for a large buffer allocated elsewhere whose pages nothing has touched
+/// yet (a zeroed KV cache pool), so that they are faulted in as large pages.
+pub fn advise<T>(data: &[T]) {
+    let start = data.as_ptr() as usize;
+    let end = start + std::mem::size_of_val(data);
+    let (first, last) = (
+        start.next_multiple_of(LARGE_PAGE),
+        end / LARGE_PAGE * LARGE_PAGE,
+    );
+    if first < last {
+        advise_large_pages(first as *mut u8, last - first);
+    }
+}
 
 /// The chunk new buffers are carved from, and how many bytes of it are taken.
 static CURRENT: Mutex<Option<(Arc<Chunk>, usize)>> = Mutex::new(None);
