@@ -119,10 +119,7 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
                     (scales[at], mins[at]) = p.scale_min(r, b, 0);
                 }
             }
-            Meta::F32 {
-                scales: scales.into(),
-                mins: mins.into(),
-            }
+            Meta::F32 { scales, mins }
         }
         Meta::F16 { scales, mins } => {
             let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect();

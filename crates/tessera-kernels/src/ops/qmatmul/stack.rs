@@ -9,7 +9,7 @@
 //! padded group.
 
 use super::packed::{Factored, Meta, PackedWeights, SplitI8, ROWS8};
-use tessera_core::{Error, HugeBuf, Result};
+use tessera_core::{Error, Result};
 
 impl PackedWeights {
     /// The rows of `parts`, in order, as one matrix: row i of part p becomes row
@@ -65,10 +65,10 @@ impl PackedWeights {
     /// Everything but the codes and metadata (emptied).
     fn clone_shape(&self) -> PackedWeights {
         PackedWeights {
-            quants: HugeBuf::default(),
+            quants: Vec::new(),
             meta: Meta::F32 {
-                scales: HugeBuf::default(),
-                mins: HugeBuf::default(),
+                scales: Vec::new(),
+                mins: Vec::new(),
             },
             ..*self
         }
@@ -80,14 +80,12 @@ impl PackedWeights {
 /// caller checked that every part has this variant.
 macro_rules! concat_fields {
     ($metas:expr, $variant:ident($ty:ident { $($field:ident),+ })) => {{
-        let mut parts = Vec::new();
+        let mut out = $ty { $($field: Vec::new()),+ };
         for m in &$metas {
             let Meta::$variant(part) = m else { return None };
-            parts.push(part);
+            $(out.$field.extend_from_slice(&part.$field);)+
         }
-        Some(Meta::$variant($ty {
-            $($field: parts.iter().flat_map(|p| p.$field.iter().copied()).collect()),+
-        }))
+        Some(Meta::$variant(out))
     }};
 }
 
@@ -105,10 +103,7 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
                 mins.extend_from_slice(n);
             }
         }
-        return Some(Meta::F16 {
-            scales: scales.into(),
-            mins: mins.into(),
-        });
+        return Some(Meta::F16 { scales, mins });
     }
     if all(|m| matches!(m, Meta::F16 { .. } | Meta::F32 { .. })) {
         let (mut wide, mut mins_wide) = (Vec::new(), Vec::new());
@@ -126,8 +121,8 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
             }
         }
         return Some(Meta::F32 {
-            scales: wide.into(),
-            mins: mins_wide.into(),
+            scales: wide,
+            mins: mins_wide,
         });
     }
     if all(|m| matches!(m, Meta::Factored(_))) {
