@@ -268,7 +268,8 @@ impl PackedWeights {
             dtype: B::DTYPE,
         };
         let stored_rows = p.stored_rows();
-        p.quants = vec![0u8; stored_rows * p.row_bytes()];
+        // The codes gather in a local Vec, moved into place at the end.
+        let mut quants = vec![0u8; stored_rows * p.row_bytes()];
         let mut scales = vec![0f32; stored_rows * nb * halves];
         let mut mins = vec![0f32; if B::HAS_MIN { scales.len() } else { 0 }];
         let mut u = [0u8; QK];
@@ -285,16 +286,10 @@ impl PackedWeights {
                         mins[at] = *m;
                     }
                 }
-                let low = p.low_mask();
-                for (j, &q) in u.iter().enumerate() {
-                    let ((at, shift), top) = p.code_places(r, b, j);
-                    p.quants[at] |= (q & low) << shift;
-                    if let Some((at, shift)) = top {
-                        p.quants[at] |= (q >> 4) << shift;
-                    }
-                }
+                p.scatter_codes(&mut quants, (r, b), &u);
             }
         }
+        p.quants = quants;
         let factored = interleaved && w.blocks().first().and_then(B::factored_scales).is_some();
         p.meta = if factored {
             Meta::Factored(p.factored(w))
@@ -361,6 +356,31 @@ impl PackedWeights {
             }
         }
         f
+    }
+
+    /// Stores row r's 32 codes `u` of chunk b at their places, the inverse of
+    /// [`PackedWeights::chunk_codes`]: in every layout codes 4t..4t+4 are 4 consecutive
+    /// bytes, so the places are found once per chunk and each group of 4 is one word.
+    /// Its own function so that `self` and `quants` arrive as non-aliasing references
+    /// (inlined into `build`, LLVM reloaded the buffer pointer after every byte store).
+    #[inline(never)]
+    fn scatter_codes(&self, quants: &mut [u8], (r, b): (usize, usize), u: &[u8; QK]) {
+        let ((low, shift), top) = self.code_places(r, b, 0);
+        let stride = if self.layout.interleaved() { QK } else { 4 };
+        let mask = u32::from(self.low_mask()) * 0x0101_0101;
+        let mut or_word = |at: usize, bits: u32| {
+            let word: &mut [u8; 4] = (&mut quants[at..at + 4]).try_into().expect("4 bytes");
+            *word = (u32::from_le_bytes(*word) | bits).to_le_bytes();
+        };
+        for (t, four) in u.chunks_exact(4).enumerate() {
+            let codes = u32::from_le_bytes(four.try_into().expect("4 codes"));
+            or_word(low + t * stride, (codes & mask) << shift);
+            if let Some((top, _)) = top {
+                // Register t mod 4, crumb 2·(b mod 2) + t/4 (see `code_places`).
+                let shift = 2 * (2 * (b % 2) + t / 4);
+                or_word(top + (t % 4) * QK, ((codes >> 4) & 0x0303_0303) << shift);
+            }
+        }
     }
 
     /// Where row r's code j (0..32) of chunk b is stored: the byte and bit shift of
