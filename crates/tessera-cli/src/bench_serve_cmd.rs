@@ -180,7 +180,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     if let Some(path) = &a.profile {
         crate::profile_cmd::check_writable(path)?;
     }
-    let (model, tok) = load(a.model.clone())?;
+    let (model, tok) = load(a.model.clone().large_pages_by_default())?;
     let cfg = a.batch.config(&model.cfg, a.concurrency)?;
     let (model, tok) = (Arc::new(model), Arc::new(tok));
     let mut s = Scheduler::new(model.clone(), tok.clone(), cfg)?;

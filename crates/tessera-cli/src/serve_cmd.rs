@@ -50,7 +50,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into()),
         (None, None) => tessera_engine::pull::DEFAULT_MODEL.name.to_string(),
     };
-    let (model, tok) = load(a.model.clone())?;
+    let (model, tok) = load(a.model.clone().large_pages_by_default())?;
     let cfg = a.batch.config(&model.cfg, 16)?;
     let sched = Scheduler::new(Arc::new(model), Arc::new(tok), cfg)?;
     let opts = ServerOptions {

@@ -43,6 +43,10 @@ fn absurd_sizes_are_refused_before_allocating() {
             "does not exist",
         ),
         (
+            vec!["serve", "--large-pages", "yes"],
+            "possible values: on, off",
+        ),
+        (
             vec![
                 "bench-serve",
                 "--prompt-tokens",

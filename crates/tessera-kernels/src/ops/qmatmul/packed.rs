@@ -41,18 +41,18 @@ use super::ActScales;
 use crate::multiversion;
 use crate::quant::{BlockFormat, Int8Matrix, QuantMatrix, QK};
 use half::f16;
-use tessera_core::{CpuFeatures, DType, Isa};
+use tessera_core::{CpuFeatures, DType, HugeBuf, Isa};
 
 /// Per-chunk scales d and minima m (minima empty for formats without one).
 #[derive(Clone, Debug)]
 pub(super) enum Meta {
     F32 {
-        scales: Vec<f32>,
-        mins: Vec<f32>,
+        scales: HugeBuf<f32>,
+        mins: HugeBuf<f32>,
     },
     F16 {
-        scales: Vec<f16>,
-        mins: Vec<f16>,
+        scales: HugeBuf<f16>,
+        mins: HugeBuf<f16>,
     },
     /// Interleaved Q4_K and Q5_K: the file's own fields, 2.5 bytes per chunk instead of
     /// f32's 8.
@@ -67,11 +67,11 @@ pub(super) enum Meta {
 #[derive(Clone, Debug)]
 pub(super) struct Factored {
     /// Per super-block of 8 chunks, at [`PackedWeights::super_index`].
-    pub d: Vec<f16>,
-    pub neg_dmin: Vec<f16>,
+    pub d: HugeBuf<f16>,
+    pub neg_dmin: HugeBuf<f16>,
     /// Per chunk, at [`PackedWeights::meta_index`].
-    pub sc: Vec<u8>,
-    pub mn: Vec<u8>,
+    pub sc: HugeBuf<u8>,
+    pub mn: HugeBuf<u8>,
 }
 
 /// Half scales as [`crate::quant::SplitScales`] keeps them: d = d_s·sc, exact in f32
@@ -79,13 +79,13 @@ pub(super) struct Factored {
 #[derive(Clone, Debug)]
 pub(super) struct SplitI8 {
     /// Per super-block of 8 chunks, at [`PackedWeights::super_index`].
-    pub d: Vec<f16>,
+    pub d: HugeBuf<f16>,
     /// Per 16-weight half, at [`PackedWeights::meta_index`].
-    pub sc: Vec<i8>,
+    pub sc: HugeBuf<i8>,
     /// −dmin per super-block as `d`; empty for formats without minima.
-    pub neg_dmin: Vec<f16>,
+    pub neg_dmin: HugeBuf<f16>,
     /// Per half as `sc`; empty for formats without minima.
-    pub mn: Vec<i8>,
+    pub mn: HugeBuf<i8>,
 }
 
 impl Meta {
@@ -93,7 +93,10 @@ impl Meta {
     fn compact(scales: Vec<f32>, mins: Vec<f32>) -> Self {
         let exact = |v: &[f32]| v.iter().all(|&x| f16::from_f32(x).to_f32() == x);
         if CpuFeatures::get().avx512_vnni || !exact(&scales) || !exact(&mins) {
-            return Meta::F32 { scales, mins };
+            return Meta::F32 {
+                scales: scales.into(),
+                mins: mins.into(),
+            };
         }
         let half = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect();
         Meta::F16 {
@@ -118,7 +121,7 @@ pub struct PackedWeights {
     pub(super) rows: usize,
     pub(super) cols: usize,
     /// The codes, laid out as `layout` says.
-    pub(super) quants: Vec<u8>,
+    pub(super) quants: HugeBuf<u8>,
     /// Per row, per chunk (per half-chunk when `split16`): d and m.
     pub(super) meta: Meta,
     pub(super) offset: i32,
@@ -257,10 +260,10 @@ impl PackedWeights {
         let mut p = PackedWeights {
             rows,
             cols,
-            quants: Vec::new(),
+            quants: HugeBuf::default(),
             meta: Meta::F32 {
-                scales: Vec::new(),
-                mins: Vec::new(),
+                scales: HugeBuf::default(),
+                mins: HugeBuf::default(),
             },
             offset: B::OFFSET,
             layout: CodeLayout::of::<B>(interleaved),
@@ -268,7 +271,7 @@ impl PackedWeights {
             dtype: B::DTYPE,
         };
         let stored_rows = p.stored_rows();
-        // The codes gather in a local Vec, moved into place at the end.
+        // The codes gather in a local Vec and move into place once (see `HugeBuf::from`).
         let mut quants = vec![0u8; stored_rows * p.row_bytes()];
         let mut scales = vec![0f32; stored_rows * nb * halves];
         let mut mins = vec![0f32; if B::HAS_MIN { scales.len() } else { 0 }];
@@ -289,7 +292,7 @@ impl PackedWeights {
                 p.scatter_codes(&mut quants, (r, b), &u);
             }
         }
-        p.quants = quants;
+        p.quants = quants.into();
         let factored = interleaved && w.blocks().first().and_then(B::factored_scales).is_some();
         p.meta = if factored {
             Meta::Factored(p.factored(w))
@@ -306,10 +309,10 @@ impl PackedWeights {
         let chunks = self.stored_rows() * (self.cols / QK);
         let mins = B::HAS_MIN;
         let mut f = SplitI8 {
-            d: vec![f16::ZERO; chunks / 8],
-            sc: vec![0; 2 * chunks],
-            neg_dmin: vec![f16::ZERO; if mins { chunks / 8 } else { 0 }],
-            mn: vec![0; if mins { 2 * chunks } else { 0 }],
+            d: HugeBuf::filled(chunks / 8, f16::ZERO),
+            sc: HugeBuf::filled(2 * chunks, 0),
+            neg_dmin: HugeBuf::filled(if mins { chunks / 8 } else { 0 }, f16::ZERO),
+            mn: HugeBuf::filled(if mins { 2 * chunks } else { 0 }, 0),
         };
         for r in 0..self.rows {
             for (s, blk) in w.row(r).iter().enumerate() {
@@ -337,10 +340,10 @@ impl PackedWeights {
         let nb = self.cols / QK;
         let chunks = self.stored_rows() * nb;
         let mut f = Factored {
-            d: vec![f16::ZERO; chunks / 8],
-            neg_dmin: vec![f16::ZERO; chunks / 8],
-            sc: vec![0; chunks],
-            mn: vec![0; chunks],
+            d: HugeBuf::filled(chunks / 8, f16::ZERO),
+            neg_dmin: HugeBuf::filled(chunks / 8, f16::ZERO),
+            sc: HugeBuf::filled(chunks, 0),
+            mn: HugeBuf::filled(chunks, 0),
         };
         for r in 0..self.rows {
             for (s, blk) in w.row(r).iter().enumerate() {
@@ -502,7 +505,7 @@ impl PackedWeights {
             quants,
             meta: Meta::F32 {
                 scales,
-                mins: Vec::new(),
+                mins: HugeBuf::default(),
             },
             offset: 128,
             layout: CodeLayout::Bytes,

@@ -119,7 +119,10 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
                     (scales[at], mins[at]) = p.scale_min(r, b, 0);
                 }
             }
-            Meta::F32 { scales, mins }
+            Meta::F32 {
+                scales: scales.into(),
+                mins: mins.into(),
+            }
         }
         Meta::F16 { scales, mins } => {
             let wide = |v: &[f16]| v.iter().map(|h| h.to_f32()).collect();
@@ -638,6 +641,52 @@ fn stacked_matrices_give_their_parts_outputs() {
                     r0 += p.rows();
                 }
             }
+        }
+    }
+}
+
+/// Weights packed into large-page chunks (`tessera serve`'s default) are the same
+/// weights: every format and layout, alone and stacked, dequantizes to the same values
+/// and multiplies to the same outputs as when packed into plain heap memory.
+#[test]
+fn weights_in_large_page_chunks_are_the_same_weights() {
+    use tessera_core::huge;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let (rows, cols) = (24, 512);
+    // Other tests may run meanwhile and pack into chunks too: both modes are correct.
+    let packed = |on: bool, data: &[f32], dtype: DType| {
+        huge::set_large_pages(on);
+        let alone = layouts(dtype, (rows, cols), data);
+        let stacked: Vec<PackedWeights> = alone
+            .iter()
+            .map(|p| PackedWeights::stack(&[p, p]).unwrap())
+            .collect();
+        huge::set_large_pages(false);
+        alone.into_iter().chain(stacked).collect::<Vec<_>>()
+    };
+    let x: Vec<f32> = (0..3 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+    for dtype in BLOCK_DTYPES {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        for (heap, chunked) in packed(false, &data, dtype)
+            .iter()
+            .zip(&packed(true, &data, dtype))
+        {
+            let at = format!("{dtype} {:?}, {} rows", heap.layout, heap.rows());
+            let (mut want, mut got) = (vec![0f32; cols], vec![f32::NAN; cols]);
+            for r in 0..heap.rows() {
+                heap.dequantize_row(r, &mut want);
+                chunked.dequantize_row(r, &mut got);
+                assert_eq!(want, got, "{at}: row {r}");
+            }
+            let n = heap.rows();
+            let mul = |w: &PackedWeights| {
+                apply(&x, (3, cols, n), |x, y| {
+                    qmatmul_int8(Isa::best(), 2, w, x, y)
+                })
+            };
+            assert_reordered_sum(&mul(chunked), &mul(heap), &at);
         }
     }
 }

@@ -9,7 +9,7 @@
 //! padded group.
 
 use super::packed::{Factored, Meta, PackedWeights, SplitI8, ROWS8};
-use tessera_core::{Error, Result};
+use tessera_core::{Error, HugeBuf, Result};
 
 impl PackedWeights {
     /// The rows of `parts`, in order, as one matrix: row i of part p becomes row
@@ -53,10 +53,7 @@ impl PackedWeights {
         }
         Ok(PackedWeights {
             rows: parts.iter().map(|p| p.rows).sum(),
-            quants: parts
-                .iter()
-                .flat_map(|p| p.quants.iter().copied())
-                .collect(),
+            quants: HugeBuf::concat(&parts.iter().map(|p| &p.quants[..]).collect::<Vec<_>>()),
             meta: stack_meta(parts).ok_or_else(|| fail("metadata kinds differ".into()))?,
             ..first.clone_shape()
         })
@@ -65,10 +62,10 @@ impl PackedWeights {
     /// Everything but the codes and metadata (emptied).
     fn clone_shape(&self) -> PackedWeights {
         PackedWeights {
-            quants: Vec::new(),
+            quants: HugeBuf::default(),
             meta: Meta::F32 {
-                scales: Vec::new(),
-                mins: Vec::new(),
+                scales: HugeBuf::default(),
+                mins: HugeBuf::default(),
             },
             ..*self
         }
@@ -80,12 +77,14 @@ impl PackedWeights {
 /// caller checked that every part has this variant.
 macro_rules! concat_fields {
     ($metas:expr, $variant:ident($ty:ident { $($field:ident),+ })) => {{
-        let mut out = $ty { $($field: Vec::new()),+ };
+        let mut parts = Vec::new();
         for m in &$metas {
             let Meta::$variant(part) = m else { return None };
-            $(out.$field.extend_from_slice(&part.$field);)+
+            parts.push(part);
         }
-        Some(Meta::$variant(out))
+        Some(Meta::$variant($ty {
+            $($field: HugeBuf::concat(&parts.iter().map(|p| &p.$field[..]).collect::<Vec<_>>())),+
+        }))
     }};
 }
 
@@ -103,7 +102,10 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
                 mins.extend_from_slice(n);
             }
         }
-        return Some(Meta::F16 { scales, mins });
+        return Some(Meta::F16 {
+            scales: scales.into(),
+            mins: mins.into(),
+        });
     }
     if all(|m| matches!(m, Meta::F16 { .. } | Meta::F32 { .. })) {
         let (mut wide, mut mins_wide) = (Vec::new(), Vec::new());
@@ -121,8 +123,8 @@ fn stack_meta(parts: &[&PackedWeights]) -> Option<Meta> {
             }
         }
         return Some(Meta::F32 {
-            scales: wide,
-            mins: mins_wide,
+            scales: wide.into(),
+            mins: mins_wide.into(),
         });
     }
     if all(|m| matches!(m, Meta::Factored(_))) {
