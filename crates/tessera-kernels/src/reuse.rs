@@ -17,9 +17,13 @@ pub(crate) fn with_reused<T: Default + 'static, R>(
     keep: bool,
     f: impl FnOnce(&mut T) -> R,
 ) -> R {
+    if !keep {
+        // Not borrowed at all, so a call nested inside this one still finds the value.
+        return f(&mut T::default());
+    }
     key.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut kept) if keep => f(&mut kept),
-        _ => f(&mut T::default()),
+        Ok(mut kept) => f(&mut kept),
+        Err(_) => f(&mut T::default()),
     })
 }
 
@@ -32,7 +36,8 @@ mod tests {
     }
 
     /// A kept value survives between calls; a re-entrant call and a `keep = false`
-    /// call each get a fresh one and leave the kept value as it was.
+    /// call each get a fresh one and leave the kept value as it was, and a call inside a
+    /// `keep = false` one still finds the kept value.
     #[test]
     fn kept_values_persist_and_reentry_gets_a_fresh_one() {
         with_reused(&KEPT, true, |v| v.push(1));
@@ -44,7 +49,13 @@ mod tests {
                 inner.push(9);
             });
         });
-        with_reused(&KEPT, false, |v| assert!(v.is_empty()));
+        with_reused(&KEPT, false, |v| {
+            assert!(v.is_empty());
+            v.push(7);
+            with_reused(&KEPT, true, |inner| {
+                assert_eq!(inner, &[1, 2], "not borrowed")
+            });
+        });
         with_reused(&KEPT, true, |v| assert_eq!(v, &[1, 2]));
     }
 }
