@@ -22,11 +22,11 @@
 //! and high nibbles chunk 2p+1's, in element order (an odd last chunk has zero high
 //! nibbles); wider rows store each chunk's 32 bytes contiguously. Scales and minima are
 //! arrays, one per chunk (two, one per half, for SPLIT16 formats): f16 where every value
-//! is exactly an f16 (the 32-weight formats store them so) and the CPU has no VNNI, f32
-//! otherwise (the K-quants' d·sub-scale products need more bits). At decode the kernel
-//! streams these with the codes, so f16 is 20 bytes per 32 Q4_1 weights instead of 24.
-//! The VNNI kernel reads f32 only: on a VNNI CPU metadata stays f32, and f16 weights
-//! built elsewhere go to the AVX2 kernel.
+//! is exactly an f16 (the 32-weight formats store them so), f32 otherwise (the K-quants'
+//! d·sub-scale products need more bits). At decode the kernel streams these with the
+//! codes, so f16 is 20 bytes per 32 Q4_1 weights instead of 24. (VNNI CPUs kept f32 for
+//! a zmm kernel that read nothing else; that kernel is gone, and every integer kernel
+//! reads both.)
 //!
 //! Formats with one scale per chunk, and Q2_K/Q3_K/Q6_K, are instead interleaved 8
 //! rows at a time ([`PackedWeights::interleaved`]), the layout the decode kernels need
@@ -89,10 +89,10 @@ pub(super) struct SplitI8 {
 }
 
 impl Meta {
-    /// f16 when every value converts exactly and the VNNI kernel (f32 only) will not run.
+    /// f16 when every value converts exactly.
     fn compact(scales: Vec<f32>, mins: Vec<f32>) -> Self {
         let exact = |v: &[f32]| v.iter().all(|&x| f16::from_f32(x).to_f32() == x);
-        if CpuFeatures::get().avx512_vnni || !exact(&scales) || !exact(&mins) {
+        if !exact(&scales) || !exact(&mins) {
             return Meta::F32 {
                 scales: scales.into(),
                 mins: mins.into(),

@@ -149,7 +149,7 @@ fn other_width(p: &PackedWeights) -> Option<PackedWeights> {
 /// f16 and factored metadata hold the same values as f32 (chosen only where exact), so
 /// every kernel, in either layout, must give the same outputs from either form up to the
 /// summation order ([`REORDER_TOL`]: the AVX-512 kernels group the two differently);
-/// the 32-weight formats do get f16 here unless the CPU has VNNI, interleaved Q4_K and
+/// the 32-weight formats do get f16 here, interleaved Q4_K and
 /// Q5_K get factored metadata and interleaved Q2_K/Q3_K/Q6_K split i8 scales.
 #[test]
 fn f16_metadata_matches_f32_metadata() {
@@ -169,8 +169,7 @@ fn f16_metadata_matches_f32_metadata() {
             _ => unreachable!("{dtype} is a block format")
         );
         let is_f16 = matches!(auto.meta, Meta::F16 { .. });
-        let want_f16 = thirty_two && !CpuFeatures::get().avx512_vnni;
-        assert_eq!(is_f16, want_f16, "{dtype}");
+        assert_eq!(is_f16, thirty_two, "{dtype}");
         for p in layouts(dtype, (rows, cols), &data) {
             let factored = matches!(p.meta, Meta::Factored(_));
             assert_eq!(
