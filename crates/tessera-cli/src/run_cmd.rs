@@ -44,9 +44,10 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "acts")]
     int8_acts: bool,
     /// Packed weights in 2 MiB pages (Linux transparent huge pages, asked for with
-    /// madvise): single-stream decode 8–16% faster on an Intel AVX-512 host, but where a
-    /// virtual machine backs fresh memory lazily the first load there took 2.0 s against
-    /// 0.35 (docs/performance.md). Default: on for `serve` and `bench-serve`, off otherwise
+    /// madvise): decode 6–14% faster on an Intel AVX-512 host, but where a virtual machine
+    /// backs fresh memory lazily the first load there took 2.0 s, 0.22 s once the memory
+    /// had been used (docs/performance.md). Default: on for `serve` and `bench-serve`, off
+    /// otherwise
     #[arg(long)]
     large_pages: Option<Switch>,
 }

@@ -8,14 +8,14 @@
 //! buffers are bump-allocated one after another from shared 32 MiB chunks, 2 MiB
 //! aligned, advised with `MADV_HUGEPAGE` before anything touches them (Linux's default
 //! `madvise` mode gives large pages only to memory that asks). On the host measured for
-//! this (docs/performance.md, host H) a single stream decoded 8–16% faster in
-//! `tessera bench-serve`, 16 streams 0–6% (their step is bound by compute and attention).
+//! this (docs/performance.md, host H) a single stream decoded 6–14% faster in
+//! `tessera bench-model`, 16 streams 1–6% (their step is bound by compute and attention).
 //!
 //! The chunks are opt-in ([`set_large_pages`]; off, a buffer is a plain `Vec`, allocated
 //! and moved exactly as before this module): each large page is zeroed whole on first
 //! touch, and in a virtual machine that backs never-touched guest memory lazily (host H)
-//! loading the default model into fresh memory took 2.0 s instead of 0.35 (0.26 where the
-//! memory had been used before), so a one-shot `tessera run` could end later. A server
+//! loading the default model into fresh memory took 2.0 s instead of 0.22 (as fast once
+//! the memory had been used), so a one-shot `tessera run` could end later. A server
 //! pays that once and decodes faster for every request, so `tessera serve` and
 //! `bench-serve` turn them on.
 //!
