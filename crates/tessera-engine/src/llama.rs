@@ -22,7 +22,7 @@ pub use forward::{LogitRows, SeqInput};
 use crate::gguf::Gguf;
 use crate::linear::{Activations, Biased, Linear};
 use crate::rope_scaling::RopeScaling;
-use crate::weights::{load_matrix, LoadOptions, WeightSource};
+use crate::weights::{load_matrix_unpacked, LoadOptions, WeightSource};
 use crate::{Error, Result};
 use forward::linear;
 use tessera_core::DType;
@@ -178,7 +178,10 @@ struct Layer {
 }
 
 /// Projections of one input, stacked into one matmul at load where their formats allow
-/// ([`crate::linear::stack`]), else run one by one.
+/// ([`crate::linear::stack`]), else run one by one. The parts come unpacked and the
+/// result is packed once: packing each part and then the stack left the parts' copies
+/// behind as dead space in the 2 MiB-page chunks (`tessera_core::huge`), ~43 MB for the
+/// default model.
 #[derive(Debug)]
 enum SharedInput<const N: usize> {
     Separate([Box<dyn Linear>; N]),
@@ -187,10 +190,18 @@ enum SharedInput<const N: usize> {
 }
 
 impl<const N: usize> SharedInput<N> {
-    fn new(parts: [Box<dyn Linear>; N]) -> Self {
+    /// The parts as loaded, before their activation mode is set; `acts` is set on the
+    /// stacked layer, or on each part when they do not stack.
+    fn new(mut parts: [Box<dyn Linear>; N], acts: Activations) -> Self {
         match crate::linear::stack(&parts.each_ref().map(|p| &**p)) {
-            Some(w) => SharedInput::Stacked(w, parts.each_ref().map(|p| p.out_features())),
-            None => SharedInput::Separate(parts),
+            Some(mut w) => {
+                w.set_activations(acts);
+                SharedInput::Stacked(w, parts.each_ref().map(|p| p.out_features()))
+            }
+            None => {
+                parts.iter_mut().for_each(|p| p.set_activations(acts));
+                SharedInput::Separate(parts)
+            }
         }
     }
 
@@ -334,8 +345,15 @@ struct Loader<'a> {
 impl Loader<'_> {
     /// Loads `name.weight` (and `name.bias` when the file has one) and checks the shape.
     fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
+        let mut l = self.part(name, out, inp)?;
+        l.set_activations(self.opts.activations);
+        Ok(l)
+    }
+
+    /// As [`Loader::linear`], the activation mode left for [`SharedInput::new`] to set.
+    fn part(&self, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
         let wname = format!("{name}.weight");
-        let l = load_matrix(self.src, &wname, self.opts)?;
+        let l = load_matrix_unpacked(self.src, &wname, self.opts)?;
         if (l.out_features(), l.in_features()) != (out, inp) {
             return Err(Error::Model(format!(
                 "{wname}: {}×{}, expected {out}×{inp}",
@@ -397,17 +415,20 @@ impl Llama {
             let norm = |s: &str| norm_of(src, &format!("blk.{l}.{s}.weight"), d, cfg.eps);
             layers.push(Layer {
                 attn_norm: norm("attn_norm")?,
-                qkv: SharedInput::new([
-                    ld.linear(&n("attn_q"), d, d)?,
-                    ld.linear(&n("attn_k"), kv, d)?,
-                    ld.linear(&n("attn_v"), kv, d)?,
-                ]),
+                qkv: SharedInput::new(
+                    [
+                        ld.part(&n("attn_q"), d, d)?,
+                        ld.part(&n("attn_k"), kv, d)?,
+                        ld.part(&n("attn_v"), kv, d)?,
+                    ],
+                    opts.activations,
+                ),
                 o: ld.linear(&n("attn_output"), d, d)?,
                 ffn_norm: norm("ffn_norm")?,
-                gate_up: SharedInput::new([
-                    ld.linear(&n("ffn_gate"), f, d)?,
-                    ld.linear(&n("ffn_up"), f, d)?,
-                ]),
+                gate_up: SharedInput::new(
+                    [ld.part(&n("ffn_gate"), f, d)?, ld.part(&n("ffn_up"), f, d)?],
+                    opts.activations,
+                ),
                 down: ld.linear(&n("ffn_down"), d, f)?,
             });
         }
@@ -439,5 +460,42 @@ impl Llama {
             .iter()
             .map(|l| l.qkv.is_stacked() as usize + l.gate_up.is_stacked() as usize)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linear::QuantLinear;
+    use tessera_kernels::quant::{BlockQ4_0, BlockQ8_0, QuantMatrix};
+
+    fn q4_0(rows: usize, seed: f32) -> Box<dyn Linear> {
+        let data: Vec<f32> = (0..rows * 64).map(|i| (i as f32 * seed).sin()).collect();
+        Box::new(QuantLinear::new(
+            QuantMatrix::<BlockQ4_0>::quantize(rows, 64, &data).unwrap(),
+        ))
+    }
+
+    /// Parts arrive unpacked; the stacked layer (or each part, where they do not stack)
+    /// gets the activation mode, so an integer mode packs it once (a packed layer no
+    /// longer hands out its ggml blocks) and f32 keeps the blocks.
+    #[test]
+    fn shared_inputs_set_the_mode_on_what_they_keep() {
+        for (acts, packed) in [(Activations::A16, true), (Activations::F32, false)] {
+            let s = SharedInput::new([q4_0(16, 0.1), q4_0(8, 0.2)], acts);
+            assert!(s.is_stacked());
+            for (w, _) in s.matrices() {
+                assert_eq!(w.ggml_blocks().is_none(), packed, "{acts:?} stacked");
+            }
+            let data = vec![0.5f32; 8 * 64];
+            let q8: Box<dyn Linear> = Box::new(QuantLinear::new(
+                QuantMatrix::<BlockQ8_0>::quantize(8, 64, &data).unwrap(),
+            ));
+            let s = SharedInput::new([q4_0(16, 0.3), q8], acts);
+            assert!(!s.is_stacked());
+            for (w, _) in s.matrices() {
+                assert_eq!(w.ggml_blocks().is_none(), packed, "{acts:?} separate");
+            }
+        }
     }
 }

@@ -108,9 +108,20 @@ pub fn load_matrix(
     name: &str,
     opts: &LoadOptions,
 ) -> Result<Box<dyn Linear>> {
-    let mut l = reencode(source.matrix(name)?, name, opts)?;
+    let mut l = load_matrix_unpacked(source, name, opts)?;
     l.set_activations(opts.activations);
     Ok(l)
+}
+
+/// As [`load_matrix`], but the activation mode not set yet (so not packed for the
+/// integer kernels): for layers stacked before packing ([`crate::linear::stack`]), which
+/// then pack once instead of packing each part and copying.
+pub fn load_matrix_unpacked(
+    source: &dyn WeightSource,
+    name: &str,
+    opts: &LoadOptions,
+) -> Result<Box<dyn Linear>> {
+    reencode(source.matrix(name)?, name, opts)
 }
 
 /// `l` quantized to `opts.quantize` when it holds float weights.
