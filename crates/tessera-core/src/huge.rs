@@ -1,9 +1,9 @@
 //! Long-lived read-mostly buffers (packed model weights) placed together in large chunks
 //! that the OS is asked to back with 2 MiB pages.
 //!
-//! Decode streams every weight once per token: SmolLM2's 106 MB are ~26,000 pages of
+//! Decode streams every weight once per token: SmolLM2's 96.5 MB are ~23,600 pages of
 //! 4 KiB, each a TLB miss and a page walk (two-dimensional, so up to 24 memory reads,
-//! inside a virtual machine). Backed by 2 MiB pages the same bytes are 53 pages. The
+//! inside a virtual machine). Backed by 2 MiB pages the same bytes are 47 pages. The
 //! weights are hundreds of matrices of 60 KB–1 MB, too small for a page of their own, so
 //! buffers are bump-allocated one after another from shared 32 MiB chunks, 2 MiB
 //! aligned, advised with `MADV_HUGEPAGE` before anything touches them (Linux's default
