@@ -183,31 +183,9 @@ impl<T: Copy + Send + Sync + 'static> HugeBuf<T> {
         }
     }
 
-    /// The slices one after another, copied once into a buffer of their total length.
+    /// The slices one after another (moved in as one `Vec`, or copied into a chunk).
     pub fn concat(parts: &[&[T]]) -> Self {
-        let len = parts.iter().map(|p| p.len()).sum();
-        match Self::carved(len) {
-            None => Self::heap(parts.concat()),
-            Some((chunk, ptr)) => {
-                let mut at = 0;
-                for part in parts {
-                    // SAFETY: [ptr, ptr + len) lies in the carved range, which no other
-                    // buffer holds, aligned for T; the parts add up to len elements, and
-                    // a part cannot overlap memory carved just now.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            part.as_ptr(),
-                            ptr.as_ptr().add(at),
-                            part.len(),
-                        )
-                    };
-                    at += part.len();
-                }
-                HugeBuf {
-                    store: Store::Chunk { chunk, ptr, len },
-                }
-            }
-        }
+        parts.concat().into()
     }
 
     fn heap(v: Vec<T>) -> Self {
@@ -239,10 +217,10 @@ impl<T: Copy + Send + Sync + 'static> Default for HugeBuf<T> {
 }
 
 impl<T: Copy + Send + Sync + 'static> From<Vec<T>> for HugeBuf<T> {
-    /// Moves `v` in (large pages off) or copies it into a chunk. Never inlined: the
-    /// caller's Vec then never has its address taken, so a loop filling it beforehand
-    /// keeps its pointer in a register (inlined, packing the default model's weights
-    /// took 0.2 s longer).
+    /// Moves `v` in (large pages off) or copies it into a chunk. Never inlined, so the
+    /// caller's Vec never has its address taken and a loop filling it beforehand keeps
+    /// its pointer in a register (measured with the earlier per-code packing loop, host
+    /// H: inlined, packing the default model took 0.2 s longer).
     #[inline(never)]
     fn from(v: Vec<T>) -> Self {
         if large_pages() {
