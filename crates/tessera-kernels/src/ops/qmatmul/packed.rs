@@ -176,6 +176,15 @@ impl CodeLayout {
 pub(super) const ROWS8: usize = 8;
 /// Bytes of one interleaved group's chunk pair: 8 rows × 32 bytes (of nibbles).
 pub(super) const GROUP_PAIR_BYTES: usize = ROWS8 * QK;
+
+/// In the 6-bit plane layout ([`CodeLayout::Planes8`]), where chunk b's codes 4t..4t+4
+/// keep their top 2 bits: the word, `top0` (code 0's place) plus register t mod 4, and
+/// their bit shift in it, crumb 2·(b mod 2) + t/4 ([`PackedWeights::code_places`]). The
+/// packer and the unpacker (`chunk_codes`) both go through here.
+pub(super) fn top_word(top0: usize, b: usize, t: usize) -> (usize, u32) {
+    (top0 + (t % 4) * QK, 2 * (2 * (b % 2) + t / 4) as u32)
+}
+
 /// Bytes of a 6-bit group's chunk pair: the nibble plane, then 8 rows × 16 bytes of
 /// 2-bit codes.
 pub(super) const PLANES_PAIR_BYTES: usize = GROUP_PAIR_BYTES + GROUP_PAIR_BYTES / 2;
@@ -379,9 +388,8 @@ impl PackedWeights {
             let codes = u32::from_le_bytes(four.try_into().expect("4 codes"));
             or_word(low + t * stride, (codes & mask) << shift);
             if let Some((top, _)) = top {
-                // Register t mod 4, crumb 2·(b mod 2) + t/4 (see `code_places`).
-                let shift = 2 * (2 * (b % 2) + t / 4);
-                or_word(top + (t % 4) * QK, ((codes >> 4) & 0x0303_0303) << shift);
+                let (at, shift) = top_word(top, b, t);
+                or_word(at, ((codes >> 4) & 0x0303_0303) << shift);
             }
         }
     }
@@ -407,12 +415,8 @@ impl PackedWeights {
         let unit = ((r / ROWS8) * pairs + b / 2) * self.group_pair_bytes();
         let low = (unit + (j / 4) * QK + lane, nibble);
         let top = (self.layout == CodeLayout::Planes8).then(|| {
-            let register = (j / 4) % 4;
-            let crumb = 2 * (b % 2) + j / 16;
-            (
-                unit + GROUP_PAIR_BYTES + register * QK + lane,
-                2 * crumb as u32,
-            )
+            let (word, shift) = top_word(unit + GROUP_PAIR_BYTES + lane - j % 4, b, j / 4);
+            (word + j % 4, shift)
         });
         (low, top)
     }

@@ -32,10 +32,9 @@ impl PackedWeights {
             *w = (word(low + t * stride) >> shift) & mask;
         }
         if let Some((top, _)) = top {
-            // Register t mod 4, crumb 2·(b mod 2) + t/4 (see `code_places`).
             for (t, w) in words.iter_mut().enumerate() {
-                let shift = 2 * (2 * (b % 2) + t / 4);
-                *w |= ((word(top + (t % 4) * QK) >> shift) & 0x0303_0303) << 4;
+                let (at, shift) = super::top_word(top, b, t);
+                *w |= ((word(at) >> shift) & 0x0303_0303) << 4;
             }
         }
         for (four, w) in out.chunks_exact_mut(4).zip(words) {
