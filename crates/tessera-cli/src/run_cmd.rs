@@ -221,10 +221,10 @@ fn load_with(a: ModelArgs, activations: Activations) -> Result<(Llama, Tokenizer
         Some(p) => p,
         None => pull::pull(&pull::DEFAULT_MODEL, log).context("pulling the default model")?,
     };
-    tessera_core::huge::set_large_pages(a.large_pages == Some(Switch::On));
     let opts = LoadOptions {
         quantize: a.quantize.as_deref().map(parse_quantize).transpose()?,
         activations,
+        large_pages: a.large_pages == Some(Switch::On),
     };
     let t = std::time::Instant::now();
     let (model, tok) = tessera_engine::open(&path, &opts)
@@ -234,8 +234,16 @@ fn load_with(a: ModelArgs, activations: Activations) -> Result<(Llama, Tokenizer
         .iter()
         .map(|(d, n, b)| format!("{n} {d} ({:.1} MiB)", *b as f64 / (1 << 20) as f64))
         .collect();
+    // Said where asked for: the OS may still back them with small pages (THP off).
+    let placed = match opts.large_pages {
+        true => format!(
+            "; {:.1} MiB packed into 2 MiB-page chunks",
+            model.large_page_bytes() as f64 / (1 << 20) as f64
+        ),
+        false => String::new(),
+    };
     log(&format!(
-        "loaded {} ({} layers, dim {}, {} heads / {} KV; matrices: {}) in {:.2} s",
+        "loaded {} ({} layers, dim {}, {} heads / {} KV; matrices: {}{placed}) in {:.2} s",
         path.file_name()
             .map(|f| f.to_string_lossy())
             .unwrap_or_default(),

@@ -11,7 +11,7 @@
 //! this (docs/performance.md, host H) a single stream decoded 6–14% faster in
 //! `tessera bench-model`, 16 streams 1–6% (their step is bound by compute and attention).
 //!
-//! The chunks are opt-in ([`set_large_pages`]; off, a buffer is a plain `Vec`, allocated
+//! The chunks are opt-in ([`with_large_pages`]; off, a buffer is a plain `Vec`, allocated
 //! and moved exactly as before this module): each large page is zeroed whole on first
 //! touch, and in a virtual machine that backs never-touched guest memory lazily (host H)
 //! loading the default model into fresh memory took 2.0 s instead of 0.22 (as fast once
@@ -28,9 +28,9 @@
 //! OS gives no large pages, the buffers are ordinary memory.
 
 use std::alloc::{self, Layout};
+use std::cell::Cell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The large page size asked for (x86-64 and aarch64 with 4 KiB base pages).
@@ -43,18 +43,30 @@ pub const CHUNK_BYTES: usize = 32 << 20;
 /// Alignment of every buffer (a cache line, an AVX-512 register).
 pub const ALIGN: usize = 64;
 
-/// Whether buffers made from now on go to large-page chunks (see the module docs).
-static LARGE_PAGES: AtomicBool = AtomicBool::new(false);
-
-/// Puts buffers made from now on in large-page chunks (`true`) or plain heap memory.
-/// Buffers already made keep their memory.
-pub fn set_large_pages(on: bool) {
-    LARGE_PAGES.store(on, Ordering::Relaxed);
+thread_local! {
+    /// Whether buffers this thread makes go to large-page chunks ([`with_large_pages`]).
+    static LARGE_PAGES: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether buffers made now go to large-page chunks.
+/// Runs `f` with the buffers this thread makes meanwhile in large-page chunks (`on`) or
+/// plain heap memory, then restores the thread's previous choice (also when `f`
+/// panics). Scoped and per thread, so two models loaded at once, each with its own
+/// choice (the engine's `LoadOptions::large_pages`), each get theirs; buffers keep
+/// their memory after the call.
+pub fn with_large_pages<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LARGE_PAGES.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(LARGE_PAGES.with(|c| c.replace(on)));
+    f()
+}
+
+/// Whether buffers this thread makes now go to large-page chunks.
 pub fn large_pages() -> bool {
-    LARGE_PAGES.load(Ordering::Relaxed)
+    LARGE_PAGES.with(Cell::get)
 }
 
 /// One allocation that buffers are carved from.
@@ -183,6 +195,12 @@ impl<T: Copy + Send + Sync + 'static> HugeBuf<T> {
         }
     }
 
+    /// Whether the buffer lies in a large-page chunk (made under
+    /// [`with_large_pages`]`(true, …)` and not empty) rather than in a `Vec`.
+    pub fn in_large_page_chunk(&self) -> bool {
+        matches!(self.store, Store::Chunk { .. })
+    }
+
     /// The slices one after another (moved in as one `Vec`, or copied into a chunk).
     pub fn concat(parts: &[&[T]]) -> Self {
         parts.concat().into()
@@ -287,15 +305,6 @@ impl<T: Copy + Send + Sync + 'static + PartialEq> PartialEq for HugeBuf<T> {
 mod tests {
     use super::*;
 
-    /// Tests run in parallel and the mode is process-wide: each holds this while it runs.
-    static MODE: Mutex<()> = Mutex::new(());
-
-    fn mode(on: bool) -> std::sync::MutexGuard<'static, ()> {
-        let guard = MODE.lock().unwrap_or_else(|e| e.into_inner());
-        set_large_pages(on);
-        guard
-    }
-
     fn chunk_of<T: Copy + Send + Sync + 'static>(b: &HugeBuf<T>) -> Option<&Arc<Chunk>> {
         match &b.store {
             Store::Chunk { chunk, .. } => Some(chunk),
@@ -304,92 +313,119 @@ mod tests {
     }
 
     #[test]
-    fn buffers_hold_their_values_aligned_and_apart() {
-        let _mode = mode(true);
-        // Enough small and odd-sized buffers to spill over at least one chunk.
-        let mut bufs: Vec<HugeBuf<u32>> = Vec::new();
-        let mut total = 0;
-        let mut i = 0u32;
-        while total <= CHUNK_BYTES + LARGE_PAGE {
-            let len = 1 + (i as usize * 7919) % 300_000;
-            bufs.push((0..len as u32).map(|x| x ^ i).collect());
-            total += 4 * len;
-            i += 1;
-        }
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        for (i, b) in bufs.iter().enumerate() {
-            assert!(chunk_of(b).is_some());
-            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
-            assert!(b.iter().enumerate().all(|(x, &v)| v == x as u32 ^ i as u32));
-            ranges.push((b.as_ptr() as usize, b.as_ptr() as usize + 4 * b.len()));
-        }
-        ranges.sort();
+    fn the_choice_is_per_thread_scoped_and_restored_after_a_panic() {
+        let placed = || HugeBuf::filled(3, 1u8).in_large_page_chunk();
+        assert!(!large_pages() && !placed(), "off unless asked for");
+        with_large_pages(true, || {
+            assert!(placed());
+            // Another thread (another model's load) keeps its own choice meanwhile.
+            let other = std::thread::spawn(move || (large_pages(), placed()));
+            assert_eq!(other.join().unwrap(), (false, false));
+            with_large_pages(false, || assert!(!placed()));
+            assert!(placed(), "the inner scope restored the outer choice");
+        });
+        assert!(!placed());
+        let panicked = std::panic::catch_unwind(|| with_large_pages(true, || panic!("mid-load")));
+        assert!(panicked.is_err());
         assert!(
-            ranges.windows(2).all(|w| w[0].1 <= w[1].0),
-            "buffers overlap"
+            !large_pages() && !placed(),
+            "restored when the scope panicked"
         );
     }
 
     #[test]
+    fn buffers_hold_their_values_aligned_and_apart() {
+        with_large_pages(true, || {
+            // Enough small and odd-sized buffers to spill over at least one chunk.
+            let mut bufs: Vec<HugeBuf<u32>> = Vec::new();
+            let mut total = 0;
+            let mut i = 0u32;
+            while total <= CHUNK_BYTES + LARGE_PAGE {
+                let len = 1 + (i as usize * 7919) % 300_000;
+                bufs.push((0..len as u32).map(|x| x ^ i).collect());
+                total += 4 * len;
+                i += 1;
+            }
+            let mut ranges: Vec<(usize, usize)> = Vec::new();
+            for (i, b) in bufs.iter().enumerate() {
+                assert!(chunk_of(b).is_some());
+                assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+                assert!(b.iter().enumerate().all(|(x, &v)| v == x as u32 ^ i as u32));
+                ranges.push((b.as_ptr() as usize, b.as_ptr() as usize + 4 * b.len()));
+            }
+            ranges.sort();
+            assert!(
+                ranges.windows(2).all(|w| w[0].1 <= w[1].0),
+                "buffers overlap"
+            );
+        });
+    }
+
+    #[test]
     fn a_buffer_larger_than_a_chunk_gets_its_own() {
-        let _mode = mode(true);
-        let len = CHUNK_BYTES + 12_345;
-        let mut big = HugeBuf::filled(len, 7u8);
-        big[len - 1] = 9;
-        assert_eq!(big.len(), len);
-        assert!(big[..len - 1].iter().all(|&x| x == 7) && big[len - 1] == 9);
-        let chunk = chunk_of(&big).unwrap();
-        assert!(chunk.layout.size() >= len && chunk.layout.size().is_multiple_of(LARGE_PAGE));
-        assert_eq!(chunk.base.as_ptr() as usize % LARGE_PAGE, 0);
+        with_large_pages(true, || {
+            let len = CHUNK_BYTES + 12_345;
+            let mut big = HugeBuf::filled(len, 7u8);
+            big[len - 1] = 9;
+            assert_eq!(big.len(), len);
+            assert!(big[..len - 1].iter().all(|&x| x == 7) && big[len - 1] == 9);
+            let chunk = chunk_of(&big).unwrap();
+            assert!(chunk.layout.size() >= len && chunk.layout.size().is_multiple_of(LARGE_PAGE));
+            assert_eq!(chunk.base.as_ptr() as usize % LARGE_PAGE, 0);
+        });
     }
 
     #[test]
     fn clones_are_independent_and_chunks_are_shared_until_dropped() {
-        let _mode = mode(true);
-        let a = HugeBuf::from_slice(&[1.5f32, -2.0, 3.25]);
-        let mut b = a.clone();
-        b[0] = 0.0;
-        assert_eq!(&a[..], &[1.5, -2.0, 3.25]);
-        assert_eq!(&b[..], &[0.0, -2.0, 3.25]);
-        let chunk = Arc::clone(chunk_of(&a).unwrap());
-        let held = Arc::strong_count(&chunk);
-        drop(a);
-        assert_eq!(Arc::strong_count(&chunk), held - 1);
+        with_large_pages(true, || {
+            let a = HugeBuf::from_slice(&[1.5f32, -2.0, 3.25]);
+            let mut b = a.clone();
+            b[0] = 0.0;
+            assert_eq!(&a[..], &[1.5, -2.0, 3.25]);
+            assert_eq!(&b[..], &[0.0, -2.0, 3.25]);
+            let chunk = Arc::clone(chunk_of(&a).unwrap());
+            let held = Arc::strong_count(&chunk);
+            drop(a);
+            assert_eq!(Arc::strong_count(&chunk), held - 1);
+        });
     }
 
     #[test]
     fn without_large_pages_a_buffer_is_the_vec_it_was_made_from() {
-        let _mode = mode(false);
-        let v = vec![1u16, 2, 3];
-        let at = v.as_ptr();
-        let a = HugeBuf::from(v);
-        assert_eq!(a.as_ptr(), at, "moved, not copied");
-        let mut b = a.clone();
-        b[0] = 9;
-        assert_eq!((&a[..], &b[..]), (&[1u16, 2, 3][..], &[9u16, 2, 3][..]));
-        let c = HugeBuf::filled(1000, 5i8);
-        assert!(chunk_of(&a).is_none() && chunk_of(&c).is_none());
-        assert!(c.iter().all(|&x| x == 5));
+        with_large_pages(false, || {
+            let v = vec![1u16, 2, 3];
+            let at = v.as_ptr();
+            let a = HugeBuf::from(v);
+            assert_eq!(a.as_ptr(), at, "moved, not copied");
+            let mut b = a.clone();
+            b[0] = 9;
+            assert_eq!((&a[..], &b[..]), (&[1u16, 2, 3][..], &[9u16, 2, 3][..]));
+            let c = HugeBuf::filled(1000, 5i8);
+            assert!(chunk_of(&a).is_none() && chunk_of(&c).is_none());
+            assert!(c.iter().all(|&x| x == 5));
+        });
     }
 
     #[test]
     fn concat_joins_the_parts_in_order_in_both_modes() {
         for on in [true, false] {
-            let _mode = mode(on);
-            let (a, b, c) = (vec![1i8, -2, 3], Vec::<i8>::new(), vec![4i8; 70]);
-            let joined = HugeBuf::concat(&[&a, &b, &c]);
-            assert_eq!(chunk_of(&joined).is_some(), on);
-            assert_eq!(&joined[..], &[a.clone(), c.clone()].concat()[..]);
-            assert!(HugeBuf::<u8>::concat(&[]).is_empty());
+            with_large_pages(on, || {
+                let (a, b, c) = (vec![1i8, -2, 3], Vec::<i8>::new(), vec![4i8; 70]);
+                let joined = HugeBuf::concat(&[&a, &b, &c]);
+                assert_eq!(chunk_of(&joined).is_some(), on);
+                assert_eq!(&joined[..], &[a.clone(), c.clone()].concat()[..]);
+                assert!(HugeBuf::<u8>::concat(&[]).is_empty());
+            });
         }
     }
 
     #[test]
     fn empty_buffers_need_no_chunk() {
-        let _mode = mode(true);
-        let e = HugeBuf::<u16>::from_slice(&[]);
-        assert!(e.is_empty() && chunk_of(&e).is_none());
-        assert!(HugeBuf::<i8>::default().is_empty());
-        assert_eq!(HugeBuf::from(vec![3u8; 5]), HugeBuf::filled(5, 3u8));
+        with_large_pages(true, || {
+            let e = HugeBuf::<u16>::from_slice(&[]);
+            assert!(e.is_empty() && chunk_of(&e).is_none());
+            assert!(HugeBuf::<i8>::default().is_empty());
+            assert_eq!(HugeBuf::from(vec![3u8; 5]), HugeBuf::filled(5, 3u8));
+        });
     }
 }

@@ -44,6 +44,11 @@ pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
     fn bias(&self) -> Option<&[f32]> {
         None
     }
+    /// Whether the weights lie in 2 MiB-page chunks (packed while loading with
+    /// `LoadOptions::large_pages`).
+    fn in_large_pages(&self) -> bool {
+        false
+    }
 }
 
 /// How matmuls of up to `INT8_BATCH_M` rows over block-format weights take their
@@ -181,6 +186,9 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
     }
     fn weight_bytes(&self) -> usize {
         self.matrix().size_bytes()
+    }
+    fn in_large_pages(&self) -> bool {
+        matches!(&self.w, Stored::Packed(w, _) if w.in_large_pages())
     }
 }
 
@@ -430,6 +438,9 @@ impl Linear for Biased {
     }
     fn bias(&self) -> Option<&[f32]> {
         Some(&self.bias)
+    }
+    fn in_large_pages(&self) -> bool {
+        self.inner.in_large_pages()
     }
 }
 

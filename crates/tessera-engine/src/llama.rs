@@ -319,6 +319,28 @@ impl Llama {
     /// How many weight matrices are stored in each format, and their bytes (what a
     /// user checks after `--quantize`, which may fall back per matrix).
     pub fn weight_formats(&self) -> Vec<(DType, usize, usize)> {
+        let mut by = std::collections::BTreeMap::<DType, (usize, usize)>::new();
+        for (l, count) in self.layers_stored() {
+            let e = by.entry(l.dtype()).or_default();
+            e.0 += count;
+            e.1 += l.weight_bytes();
+        }
+        by.into_iter().map(|(d, (n, b))| (d, n, b)).collect()
+    }
+
+    /// Bytes of weights held in 2 MiB pages (`LoadOptions::large_pages`): what a user
+    /// checks to see the option took (0 where the mode keeps blocks unpacked, f32).
+    pub fn large_page_bytes(&self) -> usize {
+        self.layers_stored()
+            .into_iter()
+            .filter(|(l, _)| l.in_large_pages())
+            .map(|(l, _)| l.weight_bytes())
+            .sum()
+    }
+
+    /// Every stored weight layer once, with how many matrices it holds (stacked layers
+    /// count their parts).
+    fn layers_stored(&self) -> Vec<(&dyn Linear, usize)> {
         let mut all: Vec<(&dyn Linear, usize)> = vec![(self.embed.as_ref(), 1)];
         for l in &self.layers {
             all.extend(l.qkv.matrices());
@@ -326,13 +348,7 @@ impl Llama {
             all.extend([(l.o.as_ref(), 1), (l.down.as_ref(), 1)]);
         }
         all.extend(self.output.as_deref().map(|o| (o, 1)));
-        let mut by = std::collections::BTreeMap::<DType, (usize, usize)>::new();
-        for (l, count) in all {
-            let e = by.entry(l.dtype()).or_default();
-            e.0 += count;
-            e.1 += l.weight_bytes();
-        }
-        by.into_iter().map(|(d, (n, b))| (d, n, b)).collect()
+        all
     }
 }
 
@@ -382,8 +398,16 @@ impl Llama {
         Self::from_source(Config::from_gguf(g)?, g, &LoadOptions::default())
     }
 
-    /// A model of `cfg` from any weight source.
-    pub fn from_source(
+    /// A model of `cfg` from any weight source, its packed weights placed as
+    /// `opts.large_pages` asks.
+    pub fn from_source(cfg: Config, src: &dyn WeightSource, opts: &LoadOptions) -> Result<Self> {
+        tessera_core::huge::with_large_pages(opts.large_pages, || {
+            Self::from_source_placed(cfg, src, opts)
+        })
+    }
+
+    /// [`Llama::from_source`] inside its placement scope.
+    fn from_source_placed(
         mut cfg: Config,
         src: &dyn WeightSource,
         opts: &LoadOptions,

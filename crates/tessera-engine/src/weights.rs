@@ -60,6 +60,11 @@ pub struct LoadOptions {
     /// modes the weights are repacked at load and held once (prefill dequantizes the
     /// packed rows, which are the format's values bit for bit).
     pub activations: Activations,
+    /// Pack the weights into 2 MiB pages (Linux transparent huge pages, asked for with
+    /// `madvise`; [`tessera_core::huge`]): fewer TLB misses as decode streams them, a
+    /// slower first load where a virtual machine backs fresh memory lazily. Applies to
+    /// this load only (the choice is scoped to it, per thread).
+    pub large_pages: bool,
 }
 
 /// Formats `--quantize` accepts: every block format but Q8_K (llama.cpp's activation

@@ -155,6 +155,63 @@ fn stacked_projections_match_float64_reference() {
     assert_eq!(stacked(&MIXED_32).0, 0);
 }
 
+/// `LoadOptions::large_pages` places that load's packed weights in 2 MiB-page chunks and
+/// nothing more: the loading thread's choice is back to heap memory afterwards, a load
+/// without it packs onto the heap, and both compute the float64 reference's logits (and
+/// the same ones: the same kernels run on the same values, only their addresses differ).
+#[test]
+fn large_pages_place_one_load_and_change_no_logit() {
+    use tessera_engine::linear::Activations;
+    use tessera_engine::weights::LoadOptions;
+    let path = temp("large-pages.gguf");
+    write(&path, &model_bytes_with(false, &STACKED_32));
+    let g = Gguf::open(&path).expect("valid file");
+    let tokens: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
+    let want = reference_logits(&g, &tokens);
+    let logits = |large_pages: bool| {
+        let cfg = tessera_engine::llama::Config::from_gguf(&g).expect("config");
+        let opts = LoadOptions {
+            activations: Activations::A16,
+            large_pages,
+            ..LoadOptions::default()
+        };
+        let model = Llama::from_source(cfg, &g, &opts).expect("loads");
+        assert!(
+            !tessera_core::huge::large_pages(),
+            "the choice outlived the load"
+        );
+        // Every block-format matrix is packed in this mode (the f32 ones stay dense).
+        let packed: usize = model
+            .weight_formats()
+            .iter()
+            .filter(|(d, _, _)| tessera_kernels::quant::BLOCK_DTYPES.contains(d))
+            .map(|(_, _, b)| b)
+            .sum();
+        assert!(packed > 0);
+        let placed = model.large_page_bytes();
+        assert_eq!(placed, if large_pages { packed } else { 0 });
+        let mut cache = KvCache::new(&model.cfg, 32).expect("cache");
+        let mut got = vec![model.forward(&tokens[..8], &mut cache).expect("prompt")];
+        for i in 8..11 {
+            got.push(
+                model
+                    .forward(&tokens[i..i + 1], &mut cache)
+                    .expect("decode"),
+            );
+        }
+        for (i, l) in (7..11).zip(&got) {
+            let e = rel(l, &want[i]);
+            assert!(
+                e < A16_LOGIT_TOL,
+                "large pages {large_pages}: position {i}: {e}"
+            );
+        }
+        got
+    };
+    assert_eq!(logits(true), logits(false));
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn k_quant_model_logits_match_float64_reference() {
     check_against_reference(&MIXED_K, "k");

@@ -175,9 +175,10 @@ impl Engine {
     /// q8_0, …); acts is the activation precision of decode-size matmuls over block
     /// formats ("a16", the default: 16 bits per 32 values through the integer kernels;
     /// "f32": exact; "int8": 8 bits, as llama.cpp), int8_acts=True the same as "int8";
-    /// kv_cache "f16" or "f32".
+    /// kv_cache "f16" or "f32"; large_pages=True packs the weights into 2 MiB pages (as
+    /// `tessera serve` does: faster decode, a slower first load in some virtual machines).
     #[new]
-    #[pyo3(signature = (model=None, *, quantize=None, int8_acts=false, kv_cache="f16", acts=None))]
+    #[pyo3(signature = (model=None, *, quantize=None, int8_acts=false, kv_cache="f16", acts=None, large_pages=false))]
     fn new(
         py: Python<'_>,
         model: Option<PathBuf>,
@@ -185,6 +186,7 @@ impl Engine {
         int8_acts: bool,
         kv_cache: &str,
         acts: Option<&str>,
+        large_pages: bool,
     ) -> PyResult<Self> {
         let kv: KvDtype = kv_cache
             .parse()
@@ -195,6 +197,7 @@ impl Engine {
                 .transpose()
                 .map_err(engine_err)?,
             activations: activations(acts, int8_acts)?,
+            large_pages,
         };
         let (inner, path) = py.detach(|| {
             let path = match model {

@@ -37,6 +37,20 @@ def test_greedy_tokens_equal_the_cli(engine):
     assert got["finish"] in ("length", "stop token")
 
 
+def test_large_pages_generate_the_cli_tokens():
+    """Weights packed into 2 MiB pages (as `tessera serve` holds them) against the CLI's
+    load onto the heap: the same greedy tokens."""
+    out = subprocess.run(
+        [cli(), "run", PROMPT, "-n", "16", "--json", "--large-pages", "off"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    ref = json.loads(out.strip().splitlines()[-1])
+    got = tessera.Engine(large_pages=True).generate(PROMPT, chat=True, max_tokens=16)
+    assert got["ids"] == ref["generated_ids"]
+
+
 def test_stream_yields_the_same_text(engine):
     whole = engine.generate(PROMPT, chat=True, max_tokens=24)
     it = engine.stream(PROMPT, chat=True, max_tokens=24)

@@ -118,6 +118,7 @@ class Engine:
         int8_acts: bool = False,
         kv_cache: str = "f16",
         acts: Optional[str] = None,
+        large_pages: bool = False,
     ) -> None: ...
     @property
     def path(self) -> str: ...

@@ -533,6 +533,12 @@ impl PackedWeights {
         self.quants.len() + meta
     }
 
+    /// Whether the codes lie in 2 MiB-page chunks (packed under
+    /// [`tessera_core::huge::with_large_pages`]`(true, …)`) rather than heap memory.
+    pub fn in_large_pages(&self) -> bool {
+        self.quants.in_large_page_chunk()
+    }
+
     /// Input features (columns of W).
     pub fn cols(&self) -> usize {
         self.cols

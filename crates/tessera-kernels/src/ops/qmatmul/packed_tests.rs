@@ -652,16 +652,15 @@ fn weights_in_large_page_chunks_are_the_same_weights() {
     use tessera_core::huge;
     let mut rng = rand::rngs::StdRng::seed_from_u64(29);
     let (rows, cols) = (24, 512);
-    // Other tests may run meanwhile and pack into chunks too: both modes are correct.
     let packed = |on: bool, data: &[f32], dtype: DType| {
-        huge::set_large_pages(on);
-        let alone = layouts(dtype, (rows, cols), data);
-        let stacked: Vec<PackedWeights> = alone
-            .iter()
-            .map(|p| PackedWeights::stack(&[p, p]).unwrap())
-            .collect();
-        huge::set_large_pages(false);
-        alone.into_iter().chain(stacked).collect::<Vec<_>>()
+        huge::with_large_pages(on, || {
+            let alone = layouts(dtype, (rows, cols), data);
+            let stacked: Vec<PackedWeights> = alone
+                .iter()
+                .map(|p| PackedWeights::stack(&[p, p]).unwrap())
+                .collect();
+            alone.into_iter().chain(stacked).collect::<Vec<_>>()
+        })
     };
     let x: Vec<f32> = (0..3 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
     for dtype in BLOCK_DTYPES {
@@ -673,6 +672,7 @@ fn weights_in_large_page_chunks_are_the_same_weights() {
             .zip(&packed(true, &data, dtype))
         {
             let at = format!("{dtype} {:?}, {} rows", heap.layout, heap.rows());
+            assert!(chunked.in_large_pages() && !heap.in_large_pages(), "{at}");
             let (mut want, mut got) = (vec![0f32; cols], vec![f32::NAN; cols]);
             for r in 0..heap.rows() {
                 heap.dequantize_row(r, &mut want);
