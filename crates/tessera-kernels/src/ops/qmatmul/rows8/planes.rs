@@ -208,7 +208,7 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const MINS: bool, const M: u
     // SAFETY: chunks c and c + 1 < nb exist in the group and in every activation row.
     unsafe {
         for c in (0..nb).step_by(2) {
-            prefetch_pair(g.codes, c / 2, pair_bytes);
+            prefetch_pair(g.codes, c / 2, (pair_bytes, (nb / 2) * pair_bytes), 1);
             chunk::<L, false, CRUMBS, MINS, M>(&g, &rows, c, &mut acc);
             chunk::<L, true, CRUMBS, MINS, M>(&g, &rows, c + 1, &mut acc);
         }
