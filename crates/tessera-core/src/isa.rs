@@ -110,6 +110,11 @@ pub struct CpuFeatures {
     pub avx512_bf16: bool,
     /// `vpdpbusd` (AVX512_VNNI).
     pub avx512_vnni: bool,
+    /// AMX tiles with 8-bit dot products (AMX-TILE + AMX-INT8), enabled by the OS and
+    /// granted to this process (`arch_prctl(ARCH_REQ_XCOMP_PERM)` on Linux), beside
+    /// AVX-512 and VNNI (the tile kernels finish their sums on zmm and fall back to
+    /// VNNI for ragged rows).
+    pub amx_int8: bool,
     /// Arm Advanced SIMD (always on aarch64).
     pub neon: bool,
     /// Arm `sdot`/`udot` (the DotProd extension, ARMv8.2 and later).
@@ -134,6 +139,7 @@ impl CpuFeatures {
             avx512,
             avx512_bf16: avx512 && has!("avx512bf16"),
             avx512_vnni: avx512 && has!("avx512vnni"),
+            amx_int8: avx512 && has!("avx512vnni") && amx_granted(),
             neon: false,
             neon_dotprod: false,
         }
@@ -175,6 +181,9 @@ impl CpuFeatures {
             if !self.avx512_bf16 {
                 v.push("avx512-bf16 kernels (no AVX512_BF16)".into());
             }
+            if !self.amx_int8 {
+                v.push("avx512-amx kernels (no AMX-INT8 granted)".into());
+            }
         }
         if cfg!(target_arch = "aarch64") && !self.neon_dotprod {
             v.push("neon-sdot kernels (no DotProd)".into());
@@ -196,11 +205,62 @@ impl CpuFeatures {
         if self.avx512_vnni {
             s += "+vnni";
         }
+        if self.amx_int8 {
+            s += "+amx";
+        }
         if self.neon_dotprod {
             s += "+dotprod";
         }
         s
     }
+}
+
+/// Whether this process may run AMX-INT8 tile instructions: the CPU has AMX-TILE and
+/// AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), the OS saves the tile state (XCR0 bits
+/// 17 and 18), and Linux granted the tile data to this process
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; without it the first tile
+/// instruction faults). Asked once, from [`CpuFeatures::get`]; the grant is
+/// process-wide, so every thread of the pool may then use tiles. `std`'s
+/// `is_x86_feature_detected!("amx-int8")` is not stable yet, hence the CPUID read here.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    const TILE: u32 = 1 << 24;
+    const INT8: u32 = 1 << 25;
+    const XTILE_STATE: u32 = (1 << 17) | (1 << 18);
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    if __cpuid_count(0, 0).eax < 7 || __cpuid_count(7, 0).edx & (TILE | INT8) != TILE | INT8 {
+        return false;
+    }
+    // XGETBV is valid once CPUID reports OSXSAVE (leaf 1, ECX bit 27).
+    if __cpuid_count(1, 0).ecx & (1 << 27) == 0 {
+        return false;
+    }
+    let xcr0: u32;
+    // SAFETY: XGETBV with ECX = 0 reads XCR0; OSXSAVE was checked above, so it does not
+    // fault. It touches no memory.
+    unsafe {
+        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") xcr0, out("edx") _,
+            options(nomem, nostack, preserves_flags));
+    }
+    if xcr0 & XTILE_STATE != XTILE_STATE {
+        return false;
+    }
+    // SAFETY: arch_prctl with an integer request and argument; it reads and writes no
+    // memory of ours and returns 0 or −1.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn amx_granted() -> bool {
+    false
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! reach ±128).
 
 use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{int_operands, run_int8, ActScales, SMALL_M};
+use super::{int_operands, run_int8, ActScales, Tiles, SMALL_M};
 use crate::multiversion;
 use crate::pool;
 use crate::quant::QK;
@@ -101,6 +101,18 @@ pub fn qmatmul_a16(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
+    qmatmul_a16_tiles(isa, Tiles::Auto, threads, w, x, y)
+}
+
+/// [`qmatmul_a16`] with the tile kernel's use pinned (the registry's variants).
+pub(super) fn qmatmul_a16_tiles(
+    isa: Isa,
+    tiles: Tiles,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
     let Some((m, n, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
     };
@@ -139,7 +151,7 @@ pub fn qmatmul_a16(
             isa,
             threads,
             w,
-            ActScales::PerBlock,
+            (ActScales::PerBlock, tiles),
             &acts[..2 * m],
             &mut pv,
         );

@@ -11,7 +11,7 @@
 
 use super::byte_rows::{self, ByteCode};
 use super::weight_matmul;
-use super::{int8_path, ActScales, PackedWeights};
+use super::{int8_path, ActScales, PackedWeights, Tiles};
 use crate::multiversion;
 use crate::quant::Int8Matrix;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
@@ -48,7 +48,7 @@ pub fn qmatmul_w8a8(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    int8_path(isa, threads, w, x, y, ActScales::PerRow)
+    int8_path(isa, threads, w, x, y, (ActScales::PerRow, Tiles::Auto))
 }
 
 /// INT8 codes as [`ByteCode`]s: the byte is the value.

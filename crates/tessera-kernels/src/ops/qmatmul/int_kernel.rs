@@ -29,6 +29,10 @@ pub(super) enum IntKernel {
     /// The same loop with `vpdpbusd` on ymm registers (AVX512_VNNI + AVX512VL).
     #[cfg(target_arch = "x86_64")]
     VnniRows8,
+    /// The weights of [`IntKernel::VnniRows8`] on AMX tiles (`tdpbsud`), 16 weight rows
+    /// by 16 activation rows per call (`rows8::amx`).
+    #[cfg(target_arch = "x86_64")]
+    AmxRows16,
     /// `vpmaddubsw` over Q2_K/Q3_K/Q6_K interleaved 8 rows at a time with their split
     /// scales (`rows8::planes`).
     #[cfg(target_arch = "x86_64")]
@@ -56,6 +60,26 @@ pub(super) enum IntKernel {
     /// The portable loop compiled for the ISA (the scalar baseline).
     Portable,
 }
+
+/// Whether a call may run [`IntKernel::AmxRows16`] where the CPU has AMX-INT8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tiles {
+    /// From [`AMX_MIN_M`] activation rows: what every public entry point (and so the
+    /// engine) runs.
+    Auto,
+    /// Never: the vector kernels alone (the `-vnni-` registry variants).
+    Off,
+    /// Every call, whatever M (the `-amx-` registry variant, so verification covers
+    /// the tile kernel at every shape).
+    Always,
+}
+
+/// Activation rows from which [`Tiles::Auto`] takes the tile kernel: Q4_1 3072×576
+/// cold on host H (AMX against the zmm VNNI loop, 2 rounds, `tessera bench qmatmul
+/// --variant avx512-amx-r16|avx512-vnni-r8`) 2 rows 48–49 µs against 43–44, 4 rows
+/// 51–52 against 50, 8 rows 55 against 62–63, 16 rows 73–75 against 100–102.
+#[cfg(target_arch = "x86_64")]
+pub(super) const AMX_MIN_M: usize = 8;
 
 impl IntKernel {
     /// The kernel for an available `isa`.
@@ -97,6 +121,24 @@ impl IntKernel {
             };
         }
         let _ = w;
+        self
+    }
+
+    /// The tile kernel in place of the interleaved VNNI one, where `tiles` and the CPU
+    /// allow it for `m` activation rows.
+    pub(super) fn with_tiles(self, tiles: Tiles, m: usize) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if self == IntKernel::VnniRows8 && CpuFeatures::get().amx_int8 {
+            let on = match tiles {
+                Tiles::Auto => m >= AMX_MIN_M,
+                Tiles::Off => false,
+                Tiles::Always => true,
+            };
+            if on {
+                return IntKernel::AmxRows16;
+            }
+        }
+        let _ = (tiles, m);
         self
     }
 

@@ -29,7 +29,7 @@ mod stack;
 pub use act16::qmatmul_a16;
 pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
-use int_kernel::IntKernel;
+use int_kernel::{IntKernel, Tiles};
 pub use packed::PackedWeights;
 use packed::QuantActs;
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
@@ -113,7 +113,19 @@ pub fn qmatmul_int8(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    int8_path(isa, threads, w, x, y, ActScales::PerBlock)
+    int8_path(isa, threads, w, x, y, (ActScales::PerBlock, Tiles::Auto))
+}
+
+/// [`qmatmul_int8`] with the tile kernel's use pinned (the registry's variants).
+fn qmatmul_int8_tiles(
+    isa: Isa,
+    tiles: Tiles,
+    threads: usize,
+    w: &PackedWeights,
+    x: &TensorView<'_, f32>,
+    y: &mut TensorViewMut<'_, f32>,
+) -> Result<()> {
+    int8_path(isa, threads, w, x, y, (ActScales::PerBlock, tiles))
 }
 
 /// `y = x·Wᵀ` over weights held only in the packed layout: the integer path
@@ -268,7 +280,7 @@ fn int8_path(
     w: &PackedWeights,
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
-    act: ActScales,
+    (act, tiles): (ActScales, Tiles),
 ) -> Result<()> {
     let Some((m, _, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
@@ -306,7 +318,7 @@ fn int8_path(
     }
     with_reused(&REUSED_ACTS, m <= REUSED_ACT_ROWS, |acts| {
         quantize(acts);
-        run_int8(isa, threads, w, act, &acts[..m], y);
+        run_int8(isa, threads, w, (act, tiles), &acts[..m], y);
     });
     Ok(())
 }
@@ -339,12 +351,15 @@ fn run_int8(
     isa: Isa,
     threads: usize,
     w: &PackedWeights,
-    act: ActScales,
+    (act, tiles): (ActScales, Tiles),
     acts: &[QuantActs],
     y: &mut TensorViewMut<'_, f32>,
 ) {
     let (m, n, k) = (acts.len(), w.rows(), w.cols());
-    let kernel = IntKernel::for_isa(isa).reading(w).for_scales(w, act);
+    let kernel = IntKernel::for_isa(isa)
+        .reading(w)
+        .for_scales(w, act)
+        .with_tiles(tiles, m);
     // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: a block stays in L1. Measured at 512×1536×576 Q4_0 on AVX2: 256 KiB (L2)
@@ -352,10 +367,10 @@ fn run_int8(
     // The VNNI interleaved kernel takes 8 rows per pass (`rows8::VNNI_M`): its blocks
     // hold at least that many.
     #[cfg(target_arch = "x86_64")]
-    let pass = if kernel == IntKernel::VnniRows8 {
-        rows8::VNNI_M
-    } else {
-        M_CHUNK
+    let pass = match kernel {
+        IntKernel::VnniRows8 => rows8::VNNI_M,
+        IntKernel::AmxRows16 => rows8::AMX_M,
+        _ => M_CHUNK,
     };
     #[cfg(not(target_arch = "x86_64"))]
     let pass = M_CHUNK;
@@ -413,7 +428,7 @@ fn run_int8(
             // with split scales, `for_isa` for a CPU with DotProd.
             IntKernel::NeonPlanes8 => unsafe { rows8::planes_sdot(w, r, &a[..mc], out) },
             #[cfg(target_arch = "x86_64")]
-            IntKernel::Avx2Rows8 | IntKernel::VnniRows8 => {
+            IntKernel::Avx2Rows8 | IntKernel::VnniRows8 | IntKernel::AmxRows16 => {
                 unreachable!("run below, over activation panels")
             }
             #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -426,6 +441,23 @@ fn run_int8(
         }
     };
     match kernel {
+        #[cfg(target_arch = "x86_64")]
+        IntKernel::AmxRows16 => with_panels(acts, w.cols() / QK, threads, |panels| {
+            let shape = (n, m, act_block);
+            rows8::begin_matmul();
+            const MC: usize = rows8::AMX_M;
+            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
+                const HALF: usize = act_panel::PANEL_SLOTS;
+                let first = panels.rows(m0, mc.min(HALF));
+                let second = (mc > HALF).then(|| panels.rows(m0 + HALF, mc - HALF));
+                // SAFETY: `with_tiles` chose it for the VNNI interleaved kernel's
+                // weights on a CPU with AMX-INT8 granted (`CpuFeatures::amx_int8`,
+                // with AVX-512 and VNNI); r is a multiple of 16 below the rows, out
+                // 16·mc long; passes start at multiples of 16 (act_block is one), so
+                // each half starts a panel.
+                unsafe { rows8::dots_amx16(w, r, (first, second), out) }
+            })
+        }),
         #[cfg(target_arch = "x86_64")]
         IntKernel::VnniRows8 | IntKernel::Avx2Rows8 => {
             with_panels(acts, w.cols() / QK, threads, |panels| {

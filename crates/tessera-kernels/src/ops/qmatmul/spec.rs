@@ -1,6 +1,6 @@
 //! Registry entry for `qmatmul`: problems, float64 reference, cost model.
 
-use super::{qmatmul, ActScales, PackedWeights, QuantActs};
+use super::{qmatmul, ActScales, PackedWeights, QuantActs, Tiles};
 use crate::ops::common::{bytes, poison};
 use crate::pool;
 use crate::quant::{BlockFormat, QuantMatrix, BLOCK_DTYPES, QK};
@@ -92,10 +92,36 @@ const INTERLEAVED: &str = "avx2-int8-r8";
 const INTERLEAVED_VNNI: &str = "avx512-vnni-r8";
 /// The same loop with `sdot` (NEON with DotProd).
 const INTERLEAVED_NEON: &str = "neon-sdot-r8";
+/// The same weights on AMX tiles (`tdpbsud`, `rows8::amx`) at every M; the `-vnni-`
+/// variants never take the tiles, and the engine takes them from `AMX_MIN_M` rows.
+const INTERLEAVED_AMX: &str = "avx512-amx-r16";
+/// [`A16`] on AMX tiles at every M.
+const A16_AMX: &str = "avx512-amx-a16";
 
 /// Whether a variant reads the interleaved weights.
 fn is_interleaved(v: &Variant) -> bool {
-    [INTERLEAVED, INTERLEAVED_VNNI, INTERLEAVED_NEON].contains(&v.label.as_str())
+    [
+        INTERLEAVED,
+        INTERLEAVED_VNNI,
+        INTERLEAVED_NEON,
+        INTERLEAVED_AMX,
+    ]
+    .contains(&v.label.as_str())
+}
+
+/// How a variant may use the tile kernel: always for the `-amx-` labels, never for the
+/// others (so each label measures one kernel).
+fn tiles(v: &Variant) -> Tiles {
+    if [INTERLEAVED_AMX, A16_AMX].contains(&v.label.as_str()) {
+        Tiles::Always
+    } else {
+        Tiles::Off
+    }
+}
+
+/// Whether a variant takes 16-bit activations.
+fn is_a16(v: &Variant) -> bool {
+    A16.contains(v) || v.label == A16_AMX
 }
 
 /// 16-bit activations as two 8-bit planes ([`super::qmatmul_a16`]) over the weights as
@@ -110,7 +136,7 @@ const A16: Int8Labels = Int8Labels {
 /// Whether a variant takes activations quantized to integers (8-bit, or 16-bit as two
 /// 8-bit planes).
 fn is_int8(v: &Variant) -> bool {
-    INT8.contains(v) || is_interleaved(v) || A16.contains(v)
+    INT8.contains(v) || is_interleaved(v) || is_a16(v)
 }
 
 /// Whether `dtype`'s weights can be interleaved (every interleaved integer kernel then
@@ -174,6 +200,11 @@ impl OpSpec for QMatmulOp {
         }
         for a16 in A16.variants().into_iter().skip(Isa::available().len()) {
             v.insert(v.len() - 1, a16);
+        }
+        if CpuFeatures::get().amx_int8 && interleaved {
+            for label in [INTERLEAVED_AMX, A16_AMX] {
+                v.insert(v.len() - 1, Variant::labelled(Isa::Avx512, label));
+            }
         }
         v.extend(device_variants("qmatmul", dtype));
         v
@@ -544,7 +575,7 @@ impl<B: BlockFormat> QInstance<B> {
     /// exceed the last-level cache several times, and float64 copies would multiply
     /// their memory by 16 per weight.
     fn operands(&self, v: &Variant) -> (Vec<f64>, Vec<Vec<f64>>) {
-        if A16.contains(v) {
+        if is_a16(v) {
             (
                 self.exact_weights(),
                 self.ops.acts_a16(self.packed.offset()),
@@ -604,9 +635,9 @@ impl<B: BlockFormat> Instance for QInstance<B> {
             if is_interleaved(v) {
                 let w = interleaved
                     .ok_or_else(|| Error::Unsupported(format!("{} for {}", v.label, B::DTYPE)))?;
-                super::qmatmul_int8(v.isa()?, threads, w, x, y)
-            } else if A16.contains(v) {
-                super::qmatmul_a16(v.isa()?, threads, engine_packing, x, y)
+                super::qmatmul_int8_tiles(v.isa()?, tiles(v), threads, w, x, y)
+            } else if is_a16(v) {
+                super::act16::qmatmul_a16_tiles(v.isa()?, tiles(v), threads, engine_packing, x, y)
             } else if INT8.contains(v) {
                 super::qmatmul_int8(v.isa()?, threads, packed, x, y)
             } else {

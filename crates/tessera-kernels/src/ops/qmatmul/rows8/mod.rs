@@ -44,12 +44,16 @@ use super::packed::{CodeLayout, Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};
 use crate::quant::QK;
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod planes;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use amx::{begin_matmul, dots_amx16, AMX_M};
 #[cfg(target_arch = "aarch64")]
 pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
