@@ -3,7 +3,9 @@
 //! Kernels never test CPU features themselves: they ask for an [`Isa`] and the registry
 //! enumerates [`Isa::available`] to run every variant this machine can execute. The
 //! environment variable `TESSERA_ISA` (scalar|avx2|avx512|neon) caps the default choice,
-//! which is how one forces the portable path on a machine that has more.
+//! which is how one forces the portable path on a machine that has more; `TESSERA_AMX=off`
+//! (or `0`) keeps the AMX tile kernels off on a CPU that has them (the AVX-512 VNNI
+//! kernels run instead), to compare the two or to rule tiles out.
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -182,7 +184,7 @@ impl CpuFeatures {
                 v.push("avx512-bf16 kernels (no AVX512_BF16)".into());
             }
             if !self.amx_int8 {
-                v.push("avx512-amx kernels (no AMX-INT8 granted)".into());
+                v.push("avx512-amx kernels (no AMX-INT8 granted, or TESSERA_AMX=off)".into());
             }
         }
         if cfg!(target_arch = "aarch64") && !self.neon_dotprod {
@@ -228,6 +230,7 @@ fn amx_granted() -> bool {
     const TILE: u32 = 1 << 24;
     const INT8: u32 = 1 << 25;
     const XTILE_STATE: u32 = (1 << 17) | (1 << 18);
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
     const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
     const XFEATURE_XTILEDATA: libc::c_long = 18;
     if __cpuid_count(0, 0).eax < 7 || __cpuid_count(7, 0).edx & (TILE | INT8) != TILE | INT8 {
@@ -247,15 +250,29 @@ fn amx_granted() -> bool {
     if xcr0 & XTILE_STATE != XTILE_STATE {
         return false;
     }
+    if matches!(std::env::var("TESSERA_AMX").as_deref(), Ok("off" | "0")) {
+        return false;
+    }
     // SAFETY: arch_prctl with an integer request and argument; it reads and writes no
     // memory of ours and returns 0 or −1.
-    unsafe {
+    let req = unsafe {
         libc::syscall(
             libc::SYS_arch_prctl,
             ARCH_REQ_XCOMP_PERM,
             XFEATURE_XTILEDATA,
-        ) == 0
-    }
+        )
+    };
+    // And the grant reads back (ARCH_GET_XCOMP_PERM: the permitted state components).
+    let mut permitted: u64 = 0;
+    // SAFETY: arch_prctl writes the u64 bitmask to the address given, a live local.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &raw mut permitted,
+        )
+    };
+    req == 0 && got == 0 && permitted & (1 << XFEATURE_XTILEDATA) != 0
 }
 
 #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
