@@ -70,6 +70,8 @@ fn bad_environment_settings_are_reported() {
         ("TESSERA_THREADS", "abc", "TESSERA_THREADS='abc'"),
         ("TESSERA_THREADS", "100000", "TESSERA_THREADS='100000'"),
         ("TESSERA_ISA", "bogus", "TESSERA_ISA='bogus'"),
+        #[cfg(target_arch = "x86_64")]
+        ("TESSERA_AMX", "maybe", "TESSERA_AMX='maybe'"),
     ] {
         let (ok, text) = tessera(&["calibrate", "--threads", "1"], &[(var, value)]);
         assert!(ok, "{var}={value}: {text}");

@@ -5,7 +5,8 @@
 //! environment variable `TESSERA_ISA` (scalar|avx2|avx512|neon) caps the default choice,
 //! which is how one forces the portable path on a machine that has more; `TESSERA_AMX=off`
 //! (or `0`) keeps the AMX tile kernels off on a CPU that has them (the AVX-512 VNNI
-//! kernels run instead), to compare the two or to rule tiles out.
+//! kernels run instead), to compare the two or to rule tiles out (`on`/`1`, the
+//! default, uses them where granted; anything else is reported and ignored).
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -141,7 +142,7 @@ impl CpuFeatures {
             avx512,
             avx512_bf16: avx512 && has!("avx512bf16"),
             avx512_vnni: avx512 && has!("avx512vnni"),
-            amx_int8: avx512 && has!("avx512vnni") && amx_granted(),
+            amx_int8: amx_allowed() && avx512 && has!("avx512vnni") && amx_granted(),
             neon: false,
             neon_dotprod: false,
         }
@@ -217,6 +218,20 @@ impl CpuFeatures {
     }
 }
 
+/// Whether `TESSERA_AMX` leaves the tile kernels on (unset, `on` or `1`); a value that
+/// is none of `on`, `off`, `1`, `0` is reported and leaves them on.
+#[cfg(target_arch = "x86_64")]
+fn amx_allowed() -> bool {
+    match std::env::var("TESSERA_AMX").as_deref() {
+        Ok("off" | "0") => false,
+        Ok("on" | "1") | Err(_) => true,
+        Ok(other) => {
+            eprintln!("tessera: TESSERA_AMX='{other}' is not one of on, off, 1, 0; tiles stay on");
+            true
+        }
+    }
+}
+
 /// Whether this process may run AMX-INT8 tile instructions: the CPU has AMX-TILE and
 /// AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), the OS saves the tile state (XCR0 bits
 /// 17 and 18), and Linux granted the tile data to this process
@@ -248,9 +263,6 @@ fn amx_granted() -> bool {
             options(nomem, nostack, preserves_flags));
     }
     if xcr0 & XTILE_STATE != XTILE_STATE {
-        return false;
-    }
-    if matches!(std::env::var("TESSERA_AMX").as_deref(), Ok("off" | "0")) {
         return false;
     }
     // SAFETY: arch_prctl with an integer request and argument; it reads and writes no
