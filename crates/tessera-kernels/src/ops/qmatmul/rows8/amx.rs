@@ -32,8 +32,8 @@
 //! roundings.
 
 use super::super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
-use super::super::packed::{Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};
-use super::{prefetch_pair, ChunkMeta, Codes, Factored8, Plain, BYTES_CHUNK};
+use super::super::packed::{PackedWeights, GROUP_PAIR_BYTES, ROWS8};
+use super::{group_meta, prefetch_pair, ChunkMeta, Codes, MetaLoop, BYTES_CHUNK};
 use crate::quant::QK;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -221,34 +221,24 @@ pub(in super::super) unsafe fn dots_amx16(
         }
         return;
     }
-    let nb = w.cols / QK;
-    let group = r0 / ROWS8;
-    let at = |j: usize| (group + j) * nb * ROWS8;
-    // SAFETY: as `dots_with`: each group's metadata starts at these offsets.
-    unsafe {
-        match &w.meta {
-            Meta::F32 { scales, mins } => {
-                let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_kind(w, m, !mins.is_empty(), r0, acts, out)
-            }
-            Meta::F16 { scales, mins } => {
-                let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_kind(w, m, !mins.is_empty(), r0, acts, out)
-            }
-            Meta::Factored(f) => {
-                let m = [0, 1].map(|j| {
-                    let s = w.super_index(r0 + j * ROWS8, 0);
-                    Factored8 {
-                        d: f.d.as_ptr().add(s),
-                        neg_dmin: f.neg_dmin.as_ptr().add(s),
-                        sc: f.sc.as_ptr().add(at(j)),
-                        mn: f.mn.as_ptr().add(at(j)),
-                    }
-                });
-                by_kind(w, m, true, r0, acts, out)
-            }
-            Meta::SplitI8(_) => unreachable!("split scales run `planes` (IntKernel::reading)"),
-        }
+    let by_kind = ByKind { w, r0, acts, out };
+    // SAFETY: forwarded contract; group r0/8 + 1 holds row r0 + 8 < rows.
+    unsafe { group_meta(w, r0, 1, by_kind) }
+}
+
+/// [`by_kind`] as a [`MetaLoop`].
+struct ByKind<'a, 'o> {
+    w: &'a PackedWeights,
+    r0: usize,
+    acts: (PanelRows<'a>, Option<PanelRows<'a>>),
+    out: &'o mut [f32],
+}
+
+impl MetaLoop for ByKind<'_, '_> {
+    #[inline(always)]
+    unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
+        // SAFETY: forwarded contract.
+        unsafe { by_kind(self.w, meta, min, self.r0, self.acts, self.out) }
     }
 }
 
@@ -593,7 +583,10 @@ mod tests {
                 let Some(interleaved) = interleaved else {
                     continue;
                 };
-                if matches!(interleaved.meta, super::Meta::SplitI8(_)) {
+                if matches!(
+                    interleaved.meta,
+                    super::super::super::packed::Meta::SplitI8(_)
+                ) {
                     continue; // the split-scale kernel (`planes`) reads these
                 }
                 formats += usize::from(n == 13);

@@ -78,43 +78,89 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
     acts: PanelRows<'_>,
     (out, ld): (&mut [f32], usize),
 ) {
-    let nb = w.cols / QK;
-    let group = r0 / ROWS8;
     let last = r0 + ROWS8 * (L::GROUPS - 1);
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && last < w.rows);
-    debug_assert_eq!(acts.chunks(), nb);
-    // Group `group + j`'s metadata for j < L::GROUPS (the first again past them).
-    let at = |j: usize| (group + j * (L::GROUPS - 1)) * nb * ROWS8;
-    let rows = |j: usize| r0 + j * (L::GROUPS - 1) * ROWS8;
+    debug_assert_eq!(acts.chunks(), w.cols / QK);
+    let by_rows = ByRows::<L, MC> {
+        w,
+        r0,
+        acts,
+        out: (out, ld),
+        lanes: std::marker::PhantomData,
+    };
+    // SAFETY: forwarded contract; the second group exists where L covers two.
+    unsafe { group_meta(w, r0, L::GROUPS - 1, by_rows) }
+}
+
+/// A chunk loop over a call's groups, once their metadata is known ([`group_meta`]).
+trait MetaLoop {
+    /// # Safety
+    /// The loop's own contract, `meta` the groups' metadata.
+    unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool);
+}
+
+/// Runs `f` with the metadata of groups r0/8 and r0/8 + `second` (0: the first again,
+/// for a call covering one group), and whether the format has minima: one place for
+/// every interleaved loop (`dots_with`'s instances and `amx`).
+///
+/// # Safety
+/// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata; r0 a multiple of 8 with
+/// group r0/8 + `second` inside the packed groups; `f`'s contract.
+#[inline(always)]
+unsafe fn group_meta(w: &PackedWeights, r0: usize, second: usize, f: impl MetaLoop) {
+    let nb = w.cols / QK;
+    let group = r0 / ROWS8;
+    let at = |j: usize| (group + j * second) * nb * ROWS8;
     // SAFETY: in each arm each group's metadata starts at these offsets (the packer sized
     // the arrays for every padded group); the rest is forwarded.
     unsafe {
         match &w.meta {
             Meta::F32 { scales, mins } => {
                 debug_assert!(scales.len() >= at(1) + nb * ROWS8);
-                let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, (out, ld))
+                f.run(
+                    [0, 1].map(|j| Plain::of(scales, mins, at(j))),
+                    !mins.is_empty(),
+                )
             }
             Meta::F16 { scales, mins } => {
                 debug_assert!(scales.len() >= at(1) + nb * ROWS8);
-                let m = [0, 1].map(|j| Plain::of(scales, mins, at(j)));
-                by_rows::<L, _, MC>(w, m, !mins.is_empty(), r0, acts, (out, ld))
+                f.run(
+                    [0, 1].map(|j| Plain::of(scales, mins, at(j))),
+                    !mins.is_empty(),
+                )
             }
-            Meta::Factored(f) => {
-                debug_assert!(f.sc.len() >= at(1) + nb * ROWS8);
+            Meta::Factored(fm) => {
+                debug_assert!(fm.sc.len() >= at(1) + nb * ROWS8);
                 let m = [0, 1].map(|j| {
-                    let s = w.super_index(rows(j), 0);
+                    let s = w.super_index(r0 + j * second * ROWS8, 0);
                     Factored8 {
-                        d: f.d.as_ptr().add(s),
-                        neg_dmin: f.neg_dmin.as_ptr().add(s),
-                        sc: f.sc.as_ptr().add(at(j)),
-                        mn: f.mn.as_ptr().add(at(j)),
+                        d: fm.d.as_ptr().add(s),
+                        neg_dmin: fm.neg_dmin.as_ptr().add(s),
+                        sc: fm.sc.as_ptr().add(at(j)),
+                        mn: fm.mn.as_ptr().add(at(j)),
                     }
                 });
-                by_rows::<L, _, MC>(w, m, true, r0, acts, (out, ld))
+                f.run(m, true)
             }
             Meta::SplitI8(_) => unreachable!("split scales run `planes` (IntKernel::reading)"),
         }
+    }
+}
+
+/// [`by_rows`] as a [`MetaLoop`].
+struct ByRows<'a, 'o, L, const MC: usize> {
+    w: &'a PackedWeights,
+    r0: usize,
+    acts: PanelRows<'a>,
+    out: (&'o mut [f32], usize),
+    lanes: std::marker::PhantomData<L>,
+}
+
+impl<L: RowLanes, const MC: usize> MetaLoop for ByRows<'_, '_, L, MC> {
+    #[inline(always)]
+    unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
+        // SAFETY: forwarded contract.
+        unsafe { by_rows::<L, C, MC>(self.w, meta, min, self.r0, self.acts, self.out) }
     }
 }
 
