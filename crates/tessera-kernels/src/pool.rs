@@ -336,8 +336,16 @@ fn threads_from(var: Option<&str>, cores: usize) -> (usize, Option<String>) {
 
 /// A raw pointer that tasks on several threads may share; each task must write a
 /// disjoint part of what it points to (the reason every use carries a SAFETY note).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct SharedMut<T>(pub *mut T);
+
+// Copy for every T (a derive would ask T: Copy): it copies the pointer, not the pointee.
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 // SAFETY: SharedMut is only a carrier; users guarantee disjoint access per task.
 unsafe impl<T> Send for SharedMut<T> {}
 // SAFETY: as above.

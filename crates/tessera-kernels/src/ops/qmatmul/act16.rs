@@ -17,9 +17,8 @@
 //! reach ±128).
 
 use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{int_operands, run_int8, ActScales, Tiles, SMALL_M};
+use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles};
 use crate::multiversion;
-use crate::pool;
 use crate::quant::QK;
 use crate::reuse::with_reused;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
@@ -129,18 +128,10 @@ pub(super) fn qmatmul_a16_tiles(
         if acts.len() < 2 * m {
             acts.resize_with(2 * m, QuantActs::default);
         }
-        let split = |i0: usize, c: &mut [QuantActs]| {
-            for (i, p) in c.chunks_exact_mut(2).enumerate() {
-                let [hi, lo] = p else { unreachable!("pairs") };
-                QuantActs::refill_split(hi, lo, row(i0 / 2 + i), w.offset());
-            }
-        };
-        if m <= SMALL_M {
-            split(0, &mut acts[..2 * m]);
-        } else {
-            let per_task = 2 * m.div_ceil(threads.max(1));
-            pool::global().for_each_chunk_mut(&mut acts[..2 * m], per_task, threads, split);
-        }
+        let (pairs_of_acts, _) = acts[..2 * m].as_chunks_mut::<2>();
+        each_row_mut(pairs_of_acts, k, threads, |i, [hi, lo]| {
+            QuantActs::refill_split(hi, lo, row(i), w.offset())
+        });
         // Grown, never shrunk: the LM head's 2×49152 after a layer's 2×576 would zero
         // ~0.4 MB again every token (memset was 1.3% of a16 decode's samples).
         if pairs.len() < 2 * m * n {
@@ -158,15 +149,21 @@ pub(super) fn qmatmul_a16_tiles(
         let yl = *y.layout();
         let (ld, step, origin) = (yl.stride(0), yl.stride(1), yl.offset());
         let out = y.data_mut();
-        for (i, two) in pairs[..2 * m * n].chunks_exact(2 * n).enumerate() {
-            let (h, l) = two.split_at(n);
-            if step == 1 {
-                // Contiguous rows (every engine call): a loop the compiler vectorizes.
-                let row = &mut out[origin + i * ld..][..n];
-                for ((o, a), b) in row.iter_mut().zip(h).zip(l) {
+        let pair = |i: usize| pairs[2 * i * n..][..2 * n].split_at(n);
+        if step == 1 && ld >= n {
+            // Contiguous rows (every engine call): a loop the compiler vectorizes, on
+            // every thread for a batch (16 rows × the LM head's 49152 outputs are ~9 MB
+            // of traffic, ~0.5 ms on one thread).
+            let mut rows: Vec<&mut [f32]> = out[origin..].chunks_mut(ld).take(m).collect();
+            each_row_mut(&mut rows, n, threads, |i, row| {
+                let (h, l) = pair(i);
+                for ((o, a), b) in row[..n].iter_mut().zip(h).zip(l) {
                     *o = a + b;
                 }
-            } else {
+            });
+        } else {
+            for i in 0..m {
+                let (h, l) = pair(i);
                 for (j, (a, b)) in h.iter().zip(l).enumerate() {
                     out[origin + i * ld + j * step] = a + b;
                 }
@@ -272,6 +269,49 @@ mod tests {
             let want = run(Isa::Scalar, &x, 128);
             for isa in Isa::available() {
                 assert!(run(isa, &x, 128) == want, "{isa} K = {k}, scale {scale}");
+            }
+        }
+    }
+
+    /// On two threads (the split and the planes' sums spread over them from
+    /// [`super::PARALLEL_QUANT_VALUES`] values), contiguous outputs and outputs in rows
+    /// strided past N (a view into a wider buffer) hold the one-thread call's values bit
+    /// for bit — each output comes from the same kernel pass and one addition whatever
+    /// the threads — and the gaps between rows stay untouched. M = 16 at K = 288 and
+    /// N = 264 takes the threads' path for both; M = 3 stays on the caller.
+    #[test]
+    fn threaded_and_row_strided_outputs_match_one_thread() {
+        use crate::quant::{ggml::BlockQ4_1, QuantMatrix};
+        let mut rng = rand::rng();
+        let (n, k) = (264, 9 * QK);
+        assert!(16 * k >= super::super::PARALLEL_QUANT_VALUES);
+        assert!(16 * n >= super::super::PARALLEL_QUANT_VALUES);
+        let data: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let w = PackedWeights::new(&QuantMatrix::<BlockQ4_1>::quantize(n, k, &data).unwrap());
+        for m in [3, 16] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let xv = TensorView::contiguous(&x, &[m, k]).unwrap();
+            let run = |threads: usize, ld: usize| {
+                let mut y = vec![-7.0f32; m * ld];
+                let layout = tessera_core::Layout::strided(&[m, n], &[ld, 1], 0).unwrap();
+                let mut yv = TensorViewMut::new(&mut y, layout).unwrap();
+                qmatmul_a16(Isa::best(), threads, &w, &xv, &mut yv).unwrap();
+                y
+            };
+            let want = run(1, n);
+            assert!(want.iter().all(|v| v.is_finite()), "M {m}");
+            for ld in [n, n + 5] {
+                let got = run(2, ld);
+                for i in 0..m {
+                    for j in 0..ld {
+                        let (g, at) = (got[i * ld + j], format!("M {m}, ld {ld}, ({i}, {j})"));
+                        if j < n {
+                            assert_eq!(g.to_bits(), want[i * n + j].to_bits(), "{at}");
+                        } else {
+                            assert_eq!(g, -7.0, "{at}: a gap was written");
+                        }
+                    }
+                }
             }
         }
     }

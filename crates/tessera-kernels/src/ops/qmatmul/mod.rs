@@ -291,21 +291,9 @@ fn int8_path(
         if acts.len() < m {
             acts.resize_with(m, QuantActs::default);
         }
-        let row = |i: usize| &xs[i * ld..][..k];
-        if m <= SMALL_M {
-            for (i, a) in acts[..m].iter_mut().enumerate() {
-                a.refill(row(i), w.offset(), act);
-            }
-        } else {
-            // Prefill rows on every thread: on one, 512 of them took as long as the
-            // whole k/v matmul (docs/performance.md).
-            let per_task = m.div_ceil(threads.max(1));
-            pool::global().for_each_chunk_mut(&mut acts[..m], per_task, threads, |i0, c| {
-                for (i, a) in c.iter_mut().enumerate() {
-                    a.refill(row(i0 + i), w.offset(), act);
-                }
-            });
-        }
+        each_row_mut(&mut acts[..m], k, threads, |i, a| {
+            a.refill(&xs[i * ld..][..k], w.offset(), act)
+        });
     };
     // Calls up to a prefill's size reuse this thread's buffers (decode makes hundreds of
     // calls per token; a fresh 512-row set was ~3 500 allocations and their page
@@ -321,6 +309,40 @@ fn int8_path(
         run_int8(isa, threads, w, (act, tiles), &acts[..m], y);
     });
     Ok(())
+}
+
+/// Activation values (rows × K) from which a matmul quantizes its rows on the pool's
+/// threads: below, one thread's pass (~0.5 ns a value on host H) costs less than waking
+/// the others.
+const PARALLEL_QUANT_VALUES: usize = 4096;
+
+/// Runs `f(i, &mut items[i])` for every row, split into one contiguous run of rows per
+/// thread when the rows hold at least [`PARALLEL_QUANT_VALUES`] values (`k` each).
+/// Batched steps quantize 16 rows before each matmul, and 16-bit activations sum two
+/// planes' outputs after it; on the caller alone the other threads wait. Host H, 16
+/// streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on one thread
+/// (the mean K of 816; a timer around it, ~10% of the int8 step), 8.7 on two; with the
+/// planes' sums spread too, 16-bit steps ran 5–8% faster (3 alternated rounds).
+fn each_row_mut<T: Send>(
+    items: &mut [T],
+    k: usize,
+    threads: usize,
+    f: impl Fn(usize, &mut T) + Sync,
+) {
+    let m = items.len();
+    let tasks = threads.min(m);
+    if tasks <= 1 || m * k < PARALLEL_QUANT_VALUES {
+        items.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+        return;
+    }
+    let base = SharedMut(items.as_mut_ptr());
+    pool::global().run(tasks, threads, |t| {
+        let (i0, i1) = (t * m / tasks, (t + 1) * m / tasks);
+        // SAFETY: task t alone owns items[i0..i1] (the runs partition 0..m), and `items`
+        // outlives the pool job.
+        let run = unsafe { std::slice::from_raw_parts_mut(base.get().add(i0), i1 - i0) };
+        run.iter_mut().enumerate().for_each(|(i, x)| f(i0 + i, x));
+    });
 }
 
 /// Most activation rows whose quantized buffers a thread keeps between integer matmuls:
