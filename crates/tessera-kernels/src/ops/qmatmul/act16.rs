@@ -316,6 +316,59 @@ mod tests {
         }
     }
 
+    /// The engine's 16-bit entry (`qmatmul_packed_a16`) at decode, batch and prefill
+    /// sizes — M = 1, 16, 80, 130, the last two past `INT8_BATCH_M`: on AMX tiles where
+    /// they serve Q4_1 (`a16_prefill_pays`), else dequantize + f32 GEMM — against
+    /// float64 over the dequantized weights and the unrounded x. Each output may differ
+    /// by every activation's half step of 16-bit rounding (1/64 770 of its block's
+    /// largest |x|, with [`STEP_ROUNDING_SLACK`]) times |w|, plus [`super::super::TOL_INT8`]'s
+    /// f32 accumulation relative to Σ|w·x|.
+    #[test]
+    fn packed_a16_entry_matches_float64_at_every_m() {
+        use crate::quant::{ggml::BlockQ4_1, QuantMatrix};
+        let mut rng = rand::rng();
+        let (n, k) = (72, 6 * QK);
+        let data: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let w = PackedWeights::new(&QuantMatrix::<BlockQ4_1>::quantize(n, k, &data).unwrap());
+        let wf: Vec<Vec<f64>> = (0..n)
+            .map(|r| {
+                let mut row = vec![0f32; k];
+                w.dequantize_row(r, &mut row);
+                row.into_iter().map(f64::from).collect()
+            })
+            .collect();
+        for m in [1, 16, 80, 130] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| rng.random_range(-1.0f32..1.0) * if i % 11 == 0 { 8.0 } else { 1.0 })
+                .collect();
+            let mut y = vec![f32::NAN; m * n];
+            let xv = TensorView::contiguous(&x, &[m, k]).unwrap();
+            let mut yv = TensorViewMut::contiguous(&mut y, &[m, n]).unwrap();
+            super::super::qmatmul_packed_a16(Isa::best(), 2, &w, &xv, &mut yv).unwrap();
+            for i in 0..m {
+                let xr = &x[i * k..][..k];
+                let half_step: Vec<f64> = xr
+                    .chunks_exact(QK)
+                    .flat_map(|b| {
+                        let amax = b.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                        [amax / 64770.0 * STEP_ROUNDING_SLACK; QK]
+                    })
+                    .collect();
+                for (j, wr) in wf.iter().enumerate() {
+                    let want: f64 = wr.iter().zip(xr).map(|(a, &b)| a * b as f64).sum();
+                    let mag: f64 = wr.iter().zip(xr).map(|(a, &b)| (a * b as f64).abs()).sum();
+                    let rounding: f64 = wr.iter().zip(&half_step).map(|(a, h)| a.abs() * h).sum();
+                    let bound = rounding + super::super::TOL_INT8.rel * mag;
+                    let got = y[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "M {m} ({i}, {j}): {got} vs {want}, bound {bound}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A non-finite value makes its block's scales NaN in both planes, and leaves the
     /// other blocks alone.
     #[test]

@@ -151,8 +151,9 @@ pub fn qmatmul_packed(
 }
 
 /// [`qmatmul_packed`] with 16-bit activations ([`qmatmul_a16`]) up to
-/// [`INT8_BATCH_M`] rows, and f32 activations beyond (prefill, where two 8-bit planes
-/// would double the integer path's work and dequantize + GEMM is the faster).
+/// [`INT8_BATCH_M`] rows, and beyond (prefill) where [`a16_prefill_pays`]; else f32
+/// activations (two 8-bit planes double the integer path's work, and on vector
+/// instructions dequantize + GEMM is then the faster).
 pub fn qmatmul_packed_a16(
     isa: Isa,
     threads: usize,
@@ -161,10 +162,29 @@ pub fn qmatmul_packed_a16(
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
     let (m, _) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m <= INT8_BATCH_M {
+    if m <= INT8_BATCH_M || a16_prefill_pays(isa, w) {
         return qmatmul_a16(engine_int8_isa(isa, w), threads, w, x, y);
     }
     packed_f32(isa, threads, w, x, y)
+}
+
+/// Whether a prefill over `w` is faster with 16-bit activations on AMX tiles than
+/// through dequantize + f32 GEMM: for the formats whose 8-bit prefill pays
+/// ([`int8_prefill_pays`]), where the tile kernel serves them. Host H (Intel, AMX, 2
+/// threads, 2026-12-02, `tessera bench qmatmul --shape S --variant
+/// avx512|avx512-amx-a16`, cold, 2 rounds), tiles ÷ GEMM: Q4_1 512×3072×576 0.82–0.86,
+/// 512×576×1536 0.75–0.78, 512×960×576 0.83–0.93, 512×576×576 0.97, 128×3072×576 0.66,
+/// 96×576×576 0.76; Q4_0 0.78 / 0.77, Q5_0 0.87 / 0.78, Q4_K and Q5_K 512×576×1536
+/// 0.85 / 0.83 (one round).
+fn a16_prefill_pays(isa: Isa, w: &PackedWeights) -> bool {
+    let isa = engine_int8_isa(isa, w);
+    #[cfg(target_arch = "x86_64")]
+    if int8_prefill_pays(isa, w) {
+        let kernel = IntKernel::for_isa(isa).reading(w);
+        return kernel.with_tiles(Tiles::Auto, usize::MAX) == IntKernel::AmxRows16;
+    }
+    let _ = isa;
+    false
 }
 
 /// Packed weights against f32 activations: dequantize + GEMM.
