@@ -151,7 +151,7 @@ pub fn qmatmul_packed(
 }
 
 /// [`qmatmul_packed`] with 16-bit activations ([`qmatmul_a16`]) up to
-/// [`INT8_BATCH_M`] rows, and beyond (prefill) where [`a16_prefill_pays`]; else f32
+/// [`INT8_BATCH_M`] rows, and beyond (prefill) where tiles pay (`a16_prefill_pays`); else f32
 /// activations (two 8-bit planes double the integer path's work, and on vector
 /// instructions dequantize + GEMM is then the faster).
 pub fn qmatmul_packed_a16(
@@ -331,13 +331,13 @@ fn int8_path(
     Ok(())
 }
 
-/// Activation values (rows × K) from which a matmul quantizes its rows on the pool's
-/// threads: below, one thread's pass (~0.5 ns a value on host H) costs less than waking
-/// the others.
-const PARALLEL_QUANT_VALUES: usize = 4096;
+/// Values (rows × per-row length) from which [`each_row_mut`] spreads rows over the
+/// pool's threads: below, one thread's pass costs less than waking the others (host H
+/// quantizes ~0.5 ns a value: 4.9 µs for 16 × 576 in a timing loop).
+const PARALLEL_ROW_VALUES: usize = 4096;
 
 /// Runs `f(i, &mut items[i])` for every row, split into one contiguous run of rows per
-/// thread when the rows hold at least [`PARALLEL_QUANT_VALUES`] values (`k` each).
+/// thread when the rows hold at least [`PARALLEL_ROW_VALUES`] values (`k` each).
 /// Batched steps quantize 16 rows before each matmul, and 16-bit activations sum two
 /// planes' outputs after it; on the caller alone the other threads wait. Host H, 16
 /// streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on one thread
@@ -351,7 +351,7 @@ fn each_row_mut<T: Send>(
 ) {
     let m = items.len();
     let tasks = threads.min(m);
-    if tasks <= 1 || m * k < PARALLEL_QUANT_VALUES {
+    if tasks <= 1 || m * k < PARALLEL_ROW_VALUES {
         items.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
         return;
     }

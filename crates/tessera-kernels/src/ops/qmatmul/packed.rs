@@ -814,4 +814,4 @@ mod dequant;
 
 #[cfg(test)]
 #[path = "packed_tests.rs"]
-mod tests;
+pub(super) mod tests;

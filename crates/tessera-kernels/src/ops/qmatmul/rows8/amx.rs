@@ -536,6 +536,7 @@ unsafe fn finish<
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::packed::tests::REORDER_TOL;
     use super::super::super::{qmatmul_int8, qmatmul_int8_tiles, PackedWeights, Tiles};
     use crate::quant::{QuantMatrix, BLOCK_DTYPES};
     use rand::{Rng, SeedableRng};
@@ -603,7 +604,7 @@ mod tests {
                         });
                         for (g, w) in got.iter().zip(&want) {
                             assert!(
-                                (g - w).abs() <= 1e-5 * scale,
+                                (g - w).abs() <= REORDER_TOL as f32 * scale,
                                 "{dtype} {n}x{k} m {m} threads {threads}: {g} vs {w}"
                             );
                         }
