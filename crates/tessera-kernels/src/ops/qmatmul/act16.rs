@@ -17,7 +17,7 @@
 //! reach ±128).
 
 use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles};
+use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles, PARALLEL_ROW_VALUES};
 use crate::multiversion;
 use crate::quant::QK;
 use crate::reuse::with_reused;
@@ -154,13 +154,20 @@ pub(super) fn qmatmul_a16_tiles(
             // Contiguous rows (every engine call): a loop the compiler vectorizes, on
             // every thread for a batch (16 rows of the LM head read 6.3 MB of plane
             // outputs and write 3.1 MB).
-            let mut rows: Vec<&mut [f32]> = out[origin..].chunks_mut(ld).take(m).collect();
-            each_row_mut(&mut rows, n, threads, |i, row| {
+            let add = |i: usize, row: &mut [f32]| {
                 let (h, l) = pair(i);
                 for ((o, a), b) in row[..n].iter_mut().zip(h).zip(l) {
                     *o = a + b;
                 }
-            });
+            };
+            let rows = out[origin..].chunks_mut(ld).take(m);
+            if m * n < PARALLEL_ROW_VALUES {
+                // One thread (every decode row): no list of rows to allocate.
+                rows.enumerate().for_each(|(i, row)| add(i, row));
+            } else {
+                let mut rows: Vec<&mut [f32]> = rows.collect();
+                each_row_mut(&mut rows, n, threads, |i, row| add(i, row));
+            }
         } else {
             for i in 0..m {
                 let (h, l) = pair(i);

@@ -355,13 +355,10 @@ fn each_row_mut<T: Send>(
         items.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
         return;
     }
-    let base = SharedMut(items.as_mut_ptr());
-    pool::global().run(tasks, threads, |t| {
-        let (i0, i1) = (t * m / tasks, (t + 1) * m / tasks);
-        // SAFETY: task t alone owns items[i0..i1] (the runs partition 0..m), and `items`
-        // outlives the pool job.
-        let run = unsafe { std::slice::from_raw_parts_mut(base.get().add(i0), i1 - i0) };
-        run.iter_mut().enumerate().for_each(|(i, x)| f(i0 + i, x));
+    pool::global().for_each_chunk_mut(items, m.div_ceil(tasks), threads, |first, run| {
+        run.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| f(first + i, x))
     });
 }
 
