@@ -362,6 +362,29 @@ fn threads_from(var: Option<&str>, cores: usize) -> (usize, Option<String>) {
     }
 }
 
+/// Values (rows × row length) from which row-by-row work is spread over the pool:
+/// below, one thread's pass costs less than waking the others. Host H (Intel, 2
+/// threads, 2026-12-02): activation quantization ~0.5 ns a value (16 × 576 in 4.9 µs);
+/// the fused residual norm at 576 values a row (`bench-serve --profile`, 2 runs each)
+/// 2 and 4 rows faster on one thread (0.7–0.8 against 1.5 µs, 1.2 against 1.8), 8 rows
+/// a tie (2.4–2.5 against 2.2–2.3), 16 rows faster on two (3.3–3.4 against 4.3–4.5).
+pub(crate) const PARALLEL_ROW_VALUES: usize = 4096;
+
+/// How `rows` rows of `row_len` values split over at most `threads` threads: (tasks,
+/// rows per task), one contiguous run per thread from [`PARALLEL_ROW_VALUES`] values,
+/// else one task (run inline by [`ThreadPool::run`]). Not a task per row: each task is
+/// a claim on the job's shared counter, whose cache line then bounces between the
+/// cores once per row (the residual norm at 16 rows took 8.3 µs so, 3.3 in two runs; a
+/// 512-row prefill 116–122 µs against 39–41).
+pub(crate) fn row_runs(rows: usize, row_len: usize, threads: usize) -> (usize, usize) {
+    let tasks = if rows * row_len < PARALLEL_ROW_VALUES {
+        1
+    } else {
+        threads.clamp(1, rows.max(1))
+    };
+    (tasks, rows.div_ceil(tasks).max(1))
+}
+
 /// A raw pointer that tasks on several threads may share; each task must write a
 /// disjoint part of what it points to (the reason every use carries a SAFETY note).
 #[derive(Debug)]

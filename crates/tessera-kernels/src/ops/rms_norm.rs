@@ -127,15 +127,25 @@ pub fn rms_norm_residual(
         SharedMut(residual.as_mut_ptr()),
         SharedMut(out.as_mut_ptr()),
     );
-    pool::global().run(rows, pool::global().threads(), |r| {
-        // SAFETY: row r of two distinct buffers of rows·n elements; each task owns row r.
+    let threads = pool::global().threads();
+    let (tasks, per) = pool::row_runs(rows, n, threads);
+    pool::global().run(tasks, threads, |t| {
+        let (r0, r1) = (t * per, ((t + 1) * per).min(rows));
+        // SAFETY: rows r0..r1 of two distinct buffers of rows·n elements; the tasks'
+        // runs partition 0..rows, so each task owns its rows.
         let (h, o) = unsafe {
             (
-                std::slice::from_raw_parts_mut(rp.get().add(r * n), n),
-                std::slice::from_raw_parts_mut(op.get().add(r * n), n),
+                std::slice::from_raw_parts_mut(rp.get().add(r0 * n), (r1 - r0) * n),
+                std::slice::from_raw_parts_mut(op.get().add(r0 * n), (r1 - r0) * n),
             )
         };
-        add_norm_row(isa, &x[r * n..(r + 1) * n], h, &p.gamma, p.eps, o);
+        for ((xr, hr), or) in x[r0 * n..r1 * n]
+            .chunks_exact(n)
+            .zip(h.chunks_exact_mut(n))
+            .zip(o.chunks_exact_mut(n))
+        {
+            add_norm_row(isa, xr, hr, &p.gamma, p.eps, or);
+        }
     });
     Ok(())
 }
@@ -207,5 +217,75 @@ impl RowOpDesc for RmsNormResidual {
     }
     fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>> {
         Some((0..n).chain([n + col]).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::verify::rel_error_finite;
+    use rand::Rng;
+
+    /// The engine's fused entry against float64, row by row, at row counts on both sides
+    /// of the split into per-thread runs (`pool::row_runs`: 7 × 576 values stay on one
+    /// thread, 8 × 576 split) and runs of unequal length (17, 33 rows on two threads),
+    /// with the output poisoned: a row skipped, done twice or shifted fails.
+    #[test]
+    fn residual_entry_matches_float64_on_every_split() {
+        let mut rng = rand::rng();
+        for n in [64, 576] {
+            for rows in [1, 3, 7, 8, 16, 17, 33] {
+                let mut draw = |len: usize, s: f32| -> Vec<f32> {
+                    (0..len).map(|_| rng.random_range(-s..s)).collect()
+                };
+                let (x, r0) = (draw(rows * n, 2.0), draw(rows * n, 3.0));
+                let p = RmsNorm {
+                    gamma: draw(n, 1.5),
+                    eps: 1e-6,
+                };
+                let mut residual = r0.clone();
+                let mut out = vec![f32::NAN; rows * n];
+                rms_norm_residual(Isa::best(), &x, &mut residual, &p, &mut out).unwrap();
+                for i in 0..rows {
+                    let row = i * n..(i + 1) * n;
+                    let h: Vec<f64> = x[row.clone()]
+                        .iter()
+                        .zip(&r0[row.clone()])
+                        .map(|(&a, &b)| a as f64 + b as f64)
+                        .collect();
+                    let ms = h.iter().map(|v| v * v).sum::<f64>() / n as f64;
+                    let scale = 1.0 / (ms + p.eps as f64).sqrt();
+                    let want: Vec<f64> = h
+                        .iter()
+                        .zip(&p.gamma)
+                        .map(|(v, &g)| v * scale * g as f64)
+                        .collect();
+                    let as_f64 = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+                    let at = format!("{rows} rows of {n}, row {i}");
+                    let e_h = rel_error_finite(&as_f64(&residual[row.clone()]), &h);
+                    assert!(
+                        e_h <= super::super::add::TOL.rel,
+                        "{at}: residual error {e_h:.2e}"
+                    );
+                    let e_o = rel_error_finite(&as_f64(&out[row]), &want);
+                    assert!(e_o <= TOL.rel, "{at}: output error {e_o:.2e}");
+                }
+            }
+        }
+    }
+
+    /// Mismatched buffers are an error, not a panic or a partial write.
+    #[test]
+    fn residual_entry_rejects_mismatched_buffers() {
+        let p = RmsNorm {
+            gamma: vec![1.0; 4],
+            eps: 1e-6,
+        };
+        let (x, mut r, mut o) = (vec![0.5f32; 8], vec![0.0f32; 8], vec![f32::NAN; 12]);
+        assert!(rms_norm_residual(Isa::best(), &x, &mut r, &p, &mut o).is_err());
+        assert!(r.iter().all(|&v| v == 0.0), "nothing written on error");
+        let mut o = vec![0.0f32; 6];
+        let (x6, mut r6) = (vec![0.5f32; 6], vec![0.0f32; 6]);
+        assert!(rms_norm_residual(Isa::best(), &x6, &mut r6, &p, &mut o).is_err());
     }
 }

@@ -17,8 +17,9 @@
 //! reach ±128).
 
 use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles, PARALLEL_ROW_VALUES};
+use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles};
 use crate::multiversion;
+use crate::pool::PARALLEL_ROW_VALUES;
 use crate::quant::QK;
 use crate::reuse::with_reused;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
@@ -281,7 +282,7 @@ mod tests {
     }
 
     /// On two threads (the split and the planes' sums spread over them from
-    /// [`super::PARALLEL_ROW_VALUES`] values), contiguous outputs and outputs in rows
+    /// [`PARALLEL_ROW_VALUES`] values), contiguous outputs and outputs in rows
     /// strided past N (a view into a wider buffer) hold the one-thread call's values bit
     /// for bit — each output comes from the same kernel pass and one addition whatever
     /// the threads — and the gaps between rows stay untouched. M = 16 at K = 288 and
@@ -291,8 +292,8 @@ mod tests {
         use crate::quant::{ggml::BlockQ4_1, QuantMatrix};
         let mut rng = rand::rng();
         let (n, k) = (264, 9 * QK);
-        assert!(16 * k >= super::super::PARALLEL_ROW_VALUES);
-        assert!(16 * n >= super::super::PARALLEL_ROW_VALUES);
+        assert!(16 * k >= PARALLEL_ROW_VALUES);
+        assert!(16 * n >= PARALLEL_ROW_VALUES);
         let data: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
         let w = PackedWeights::new(&QuantMatrix::<BlockQ4_1>::quantize(n, k, &data).unwrap());
         for m in [3, 16] {

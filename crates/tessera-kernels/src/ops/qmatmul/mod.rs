@@ -331,31 +331,26 @@ fn int8_path(
     Ok(())
 }
 
-/// Values (rows × per-row length) from which [`each_row_mut`] spreads rows over the
-/// pool's threads: below, one thread's pass costs less than waking the others (host H
-/// quantizes ~0.5 ns a value: 4.9 µs for 16 × 576 in a timing loop).
-const PARALLEL_ROW_VALUES: usize = 4096;
-
 /// Runs `f(i, &mut items[i])` for every row, split into one contiguous run of rows per
-/// thread when the rows hold at least [`PARALLEL_ROW_VALUES`] values (`k` each).
-/// Batched steps quantize 16 rows before each matmul, and 16-bit activations sum two
-/// planes' outputs after it; on the caller alone the other threads wait. Host H, 16
-/// streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on one thread
-/// (the mean K of 816; a timer around it, ~10% of the int8 step), 8.7 on two; with the
-/// planes' sums spread too, 16-bit steps ran 5–8% faster (3 alternated rounds).
+/// thread when the rows hold at least [`pool::PARALLEL_ROW_VALUES`] values (`k` each,
+/// [`pool::row_runs`]). Batched steps quantize 16 rows before each matmul, and 16-bit
+/// activations sum two planes' outputs after it; on the caller alone the other threads
+/// wait. Host H, 16 streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a
+/// matmul on one thread (the mean K of 816; a timer around it, ~10% of the int8 step),
+/// 8.7 on two; with the planes' sums spread too, 16-bit steps ran 5–8% faster (3
+/// alternated rounds).
 fn each_row_mut<T: Send>(
     items: &mut [T],
     k: usize,
     threads: usize,
     f: impl Fn(usize, &mut T) + Sync,
 ) {
-    let m = items.len();
-    let tasks = threads.min(m);
-    if tasks <= 1 || m * k < PARALLEL_ROW_VALUES {
+    let (tasks, per) = pool::row_runs(items.len(), k, threads);
+    if tasks <= 1 {
         items.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
         return;
     }
-    pool::global().for_each_chunk_mut(items, m.div_ceil(tasks), threads, |first, run| {
+    pool::global().for_each_chunk_mut(items, per, threads, |first, run| {
         run.iter_mut()
             .enumerate()
             .for_each(|(i, x)| f(first + i, x))
