@@ -370,19 +370,27 @@ fn threads_from(var: Option<&str>, cores: usize) -> (usize, Option<String>) {
 /// a tie (2.4–2.5 against 2.2–2.3), 16 rows faster on two (3.3–3.4 against 4.3–4.5).
 pub(crate) const PARALLEL_ROW_VALUES: usize = 4096;
 
+/// Values a task takes at least once work is split (~64 KiB of f32): large inputs go
+/// in tasks of this size, claimed as threads free up, so a thread slowed by another
+/// process takes fewer; the dispatch (~0.5 µs) stays small beside each.
+pub(crate) const MIN_TASK_VALUES: usize = 16 * 1024;
+
 /// How `rows` rows of `row_len` values split over at most `threads` threads: (tasks,
-/// rows per task), one contiguous run per thread from [`PARALLEL_ROW_VALUES`] values,
-/// else one task (run inline by [`ThreadPool::run`]). Not a task per row: each task is
-/// a claim on the job's shared counter, whose cache line then bounces between the
-/// cores once per row (the residual norm at 16 rows took 8.3 µs so, 3.3 in two runs; a
+/// rows per task), in equal contiguous runs. Below [`PARALLEL_ROW_VALUES`] values one
+/// task (run inline by [`ThreadPool::run`]); above, one run per thread, or runs of
+/// about [`MIN_TASK_VALUES`] where there are more. Not a task per row: each task is a
+/// claim on the job's shared counter, whose cache line then bounces between the cores
+/// once per row (the residual norm at 16 rows took 8.3 µs so, 3.3 in two runs; a
 /// 512-row prefill 116–122 µs against 39–41).
 pub(crate) fn row_runs(rows: usize, row_len: usize, threads: usize) -> (usize, usize) {
-    let tasks = if rows * row_len < PARALLEL_ROW_VALUES {
+    let values = rows * row_len;
+    let tasks = if values < PARALLEL_ROW_VALUES {
         1
     } else {
-        threads.clamp(1, rows.max(1))
+        threads.max(values / MIN_TASK_VALUES).clamp(1, rows.max(1))
     };
-    (tasks, rows.div_ceil(tasks).max(1))
+    let per = rows.div_ceil(tasks).max(1);
+    (rows.div_ceil(per).max(1), per)
 }
 
 /// A raw pointer that tasks on several threads may share; each task must write a
@@ -427,6 +435,35 @@ mod tests {
     }
 
     use super::*;
+
+    /// Runs partition the rows in order, none empty, equal but the last; one task below
+    /// the threshold, one per thread just above it, ~MIN_TASK_VALUES each far above.
+    #[test]
+    fn row_runs_partition_the_rows() {
+        for (rows, len, threads) in [
+            (0, 576, 2),
+            (1, 576, 2),
+            (7, 576, 2),
+            (8, 576, 2),
+            (16, 1536, 2),
+            (17, 576, 3),
+            (512, 576, 2),
+            (100_000, 1, 4),
+        ] {
+            let (tasks, per) = row_runs(rows, len, threads);
+            assert!(tasks >= 1 && per >= 1, "{rows}x{len}");
+            assert!(
+                (tasks - 1) * per < rows.max(1) && tasks * per >= rows,
+                "{rows}x{len}"
+            );
+            if rows * len < PARALLEL_ROW_VALUES {
+                assert_eq!(tasks, 1, "{rows}x{len}");
+            } else {
+                assert!(tasks >= threads.min(rows), "{rows}x{len}: {tasks} tasks");
+                assert!(per * len <= MIN_TASK_VALUES.max(rows * len / threads) + len);
+            }
+        }
+    }
 
     #[test]
     fn every_task_runs_once() {

@@ -21,8 +21,8 @@ pub trait RowKernel: Sync {
     fn row(&self, isa: Isa, row: usize, x: &[&[f32]], out: &mut [f32]);
 }
 
-/// Elements each task handles at least: ~64 KiB of f32, so dispatch (~0.2 µs) is noise.
-const MIN_ELEMS_PER_TASK: usize = 16 * 1024;
+/// Most input row streams an op reads (SwiGLU and the residual norm read two).
+pub const MAX_INPUTS: usize = 4;
 
 /// Flat row count and row length of a rank-2/3 view (rows = product of leading dims).
 fn rows_of(l: &Layout) -> (usize, usize) {
@@ -56,6 +56,15 @@ pub fn run_rows<T: Element, K: RowKernel>(
     if !isa.is_available() {
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
+    if xs.len() > MAX_INPUTS {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "{} input rows per output row; at most {MAX_INPUTS}",
+                xs.len()
+            ),
+        ));
+    }
     let first = xs.first().map(|x| *x.layout()).unwrap_or(*out.layout());
     if !(2..=3).contains(&first.rank()) || out.rank() != first.rank() {
         return Err(Error::Rank {
@@ -84,36 +93,37 @@ pub fn run_rows<T: Element, K: RowKernel>(
     let ol = *out.layout();
     let o_cs = ol.stride(ol.rank() - 1);
     let optr = SharedMut(out.data_mut().as_mut_ptr());
-    let per_task = (MIN_ELEMS_PER_TASK / n.max(1)).max(1);
-    let tasks = rows.div_ceil(per_task);
+    let (tasks, per_task) = pool::row_runs(rows, n, threads);
     pool::global().run(tasks, threads, |t| {
-        let mut widened: Vec<Vec<f32>> = vec![Vec::new(); xs.len()];
+        let mut widened: [Vec<f32>; MAX_INPUTS] = Default::default();
         let mut obuf = vec![0f32; if o_cs == 1 { 0 } else { out_len }];
         for r in t * per_task..((t + 1) * per_task).min(rows) {
-            let mut ins: Vec<&[f32]> = Vec::with_capacity(xs.len());
-            for (x, w) in xs.iter().zip(widened.iter_mut()) {
+            // An array, not a Vec: rope's 144 rows a batching step were 144 allocations.
+            let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+            for ((x, w), slot) in xs.iter().zip(widened.iter_mut()).zip(ins.iter_mut()) {
                 let l = x.layout();
                 let (start, cs) = (row_start(l, r), l.stride(l.rank() - 1));
-                if let (1, Some(s)) = (cs, T::as_f32_slice(&x.data()[start..start + n])) {
-                    ins.push(s);
+                *slot = if let (1, Some(s)) = (cs, T::as_f32_slice(&x.data()[start..start + n])) {
+                    s
                 } else if cs == 1 {
                     w.resize(n, 0.0);
                     crate::simd::widen(isa, &x.data()[start..start + n], w);
-                    ins.push(&w[..]);
+                    &w[..]
                 } else {
                     w.clear();
                     w.extend((0..n).map(|i| x.data()[start + i * cs].to_f32()));
-                    ins.push(&w[..]);
-                }
+                    &w[..]
+                };
             }
+            let ins = &ins[..xs.len()];
             let start = row_start(&ol, r);
             if o_cs == 1 {
                 // SAFETY: row r of the validated, non-overlapping output view spans
                 // start..start+out_len; each task writes distinct rows.
                 let o = unsafe { std::slice::from_raw_parts_mut(optr.get().add(start), out_len) };
-                k.row(isa, r, &ins, o);
+                k.row(isa, r, ins, o);
             } else {
-                k.row(isa, r, &ins, &mut obuf);
+                k.row(isa, r, ins, &mut obuf);
                 for (i, v) in obuf.iter().enumerate() {
                     // SAFETY: as above, element i of row r at stride o_cs.
                     unsafe { *optr.get().add(start + i * o_cs) = *v };
