@@ -331,9 +331,9 @@ fn int8_path(
     Ok(())
 }
 
-/// Runs `f(i, &mut items[i])` for every row, split into one contiguous run of rows per
-/// thread when the rows hold at least [`pool::PARALLEL_ROW_VALUES`] values (`k` each,
-/// [`pool::row_runs`]). Batched steps quantize 16 rows before each matmul, and 16-bit
+/// Runs `f(i, &mut items[i])` for every row, split into contiguous runs of rows when
+/// they hold at least [`pool::PARALLEL_ROW_VALUES`] values (`k` each): one per thread
+/// for a batch, runs of ~16 Ki values for a prefill ([`pool::row_runs`]). Batched steps quantize 16 rows before each matmul, and 16-bit
 /// activations sum two planes' outputs after it; on the caller alone the other threads
 /// wait. Host H, 16 streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a
 /// matmul on one thread (the mean K of 816; a timer around it, ~10% of the int8 step),

@@ -177,3 +177,30 @@ pub trait RowOpDesc: Send + Sync + 'static {
     /// None when the op promises nothing (argmax returns an index).
     fn nan_reach(n: usize, col: usize) -> Option<Vec<usize>>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel that must never run: the calls below are all rejected first.
+    struct Unreachable;
+    impl RowKernel for Unreachable {
+        fn row(&self, _: Isa, _: usize, _: &[&[f32]], _: &mut [f32]) {
+            panic!("ran a row of a rejected call");
+        }
+    }
+
+    /// More input streams than [`MAX_INPUTS`] is an error naming the limit, and the
+    /// output stays as it was.
+    #[test]
+    fn too_many_inputs_is_an_error() {
+        let x = vec![1.0f32; 8];
+        let view = TensorView::contiguous(&x, &[2, 4]).unwrap();
+        let inputs = vec![view; MAX_INPUTS + 1];
+        let mut y = vec![f32::NAN; 8];
+        let mut out = TensorViewMut::contiguous(&mut y, &[2, 4]).unwrap();
+        let e = run_rows("test", Isa::Scalar, 2, &Unreachable, &inputs, &mut out, 4).unwrap_err();
+        assert!(e.to_string().contains(&MAX_INPUTS.to_string()), "{e}");
+        assert!(y.iter().all(|v| v.is_nan()));
+    }
+}
