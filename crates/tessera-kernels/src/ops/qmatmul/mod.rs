@@ -333,12 +333,12 @@ fn int8_path(
 
 /// Runs `f(i, &mut items[i])` for every row, split into contiguous runs of rows when
 /// they hold at least [`pool::PARALLEL_ROW_VALUES`] values (`k` each): one per thread
-/// for a batch, runs of ~16 Ki values for a prefill ([`pool::row_runs`]). Batched steps quantize 16 rows before each matmul, and 16-bit
-/// activations sum two planes' outputs after it; on the caller alone the other threads
-/// wait. Host H, 16 streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a
-/// matmul on one thread (the mean K of 816; a timer around it, ~10% of the int8 step),
-/// 8.7 on two; with the planes' sums spread too, 16-bit steps ran 5–8% faster (3
-/// alternated rounds).
+/// for a batch, runs of ~16 Ki values for a prefill ([`pool::row_runs`]). Batched steps
+/// quantize 16 rows before each matmul, and 16-bit activations sum two planes' outputs
+/// after it; on the caller alone the other threads wait. Host H, 16 streams
+/// (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on one thread (the
+/// mean K of 816; a timer around it, ~10% of the int8 step), 8.7 on two; with the
+/// planes' sums spread too, 16-bit steps ran 5–8% faster (3 alternated rounds).
 fn each_row_mut<T: Send>(
     items: &mut [T],
     k: usize,
