@@ -9,7 +9,9 @@
 //! N tokens' partial vectors are reduced together by one transpose-add tree
 //! ([`Lanes::transpose_sums`]). The V pass runs in tiles of [`V_TILE`] tokens, one KV head
 //! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
-//! ahead (K and V both, from the K pass) and into L1 just ahead.
+//! ahead, each pass its own (K by the K pass, V by the V pass, the V pass's first records
+//! during the K pass's last steps), and into L1 just ahead. Each pass streams while it
+//! computes: with the K pass fetching V too, the V pass ran from cache with DRAM idle.
 
 use super::ChunkAll;
 use crate::simd::lanes::Lanes;
@@ -20,11 +22,15 @@ use tessera_core::{Element, Isa};
 /// Tokens ahead to prefetch into L1, from L2 where [`L2_AHEAD`] has brought them.
 const PREFETCH_AHEAD: usize = 8;
 
-/// Tokens ahead whose K and V records the K pass prefetches into L2 (24 KiB of f16
-/// records at d 64 × 3 KV heads). L1 prefetches alone stall on the core's few L1 miss
-/// buffers: with 16 tokens ahead into L1 (and V fetched only by its own pass), 16
-/// sequences × 2048 f16 tokens read at ~14 GB/s; with L2 32 ahead and L1 8 ahead, ~20
-/// GB/s (2.0 → 1.16 ms, 3 alternated rounds, host C; 16 × 192: 184 → 138 µs).
+/// Tokens ahead whose records each pass prefetches into L2 (12 KiB of f16 K or V at d
+/// 64 × 3 KV heads). L1 prefetches alone stall on the core's few L1 miss buffers: with 16
+/// tokens ahead into L1 only, 16 sequences × 2048 f16 tokens read at ~14 GB/s; with the
+/// K pass prefetching K and V into L2 32 ahead and L1 8 ahead, ~20 GB/s (2.0 → 1.16 ms,
+/// 3 alternated rounds, host C; 16 × 192: 184 → 138 µs). Each pass fetching its own
+/// records into L2 instead (host C, AMD Zen 4, 2026-12-02, `tessera bench
+/// paged_attention --shape S --dtype f16 --variant avx512`, cold, 3–4 alternated rounds,
+/// medians): 16 × 192 171 → 156 µs, 16 × 1024 746 → 688 and 769 → 700, one sequence of
+/// 128 14.3 → 11.1, of 512 28.3 → 23.7; one thread 16 × 192 248 → 235 (AVX2 281 → 267).
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
@@ -202,11 +208,15 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
     let tile = L::N * L::N;
     let mut partial = vec![0f32; heads * tile];
     const { assert!(L::N.is_multiple_of(KT)) };
+    // The V pass's first L2_AHEAD records are fetched during the K pass's last steps.
+    let v_lead_from = n.saturating_sub(L2_AHEAD);
     // KT tokens at a time (KT divides N, so a step never straddles two transposes).
     for t0 in (0..n).step_by(KT) {
         for i in t0..t0 + KT {
             prefetch_record::<L, T>(c.k, job.records, i + L2_AHEAD, rec_len, true);
-            prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
+            if let Some(j) = i.checked_sub(v_lead_from) {
+                prefetch_record::<L, T>(c.v, job.records, j, rec_len, true);
+            }
             prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
         }
         // Past the chunk's end the last token stands in: its dots land in transpose
@@ -400,6 +410,7 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
             let i = part.tokens.start + j;
             if part.kvh == 0 && cb == 0 {
                 let rec_len = c.kv_heads * d;
+                prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
                 prefetch_record::<L, T>(c.v, job.records, i + PREFETCH_AHEAD, rec_len, false);
             }
             // SAFETY: every record holds kv_heads·d elements inside the cache buffer
