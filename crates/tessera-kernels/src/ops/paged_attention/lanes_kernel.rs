@@ -10,8 +10,8 @@
 //! ([`Lanes::transpose_sums`]). The V pass runs in tiles of [`V_TILE`] tokens, one KV head
 //! at a time, its heads' outputs in registers. Records are prefetched twice: into L2 far
 //! ahead, each pass its own (K by the K pass, V by the V pass, the V pass's first records
-//! during the K pass's last steps), and into L1 just ahead. Each pass streams while it
-//! computes: with the K pass fetching V too, the V pass ran from cache with DRAM idle.
+//! during the K pass's last steps), and into L1 just ahead, so each pass's compute hides
+//! its own stream; when the K pass fetched V too, the V pass had nothing to hide.
 
 use super::ChunkAll;
 use crate::simd::lanes::Lanes;
@@ -31,6 +31,8 @@ const PREFETCH_AHEAD: usize = 8;
 /// paged_attention --shape S --dtype f16 --variant avx512`, cold, 3–4 alternated rounds,
 /// medians): 16 × 192 171 → 156 µs, 16 × 1024 746 → 688 and 769 → 700, one sequence of
 /// 128 14.3 → 11.1, of 512 28.3 → 23.7; one thread 16 × 192 248 → 235 (AVX2 281 → 267).
+/// In the engine's 16-stream step (`bench-serve --acts int8 --profile`, 2 alternated
+/// runs) attention was within noise: 162–170 µs per layer against 165–166.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
