@@ -763,3 +763,47 @@ fn activation_codes_match_ggml_q8_0() {
         "every input kind on at least one ISA ({checked})"
     );
 }
+
+/// A batching step over weights larger than a thread's L2 runs all its activation rows
+/// in one block (`act_block_rows`): the same outputs as the scalar kernel, for row
+/// counts that fill one pass, several, and part of one. Skipped (and said) where the
+/// host reports no L2 size.
+#[test]
+fn weights_past_the_l2_give_the_same_outputs() {
+    let Some(l2) = tessera_core::CacheSizes::get().l2 else {
+        eprintln!("skipped: this host reports no L2 size, so no block covers every row");
+        return;
+    };
+    let k = 256;
+    // Q8_0: 34 bytes a block; past the L2 on each of two threads.
+    let rows = (3 * l2 / (k / QK * 34)).next_multiple_of(16) + 3;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+    let data: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let layouts = layouts(DType::Q8_0, (rows, k), &data);
+    let packed = layouts.last().unwrap();
+    assert!(
+        packed.size_bytes() > 2 * l2,
+        "{} bytes",
+        packed.size_bytes()
+    );
+    for m in [9, 16, 27] {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let want = apply(&x, (m, k, rows), |x, y| {
+            qmatmul_int8(Isa::Scalar, 1, &layouts[0], x, y)
+        });
+        let scale: f32 = x.iter().map(|v| v.abs()).sum::<f32>() / m as f32;
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            for threads in [1, 2] {
+                let got = apply(&x, (m, k, rows), |x, y| {
+                    qmatmul_int8(isa, threads, packed, x, y)
+                });
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= REORDER_TOL as f32 * scale,
+                        "{isa} m {m} threads {threads} output {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
