@@ -388,12 +388,13 @@ fn batch_act_budget(l1d: Option<usize>) -> usize {
 ///   first re-reads the weights from L2.
 /// - Batching steps (M ≤ [`INT8_BATCH_M`]) whose weight share per thread is larger than
 ///   its L2 (in the default model only the LM head, 28.7 MB of Q8_0): all M rows in one
-///   block. Each further block would stream the weights from L3
-///   or DRAM again, where the activation rows, ≤ 64 of them, stay in L2 (≤ 147 KiB at K =
-///   576). On a Zen 4 host with a 32 KiB L1D (host C: 8-row blocks before), Q8_0
-///   16×49152×576 cold took 2.2–2.5 ms against 8-row blocks' 3.4–3.8, 32 rows 3.9–4.2
-///   against 5.1–6.3 (`tessera bench qmatmul --variant avx512-vnni-r8`, 3 alternated
-///   rounds); docs/performance.md has the engine's 16 streams.
+///   block. Each further block would stream the weights from L3 or DRAM again, where
+///   the activation rows, ≤ 64 of them, stay in L2 (≤ 147 KiB at K = 576). On a Zen 4
+///   host with a 32 KiB L1D (host C: 8-row blocks before), Q8_0 16×49152×576 cold took
+///   2.2–2.5 ms against 8-row blocks' 3.4–3.8, 32 rows 3.9–4.2 against 5.1–6.3
+///   (`tessera bench qmatmul --variant avx512-vnni-r8`, 3 alternated rounds); the
+///   engine's 16 streams are in docs/performance.md. Not measured on a 48 KiB L1D,
+///   where [`batch_act_budget`] already gave the LM head 16-row blocks.
 fn act_block_rows(
     (m, k, pass): (usize, usize, usize),
     weight_share: usize,
