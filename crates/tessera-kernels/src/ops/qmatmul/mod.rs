@@ -393,8 +393,10 @@ fn batch_act_budget(l1d: Option<usize>) -> usize {
 ///   host with a 32 KiB L1D (host C: 8-row blocks before), Q8_0 16×49152×576 cold took
 ///   2.2–2.5 ms against 8-row blocks' 3.4–3.8, 32 rows 3.9–4.2 against 5.1–6.3
 ///   (`tessera bench qmatmul --variant avx512-vnni-r8`, 3 alternated rounds); the
-///   engine's 16 streams are in docs/performance.md. Not measured on a 48 KiB L1D,
-///   where [`batch_act_budget`] already gave the LM head 16-row blocks.
+///   engine's 16 streams are in docs/performance.md. Not measured on a 48 KiB L1D:
+///   there [`batch_act_budget`] gives 16-row blocks, and every matmul of a step in one
+///   block of 32 or 64 rows measured slower (its doc); whether the LM head alone
+///   gains there is open.
 fn act_block_rows(
     (m, k, pass): (usize, usize, usize),
     weight_share: usize,
