@@ -16,8 +16,9 @@
 //! |l| ≤ 127, the bound every kernel assumes of an activation code (with 256, l could
 //! reach ±128).
 
-use super::packed::{amax_finite, PackedWeights, QuantActs};
-use super::{each_row_mut, int_operands, run_int8, ActScales, Tiles};
+use super::int_path::{quantize_and_run, ActSource};
+use super::packed::{amax_finite, four_sums, BlockSink, PackedWeights, QuantActs};
+use super::{each_row_mut, int_operands, ActScales, Tiles};
 use crate::multiversion;
 use crate::pool::PARALLEL_ROW_VALUES;
 use crate::quant::QK;
@@ -36,7 +37,7 @@ pub(super) const PLANE_RATIO: f32 = 255.0;
 /// block maximum and code sums are exact in any order). At decode this runs on one
 /// thread before every matmul: the portable loop, its maximum fold lane-serial, was
 /// 1.7% of a16 decode's samples on host B (`perf`, 2026-11-28).
-fn split_into(isa: Isa, x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+pub(super) fn split_into<S: BlockSink>(isa: Isa, x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
         // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
@@ -55,12 +56,12 @@ multiversion! {
     /// [`split_into`] in portable Rust, compiled per ISA (the baseline the vector steps
     /// are checked against). A non-finite block gets NaN scales in both planes, so the
     /// outputs it reaches are NaN.
-    fn split_portable(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+    fn split_portable<S: BlockSink>(x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let (amax, finite) = amax_finite(xb);
             let d = amax / SPLIT_RANGE;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let (qh, ql) = (&mut hi.q[b * QK..][..QK], &mut lo.q[b * QK..][..QK]);
+            let (qh, ql) = (hi.codes(b), lo.codes(b));
             for ((h, l), &v) in qh.iter_mut().zip(ql.iter_mut()).zip(xb) {
                 // Clamped for a subnormal d, whose 1/d overflows; NaN converts to 0.
                 let q = (v * id).round_ties_even().clamp(-SPLIT_RANGE, SPLIT_RANGE);
@@ -71,9 +72,31 @@ multiversion! {
                 *l = (q - PLANE_RATIO * hq) as i8; // exact: integers below 2²⁴
             }
             let d = if finite { d } else { f32::NAN };
-            hi.finish_block(b, PLANE_RATIO * d, offset);
-            lo.finish_block(b, d, offset);
+            let sums = (four_sums(qh), four_sums(ql));
+            hi.finish(b, PLANE_RATIO * d, sums.0, offset);
+            lo.finish(b, d, sums.1, offset);
         }
+    }
+}
+
+/// Activation rows as two 8-bit planes per row of x (`xs`, rows `ld` apart): rows 2i
+/// and 2i + 1 are row i's high and low planes.
+struct Planes<'a> {
+    xs: &'a [f32],
+    ld: usize,
+    k: usize,
+    offset: i32,
+}
+
+impl ActSource<2> for Planes<'_> {
+    fn quantize<S: BlockSink>(&self, i: usize, [hi, lo]: &mut [S; 2]) {
+        split_into(
+            Isa::best(),
+            &self.xs[i * self.ld..][..self.k],
+            self.offset,
+            hi,
+            lo,
+        )
     }
 }
 
@@ -116,37 +139,27 @@ pub(super) fn qmatmul_a16_tiles(
     let Some((m, n, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
     };
-    let k = w.cols();
-    let row = |i: usize| &xs[i * ld..][..k];
-    // A decode step makes hundreds of these calls: the planes and the 2M-row product
-    // reuse this thread's buffers (a fresh 2×49152 product for the LM head would fault
-    // in its pages every call).
+    let planes = Planes {
+        xs: &xs,
+        ld,
+        k: w.cols(),
+        offset: w.offset(),
+    };
+    // A decode step makes hundreds of these calls: the 2M-row product reuses this
+    // thread's buffer (a fresh 2×49152 product for the LM head would fault in its pages
+    // every call).
     thread_local! {
-        static REUSED: std::cell::RefCell<(Vec<QuantActs>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        static REUSED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    with_reused(&REUSED, true, |(acts, pairs)| {
-        if acts.len() < 2 * m {
-            acts.resize_with(2 * m, QuantActs::default);
-        }
-        let (pairs_of_acts, _) = acts[..2 * m].as_chunks_mut::<2>();
-        each_row_mut(pairs_of_acts, k, threads, |i, [hi, lo]| {
-            QuantActs::refill_split(hi, lo, row(i), w.offset())
-        });
+    with_reused(&REUSED, true, |pairs| {
         // Grown, never shrunk: the LM head's 2×49152 after a layer's 2×576 would zero
         // ~0.4 MB again every token (memset was 1.3% of a16 decode's samples).
         if pairs.len() < 2 * m * n {
             pairs.resize(2 * m * n, 0.0);
         }
         let mut pv = TensorViewMut::contiguous(&mut pairs[..2 * m * n], &[2 * m, n])?;
-        run_int8(
-            isa,
-            threads,
-            w,
-            (ActScales::PerBlock, tiles),
-            &acts[..2 * m],
-            &mut pv,
-        );
+        let scales = (ActScales::PerBlock, tiles);
+        quantize_and_run::<2>(isa, threads, w, scales, (m, &planes), &mut pv);
         let yl = *y.layout();
         let (ld, step, origin) = (yl.stride(0), yl.stride(1), yl.offset());
         let out = y.data_mut();

@@ -17,6 +17,8 @@
 //! ±127 (the portable loop's clamp).
 
 use super::act16::{PLANE_RATIO, SPLIT_RANGE};
+use super::packed::BlockSink;
+#[cfg(doc)]
 use super::packed::QuantActs;
 use super::ActScales;
 use crate::quant::QK;
@@ -51,16 +53,6 @@ trait QuantLanes {
     /// # Safety
     /// As [`QuantLanes::block_codes`], for both planes.
     unsafe fn block_split(xb: *const f32, id: f32, hi: *mut i8, lo: *mut i8) -> [[i32; 8]; 2];
-}
-
-/// Whether `a`'s arrays hold a row of `k` values (the quantizers' precondition).
-fn holds(a: &QuantActs, k: usize) -> bool {
-    let nb = k / QK;
-    a.q.len() >= k
-        && [a.d8.len(), a.init.len(), a.lane_sums.len()]
-            .into_iter()
-            .chain([a.block_init.len(), a.block_sums.len(), a.half_sums.len()])
-            .all(|l| l >= nb)
 }
 
 /// Each 32-block's scale d = amax/`range` (NaN for a non-finite block, or all of them
@@ -106,20 +98,24 @@ unsafe fn for_block_scales<Q: QuantLanes>(
 /// `Q`'s CPU features; `x.len()` a multiple of 32; `a`'s arrays hold at least
 /// `x.len() / 32` blocks.
 #[inline(always)]
-unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
-    debug_assert!(x.len().is_multiple_of(QK) && holds(a, x.len()));
+unsafe fn quantize_with<Q: QuantLanes, S: BlockSink>(
+    x: &[f32],
+    offset: i32,
+    act: ActScales,
+    a: &mut S,
+) {
+    debug_assert!(x.len().is_multiple_of(QK) && a.holds(x.len()));
     let row = match act {
         ActScales::PerBlock => None,
         // SAFETY: Q's features per the contract; the row is whole blocks.
         ActScales::PerRow => Some(unsafe { Q::amax_finite(x) }),
     };
-    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x and (per the
-    // contract) inside a.q.
+    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x, and its 32 codes
+    // are the sink's (`codes` gives them as an array).
     unsafe {
         for_block_scales::<Q>(x, 127.0, row, |b, id, d| {
-            let q = a.q.as_mut_ptr().add(b * QK);
-            let sums = Q::block_codes(x.as_ptr().add(b * QK), id, q);
-            a.finish_sums(b, d, sums, offset);
+            let sums = Q::block_codes(x.as_ptr().add(b * QK), id, a.codes(b).as_mut_ptr());
+            a.finish(b, d, sums, offset);
         })
     }
 }
@@ -130,9 +126,9 @@ unsafe fn quantize_with<Q: QuantLanes>(x: &[f32], offset: i32, act: ActScales, a
 /// AVX2 and FMA; as for [`quantize_with`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize_ymm(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+pub(super) unsafe fn quantize_ymm<S: BlockSink>(x: &[f32], offset: i32, act: ActScales, a: &mut S) {
     // SAFETY: forwarded contract.
-    unsafe { quantize_with::<x86::Ymm>(x, offset, act, a) }
+    unsafe { quantize_with::<x86::Ymm, S>(x, offset, act, a) }
 }
 
 /// [`quantize_with`] on NEON (baseline on aarch64).
@@ -140,9 +136,14 @@ pub(super) unsafe fn quantize_ymm(x: &[f32], offset: i32, act: ActScales, a: &mu
 /// # Safety
 /// As for [`quantize_with`].
 #[cfg(target_arch = "aarch64")]
-pub(super) unsafe fn quantize_neon(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+pub(super) unsafe fn quantize_neon<S: BlockSink>(
+    x: &[f32],
+    offset: i32,
+    act: ActScales,
+    a: &mut S,
+) {
     // SAFETY: forwarded contract.
-    unsafe { quantize_with::<neon::Neon>(x, offset, act, a) }
+    unsafe { quantize_with::<neon::Neon, S>(x, offset, act, a) }
 }
 
 /// Fills `hi` and `lo` (sized for `x`) with `x`'s two planes per 32-block, as act16's
@@ -152,21 +153,16 @@ pub(super) unsafe fn quantize_neon(x: &[f32], offset: i32, act: ActScales, a: &m
 /// `Q`'s CPU features; `x.len()` a multiple of 32; both planes' arrays hold at least
 /// `x.len() / 32` blocks.
 #[inline(always)]
-unsafe fn split_with<Q: QuantLanes>(
-    x: &[f32],
-    offset: i32,
-    hi: &mut QuantActs,
-    lo: &mut QuantActs,
-) {
-    debug_assert!(x.len().is_multiple_of(QK) && holds(hi, x.len()) && holds(lo, x.len()));
-    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x and (per the
-    // contract) inside both planes' codes.
+unsafe fn split_with<Q: QuantLanes, S: BlockSink>(x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
+    debug_assert!(x.len().is_multiple_of(QK) && hi.holds(x.len()) && lo.holds(x.len()));
+    // SAFETY: forwarded contract; block b < x.len()/32 lies inside x, and its codes in
+    // each plane are that sink's.
     unsafe {
         for_block_scales::<Q>(x, SPLIT_RANGE, None, |b, id, d| {
-            let (h, l) = (hi.q.as_mut_ptr().add(b * QK), lo.q.as_mut_ptr().add(b * QK));
+            let (h, l) = (hi.codes(b).as_mut_ptr(), lo.codes(b).as_mut_ptr());
             let [sh, sl] = Q::block_split(x.as_ptr().add(b * QK), id, h, l);
-            hi.finish_sums(b, PLANE_RATIO * d, sh, offset);
-            lo.finish_sums(b, d, sl, offset);
+            hi.finish(b, PLANE_RATIO * d, sh, offset);
+            lo.finish(b, d, sl, offset);
         })
     }
 }
@@ -177,9 +173,9 @@ unsafe fn split_with<Q: QuantLanes>(
 /// AVX2 and FMA; as for [`split_with`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn split_ymm(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+pub(super) unsafe fn split_ymm<S: BlockSink>(x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
     // SAFETY: forwarded contract.
-    unsafe { split_with::<x86::Ymm>(x, offset, hi, lo) }
+    unsafe { split_with::<x86::Ymm, S>(x, offset, hi, lo) }
 }
 
 /// [`split_with`] on NEON (baseline on aarch64).
@@ -187,9 +183,9 @@ pub(super) unsafe fn split_ymm(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &
 /// # Safety
 /// As for [`split_with`].
 #[cfg(target_arch = "aarch64")]
-pub(super) unsafe fn split_neon(x: &[f32], offset: i32, hi: &mut QuantActs, lo: &mut QuantActs) {
+pub(super) unsafe fn split_neon<S: BlockSink>(x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
     // SAFETY: forwarded contract.
-    unsafe { split_with::<neon::Neon>(x, offset, hi, lo) }
+    unsafe { split_with::<neon::Neon, S>(x, offset, hi, lo) }
 }
 
 #[cfg(target_arch = "x86_64")]

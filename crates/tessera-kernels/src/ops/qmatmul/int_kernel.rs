@@ -2,7 +2,7 @@
 //! per call from the ISA asked for (`for_isa`), then refined by what the weights are
 //! (`reading`: interleaved layouts and split scales take their own loops) and by the
 //! activations' scales (`for_scales`: one scale per row on both sides takes the
-//! row-scaled kernel). `run_int8` in the parent matches on the result; the kernels
+//! row-scaled kernel). `int_path::run_int8` matches on the result; the kernels
 //! themselves live in `avx2_int8`, `rows8` and `row_scaled`.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -140,6 +140,17 @@ impl IntKernel {
         }
         let _ = (tiles, m);
         self
+    }
+
+    /// Whether the kernel reads activation panels (`act_panel`), not quantized rows.
+    pub(super) fn reads_panels(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            IntKernel::Avx2Rows8 | IntKernel::VnniRows8 | IntKernel::AmxRows16 => true,
+            #[cfg(target_arch = "aarch64")]
+            IntKernel::NeonRows8 => true,
+            _ => false,
+        }
     }
 
     /// The row kernel of the same instruction set specialised to row scales, where

@@ -20,6 +20,7 @@ mod byte_rows;
 mod fp8;
 mod int8;
 mod int_kernel;
+mod int_path;
 mod packed;
 mod spec;
 mod spec_fp8;
@@ -40,7 +41,6 @@ use super::gemm::{gemm_bt_rows, gemm_bt_weight_rows, WeightRows};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
-use crate::reuse::with_reused;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use tessera_core::CacheSizes;
 use tessera_core::{Error, Isa, Result, TensorView, TensorViewMut};
@@ -305,30 +305,31 @@ fn int8_path(
     let Some((m, _, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
     };
-    let k = w.cols();
-    // Rows past m (from an earlier, larger call) are kept for their buffers.
-    let quantize = |acts: &mut Vec<QuantActs>| {
-        if acts.len() < m {
-            acts.resize_with(m, QuantActs::default);
-        }
-        each_row_mut(&mut acts[..m], k, threads, |i, a| {
-            a.refill(&xs[i * ld..][..k], w.offset(), act)
-        });
+    let rows = Int8Rows {
+        xs: &xs,
+        ld,
+        k: w.cols(),
+        offset: w.offset(),
+        act,
     };
-    // Calls up to a prefill's size reuse this thread's buffers (decode makes hundreds of
-    // calls per token; a fresh 512-row set was ~3 500 allocations and their page
-    // faults per prefill matmul). Only larger calls allocate, rather than keep more
-    // than ~4·K bytes × REUSED_ACT_ROWS per thread.
-    thread_local! {
-        static REUSED_ACTS: std::cell::RefCell<Vec<QuantActs>> = const {
-            std::cell::RefCell::new(Vec::new())
-        };
-    }
-    with_reused(&REUSED_ACTS, m <= REUSED_ACT_ROWS, |acts| {
-        quantize(acts);
-        run_int8(isa, threads, w, (act, tiles), &acts[..m], y);
-    });
+    int_path::quantize_and_run::<1>(isa, threads, w, (act, tiles), (m, &rows), y);
     Ok(())
+}
+
+/// Activation rows quantized to 8 bits, one per row of x (`xs`, rows `ld` apart).
+struct Int8Rows<'a> {
+    xs: &'a [f32],
+    ld: usize,
+    k: usize,
+    offset: i32,
+    act: ActScales,
+}
+
+impl int_path::ActSource<1> for Int8Rows<'_> {
+    fn quantize<S: packed::BlockSink>(&self, i: usize, [a]: &mut [S; 1]) {
+        let x = &self.xs[i * self.ld..][..self.k];
+        packed::quantize_into(Isa::best(), x, self.offset, self.act, a)
+    }
 }
 
 /// Runs `f(i, &mut items[i])` for every row, split into contiguous runs of rows when
@@ -412,187 +413,6 @@ fn act_block_rows(
         PREFILL_ACT_BUDGET
     };
     (l1_budget / (4 * k)).clamp(pass, 256) / pass * pass
-}
-
-/// The integer kernels over activation rows already quantized for `w`, into y.
-fn run_int8(
-    isa: Isa,
-    threads: usize,
-    w: &PackedWeights,
-    (act, tiles): (ActScales, Tiles),
-    acts: &[QuantActs],
-    y: &mut TensorViewMut<'_, f32>,
-) {
-    let (m, n, k) = (acts.len(), w.rows(), w.cols());
-    let kernel = IntKernel::for_isa(isa)
-        .reading(w)
-        .for_scales(w, act)
-        .with_tiles(tiles, m);
-    // A quantized activation row takes ~4 bytes per column (codes, then d_x, start values
-    // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
-    // row: a block stays in L1. Measured at 512×1536×576 Q4_0 on AVX2: 256 KiB (L2)
-    // 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
-    // The VNNI interleaved kernel takes 8 rows per pass (`rows8::VNNI_M`): its blocks
-    // hold at least that many.
-    #[cfg(target_arch = "x86_64")]
-    let pass = match kernel {
-        IntKernel::VnniRows8 => rows8::VNNI_M,
-        IntKernel::AmxRows16 => rows8::AMX_M,
-        _ => M_CHUNK,
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let pass = M_CHUNK;
-    let act_block = act_block_rows(
-        (m, k, pass),
-        w.size_bytes() / threads.max(1),
-        CacheSizes::get(),
-    );
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if let IntKernel::RowScaled(instr) = kernel {
-        // SAFETY: `for_scales` chose it for one scale per weight row and per activation
-        // row and K below its overflow bound, with an instruction whose features
-        // `for_isa` checked; acts were quantized for these weights; y is [m, n].
-        return unsafe { row_scaled::run(threads, instr, w, acts, act_block, y) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if matches!(kernel, IntKernel::Avx2 | IntKernel::Vnni) && m == 1 {
-        const R: usize = avx2_int8::DECODE_ROWS;
-        let vnni = kernel == IntKernel::Vnni;
-        return for_weight_rows::<1, R>(threads, (n, m, act_block), y, |r, _, _, out| {
-            // SAFETY: as for the body below; r < rows, and `out` holds R outputs.
-            unsafe {
-                if vnni {
-                    avx2_int8::dots_vnni::<R>(w, r, &[&acts[0]], out)
-                } else {
-                    avx2_int8::dots::<R>(w, r, &[&acts[0]], out)
-                }
-            }
-        });
-    }
-    let body = |r: usize, m0: usize, mc: usize, out: &mut [f32]| {
-        let a: [&QuantActs; M_CHUNK] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
-        // The kernels' CPU features were checked by `for_isa`; r < rows; the activations
-        // were built for these weights' columns and offset; PackedWeights keeps
-        // non-offset-128 codes below 64.
-        match kernel {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            IntKernel::Vnni => unsafe { avx2_int8::dots_vnni::<1>(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above (the row-scaled weights, run above, are also block-format
-            // weights whose chunks repeat the row's scale).
-            IntKernel::Avx2 => unsafe { avx2_int8::dots::<1>(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above; `reading` chose it for interleaved weights with split
-            // scales, and the driver below hands it whole groups (r a multiple of 8,
-            // out 8·mc long).
-            IntKernel::Planes8 => unsafe { rows8::planes_dots(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as for Planes8, on a VNNI CPU (`for_isa`).
-            IntKernel::VnniPlanes8 => unsafe { rows8::planes_dots_vnni(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: as above, with `sdot`: `reading` chose it for interleaved weights
-            // with split scales, `for_isa` for a CPU with DotProd.
-            IntKernel::NeonPlanes8 => unsafe { rows8::planes_sdot(w, r, &a[..mc], out) },
-            #[cfg(target_arch = "x86_64")]
-            IntKernel::Avx2Rows8 | IntKernel::VnniRows8 | IntKernel::AmxRows16 => {
-                unreachable!("run below, over activation panels")
-            }
-            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-            IntKernel::RowScaled(_) => unreachable!("run above"),
-            #[cfg(target_arch = "aarch64")]
-            IntKernel::NeonDot => unreachable!("`for_scales` made it row-scaled or portable"),
-            #[cfg(target_arch = "aarch64")]
-            IntKernel::NeonRows8 => unreachable!("run below, over activation panels"),
-            IntKernel::Portable => packed::int8_dots_portable(isa, w, r, &a[..mc], out),
-        }
-    };
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        IntKernel::AmxRows16 => with_panels(acts, w.cols() / QK, threads, |panels| {
-            let shape = (n, m, act_block);
-            rows8::begin_matmul();
-            const MC: usize = rows8::AMX_M;
-            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
-                const HALF: usize = act_panel::PANEL_SLOTS;
-                let first = panels.rows(m0, mc.min(HALF));
-                let second = (mc > HALF).then(|| panels.rows(m0 + HALF, mc - HALF));
-                // SAFETY: `with_tiles` chose it for the VNNI interleaved kernel's
-                // weights on a CPU with AMX-INT8 granted (`CpuFeatures::amx_int8`,
-                // with AVX-512 and VNNI); r is a multiple of 16 below the rows, out
-                // 16·mc long; passes start at multiples of 16 (act_block is one), so
-                // each half starts a panel.
-                unsafe { rows8::dots_amx16(w, r, (first, second), out) }
-            })
-        }),
-        #[cfg(target_arch = "x86_64")]
-        IntKernel::VnniRows8 | IntKernel::Avx2Rows8 => {
-            with_panels(acts, w.cols() / QK, threads, |panels| {
-                let shape = (n, m, act_block);
-                if kernel == IntKernel::VnniRows8 {
-                    const MC: usize = rows8::VNNI_M;
-                    for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
-                        // SAFETY: `reading` chose it for interleaved weights without
-                        // split scales, `for_isa` for a VNNI CPU (AVX-512F/BW/DQ/VL
-                        // with it, `Isa::Avx512`); r is a multiple of 16 below the
-                        // rows, out 16·mc long; passes start at multiples of MC
-                        // (act_block is one), so MC slots fit in the panel.
-                        unsafe { rows8::dots_vnni16(w, r, panels.rows(m0, mc), out) }
-                    })
-                } else {
-                    for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
-                        threads,
-                        shape,
-                        y,
-                        |r, m0, mc, out| {
-                            // SAFETY: as above, on an AVX2 CPU, passes at multiples of
-                            // M_CHUNK (a divisor of the panel's 8 slots).
-                            unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
-                        },
-                    )
-                }
-            })
-        }
-        #[cfg(target_arch = "x86_64")]
-        IntKernel::Planes8 | IntKernel::VnniPlanes8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
-        }
-        #[cfg(target_arch = "aarch64")]
-        IntKernel::NeonPlanes8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
-        }
-        #[cfg(target_arch = "aarch64")]
-        IntKernel::NeonRows8 => with_panels(acts, w.cols() / QK, threads, |panels| {
-            let shape = (n, m, act_block);
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
-                // SAFETY: `reading` chose it for interleaved weights without split scales,
-                // `for_isa` for a CPU with DotProd; r is a multiple of 8 below the rows,
-                // out 8·mc long; passes start at multiples of M_CHUNK (a divisor of the
-                // panel's 8 slots).
-                unsafe { rows8::dots_sdot(w, r, panels.rows(m0, mc), out) }
-            })
-        }),
-        _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
-    }
-}
-
-/// Runs `f` over `acts` copied into activation panels, in this thread's reused buffer
-/// (a fresh one if it is in use, or for more rows than [`REUSED_ACT_ROWS`]).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn with_panels(
-    acts: &[QuantActs],
-    chunks: usize,
-    threads: usize,
-    f: impl FnOnce(&act_panel::ActPanels),
-) {
-    thread_local! {
-        static REUSED_PANELS: std::cell::RefCell<act_panel::ActPanels> =
-            std::cell::RefCell::new(act_panel::ActPanels::default());
-    }
-    with_reused(&REUSED_PANELS, acts.len() <= REUSED_ACT_ROWS, |panels| {
-        panels.refill(acts, chunks, threads);
-        f(panels)
-    })
 }
 
 /// Validates `x [M, K] · W[N, K]ᵀ → y [M, N]`; returns (M, N).

@@ -629,6 +629,45 @@ pub(super) struct QuantActs {
     pub(super) half_sums: Vec<i32>,
 }
 
+/// Where the quantizers put one activation row, block by block: a [`QuantActs`] (every
+/// array any kernel preloads), or a row's slot in the interleaved kernels' panels
+/// (`act_panel::PanelSlot`, what those kernels read, written in place so that batching
+/// steps skip a copy). The arithmetic is the quantizers'; a sink only stores.
+pub(super) trait BlockSink {
+    /// Whether the sink holds a row of `k` values (the quantizers' precondition).
+    fn holds(&self, k: usize) -> bool;
+    /// Block b's 32 codes, to be written before [`BlockSink::finish`].
+    fn codes(&mut self, b: usize) -> &mut [i8; QK];
+    /// Block b's scale d (NaN for a non-finite block) and the sums of each 4
+    /// consecutive codes (lane l: codes 4l..4l+4), once its codes are written.
+    fn finish(&mut self, b: usize, d: f32, sums: [i32; 8], offset: i32);
+}
+
+impl BlockSink for QuantActs {
+    fn holds(&self, k: usize) -> bool {
+        let nb = k / QK;
+        self.q.len() >= k
+            && [self.d8.len(), self.init.len(), self.lane_sums.len()]
+                .into_iter()
+                .chain([
+                    self.block_init.len(),
+                    self.block_sums.len(),
+                    self.half_sums.len(),
+                ])
+                .all(|l| l >= nb)
+    }
+
+    #[inline(always)]
+    fn codes(&mut self, b: usize) -> &mut [i8; QK] {
+        (&mut self.q[b * QK..][..QK]).try_into().expect("32 codes")
+    }
+
+    #[inline(always)]
+    fn finish(&mut self, b: usize, d: f32, sums: [i32; 8], offset: i32) {
+        self.finish_sums(b, d, sums, offset)
+    }
+}
+
 impl QuantActs {
     /// Quantizes `x` (its length a multiple of 32: the weights' K, checked by the
     /// matmul) for weights with this `offset`, one scale per block or one for the row.
@@ -660,9 +699,14 @@ impl QuantActs {
         // start, and the portable build calls libm's `roundf` per value (~5 µs at
         // K = 1536, a fifth of the matmul).
         quantize_into(isa, x, offset, act, self);
-        // Only the row-scaled kernel reads it, and only with one scale per row.
+        self.finish_row(act, x.len());
+    }
+
+    /// The row's start value once its `k` values' blocks are quantized: only the
+    /// row-scaled kernel reads it, and only with one scale per row.
+    pub(super) fn finish_row(&mut self, act: ActScales, k: usize) {
         self.row_init = match act {
-            ActScales::PerRow => self.block_init[..x.len() / QK]
+            ActScales::PerRow => self.block_init[..k / QK]
                 .iter()
                 .fold(0i32, |a, &b| a.wrapping_add(b)),
             ActScales::PerBlock => 0,
@@ -689,20 +733,9 @@ impl QuantActs {
         sized(&mut self.half_sums, padded, nb);
     }
 
-    /// Fills block b's preloaded values from its codes (already in `q`) and scale d
-    /// (NaN for a non-finite block).
-    #[inline(always)]
-    pub(super) fn finish_block(&mut self, b: usize, d: f32, offset: i32) {
-        let q = &self.q[b * QK..(b + 1) * QK];
-        let mut sums = [0i32; 8];
-        for (s, four) in sums.iter_mut().zip(q.chunks_exact(4)) {
-            *s = four.iter().map(|&v| v as i32).sum();
-        }
-        self.finish_sums(b, d, sums, offset);
-    }
-
-    /// [`QuantActs::finish_block`] from the block's sums of each 4 consecutive codes
-    /// (lane l: codes 4l..4l+4), as the vector quantizer has them.
+    /// Fills block b's preloaded values from its scale d (NaN for a non-finite block)
+    /// and the sums of each 4 consecutive codes (lane l: codes 4l..4l+4), as the
+    /// quantizers have them.
     #[inline(always)]
     pub(super) fn finish_sums(&mut self, b: usize, d: f32, sums: [i32; 8], offset: i32) {
         let (lo, hi) = (sums[..4].iter().sum::<i32>(), sums[4..].iter().sum::<i32>());
@@ -743,11 +776,17 @@ pub(super) fn amax_finite(x: &[f32]) -> (f32, bool) {
 /// preload. Non-finite input makes its block's (or row's) scale NaN. The vector
 /// quantizer of `act_quant` on AVX2, AVX-512 and NEON (bit-exact with the portable
 /// loop, which stays mostly scalar when compiled).
-pub(super) fn quantize_into(isa: Isa, x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+pub(super) fn quantize_into<S: BlockSink>(
+    isa: Isa,
+    x: &[f32],
+    offset: i32,
+    act: ActScales,
+    a: &mut S,
+) {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
         // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
-        // `refill` sized a's arrays for them.
+        // the caller sized a for them.
         return unsafe { super::act_quant::quantize_ymm(x, offset, act, a) };
     }
     #[cfg(target_arch = "aarch64")]
@@ -758,10 +797,17 @@ pub(super) fn quantize_into(isa: Isa, x: &[f32], offset: i32, act: ActScales, a:
     quantize_portable(isa, x, offset, act, a)
 }
 
+/// The sums of each 4 consecutive codes of a block (lane l: codes 4l..4l+4), as the
+/// vector quantizers return them.
+#[inline(always)]
+pub(super) fn four_sums(q: &[i8; QK]) -> [i32; 8] {
+    std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum())
+}
+
 multiversion! {
     /// [`quantize_into`] in portable Rust, compiled per ISA (the scalar baseline the
     /// vector quantizer is checked against).
-    fn quantize_portable(x: &[f32], offset: i32, act: ActScales, a: &mut QuantActs) {
+    fn quantize_portable<S: BlockSink>(x: &[f32], offset: i32, act: ActScales, a: &mut S) {
         let row = match act {
             ActScales::PerBlock => None,
             ActScales::PerRow => Some(amax_finite(x)),
@@ -770,13 +816,14 @@ multiversion! {
             let (amax, finite) = row.unwrap_or_else(|| amax_finite(xb));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let q = &mut a.q[b * QK..(b + 1) * QK];
+            let q = a.codes(b);
             for (q, &v) in q.iter_mut().zip(xb) {
                 // Clamped for a subnormal d, whose 1/d overflows: ±∞ would saturate
                 // to −128 on one side, and every kernel bounds |q_x| by 127.
                 *q = (v * id).round().clamp(-127.0, 127.0) as i8;
             }
-            a.finish_block(b, if finite { d } else { f32::NAN }, offset);
+            let sums = four_sums(q);
+            a.finish(b, if finite { d } else { f32::NAN }, sums, offset);
         }
     }
 }
