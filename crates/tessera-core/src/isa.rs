@@ -118,6 +118,9 @@ pub struct CpuFeatures {
     /// AVX-512 and VNNI (the tile kernels finish their sums on zmm and fall back to
     /// VNNI for ragged rows).
     pub amx_int8: bool,
+    /// `prefetchw`: a prefetch that fetches the line ready for writing (x86 CPUID
+    /// PRFCHW; AMD since K6, Intel since Broadwell).
+    pub prefetchw: bool,
     /// Arm Advanced SIMD (always on aarch64).
     pub neon: bool,
     /// Arm `sdot`/`udot` (the DotProd extension, ARMv8.2 and later).
@@ -143,6 +146,7 @@ impl CpuFeatures {
             avx512_bf16: avx512 && has!("avx512bf16"),
             avx512_vnni: avx512 && has!("avx512vnni"),
             amx_int8: amx_allowed() && avx512 && has!("avx512vnni") && amx_granted(),
+            prefetchw: prefetchw(),
             neon: false,
             neon_dotprod: false,
         }
@@ -233,6 +237,14 @@ fn amx_allowed() -> bool {
 }
 
 /// Whether this process may run AMX-INT8 tile instructions: the CPU has AMX-TILE and
+/// PRFCHW (CPUID leaf 0x8000_0001, ECX bit 8): `prefetchw` executes as a prefetch, not
+/// an invalid opcode.
+#[cfg(target_arch = "x86_64")]
+fn prefetchw() -> bool {
+    use std::arch::x86_64::__cpuid;
+    __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+}
+
 /// AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), the OS saves the tile state (XCR0 bits
 /// 17 and 18), and Linux granted the tile data to this process
 /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; without it the first tile

@@ -807,3 +807,66 @@ fn weights_past_the_l2_give_the_same_outputs() {
         }
     }
 }
+
+/// A batching step whose outputs outgrow a thread's L2 asks for its output lines ahead
+/// of the stores (`prefetch_outputs`): outputs against float64 over the dequantized
+/// weights and the activations as quantized (`QuantActs::dequantized`, the values the
+/// integer kernels multiply exactly), on every ISA the host has, 1 and 2 threads, with
+/// a ragged last weight-row group. Skipped (and said) where the host reports no L2.
+#[test]
+fn outputs_past_the_l2_are_right() {
+    /// Relative to Σ|w·x|: the kernels' exact integer sums meet f32 only in each
+    /// block's scale product and the running sum over K/32 blocks.
+    const F32_FINISH_TOL: f64 = 1e-5;
+    let caches = tessera_core::CacheSizes::get();
+    let Some(l2) = caches.l2 else {
+        eprintln!("skipped: this host reports no L2 size, so no output set outgrows it");
+        return;
+    };
+    let (m, k) = (16, 64);
+    // Each of two threads writes m × rows/2 outputs of 4 bytes: past the L2.
+    let rows = (l2 / (2 * m)).next_multiple_of(16) + 16 + 5;
+    assert!(super::super::prefetch_outputs(
+        m,
+        m * (rows / 2) * 4,
+        caches
+    ));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let data: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let packed = layouts(DType::Q8_0, (rows, k), &data).pop().unwrap();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let xq: Vec<Vec<f64>> = x
+        .chunks(k)
+        .map(|r| QuantActs::with_scales(r, packed.offset(), ActScales::PerBlock).dequantized(k))
+        .collect();
+    let mut w = vec![0f32; k];
+    let want: Vec<(f64, f64)> = (0..rows)
+        .flat_map(|r| {
+            packed.dequantize_row(r, &mut w);
+            let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            xq.iter()
+                .map(|a| {
+                    let dot = a.iter().zip(&w).map(|(a, w)| a * w).sum::<f64>();
+                    let mag = a.iter().zip(&w).map(|(a, w)| (a * w).abs()).sum::<f64>();
+                    (dot, mag)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+        for threads in [1, 2] {
+            let got = apply(&x, (m, k, rows), |x, y| {
+                qmatmul_int8(isa, threads, &packed, x, y)
+            });
+            for i in 0..m {
+                for r in 0..rows {
+                    let (g, (dot, mag)) = (got[i * rows + r] as f64, want[r * m + i]);
+                    assert!(
+                        (g - dot).abs() <= F32_FINISH_TOL * mag.max(f64::MIN_POSITIVE),
+                        "{isa} threads {threads} ({i}, {r}): {g} vs {dot}"
+                    );
+                }
+            }
+        }
+    }
+}
