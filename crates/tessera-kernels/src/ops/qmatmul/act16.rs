@@ -40,8 +40,8 @@ pub(super) const PLANE_RATIO: f32 = 255.0;
 pub(super) fn split_into<S: BlockSink>(isa: Isa, x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
-        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
-        // `size_for` sized both planes for them.
+        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K); every
+        // store goes through the sinks' bounds-checked `codes` and `finish`.
         return unsafe { super::act_quant::split_ymm(x, offset, hi, lo) };
     }
     #[cfg(target_arch = "aarch64")]

@@ -91,12 +91,11 @@ unsafe fn for_block_scales<Q: QuantLanes>(
     }
 }
 
-/// Fills `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
+/// Fills the sink `a` (sized for `x`, as `QuantActs::refill` does) with `x` quantized per
 /// 32-block, or with one scale for the row: the body of every instance.
 ///
 /// # Safety
-/// `Q`'s CPU features; `x.len()` a multiple of 32; `a`'s arrays hold at least
-/// `x.len() / 32` blocks.
+/// `Q`'s CPU features; `x.len()` a multiple of 32. (The sink checks its own bounds.)
 #[inline(always)]
 unsafe fn quantize_with<Q: QuantLanes, S: BlockSink>(
     x: &[f32],
@@ -150,8 +149,7 @@ pub(super) unsafe fn quantize_neon<S: BlockSink>(
 /// portable `split_portable`: the body of every instance.
 ///
 /// # Safety
-/// `Q`'s CPU features; `x.len()` a multiple of 32; both planes' arrays hold at least
-/// `x.len() / 32` blocks.
+/// `Q`'s CPU features; `x.len()` a multiple of 32. (The sinks check their own bounds.)
 #[inline(always)]
 unsafe fn split_with<Q: QuantLanes, S: BlockSink>(x: &[f32], offset: i32, hi: &mut S, lo: &mut S) {
     debug_assert!(x.len().is_multiple_of(QK) && hi.holds(x.len()) && lo.holds(x.len()));

@@ -785,8 +785,8 @@ pub(super) fn quantize_into<S: BlockSink>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.is_available() {
-        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K) and
-        // the caller sized a for them.
+        // SAFETY: AVX2 and FMA checked; x is whole blocks (the matmul checked K); every
+        // store goes through the sink's bounds-checked `codes` and `finish`.
         return unsafe { super::act_quant::quantize_ymm(x, offset, act, a) };
     }
     #[cfg(target_arch = "aarch64")]
