@@ -236,15 +236,15 @@ fn amx_allowed() -> bool {
     }
 }
 
-/// Whether this process may run AMX-INT8 tile instructions: the CPU has AMX-TILE and
-/// PRFCHW (CPUID leaf 0x8000_0001, ECX bit 8): `prefetchw` executes as a prefetch, not
-/// an invalid opcode.
+/// Whether the CPU has PRFCHW (CPUID leaf 0x8000_0001, ECX bit 8): `prefetchw` executes
+/// as a prefetch, not an invalid opcode.
 #[cfg(target_arch = "x86_64")]
 fn prefetchw() -> bool {
     use std::arch::x86_64::__cpuid;
     __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
 }
 
+/// Whether this process may run AMX-INT8 tile instructions: the CPU has AMX-TILE and
 /// AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), the OS saves the tile state (XCR0 bits
 /// 17 and 18), and Linux granted the tile data to this process
 /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; without it the first tile

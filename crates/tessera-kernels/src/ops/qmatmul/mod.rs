@@ -610,6 +610,13 @@ mod simd_rows;
 mod tests {
     use super::*;
 
+    /// Host C's caches (AMD Zen 4): the rules below were measured there.
+    const ZEN4: CacheSizes = CacheSizes {
+        l1d: Some(32 << 10),
+        l2: Some(1 << 20),
+        largest: Some(32 << 20),
+    };
+
     /// A batching step's activation block: L1D less 8 KiB, never below the prefill
     /// budget (a 32 KiB L1D, or none reported) nor above the 40 KiB measured on 48 KiB.
     #[test]
@@ -629,16 +636,11 @@ mod tests {
     /// outgrow the L2 (the LM head), never for prefill or where the L2 is unknown.
     #[test]
     fn only_outputs_past_the_l2_are_prefetched() {
-        let zen4 = CacheSizes {
-            l1d: Some(32 << 10),
-            l2: Some(1 << 20),
-            largest: Some(32 << 20),
-        };
         for (m, task_bytes, caches, want) in [
-            (16, 16 * 24_576 * 4, zen4, true),
-            (64, 64 * 24_576 * 4, zen4, true),
-            (16, 16 * 1536 * 4, zen4, false),
-            (512, 512 * 1536 * 4, zen4, false),
+            (16, 16 * 24_576 * 4, ZEN4, true),
+            (64, 64 * 24_576 * 4, ZEN4, true),
+            (16, 16 * 1536 * 4, ZEN4, false),
+            (512, 512 * 1536 * 4, ZEN4, false),
             (16, 16 * 24_576 * 4, CacheSizes::default(), false),
         ] {
             assert_eq!(
@@ -654,23 +656,18 @@ mod tests {
     /// prefill whatever the weights' size.
     #[test]
     fn weights_past_the_l2_stream_once_per_batch() {
-        let zen4 = CacheSizes {
-            l1d: Some(32 << 10),
-            l2: Some(1 << 20),
-            largest: Some(32 << 20),
-        };
         let lm_head = 28_700_000 / 2;
         // (M, K, pass, share, caches) → rows per block.
         for ((m, k, pass), share, caches, want) in [
-            ((16, 576, 8), lm_head, zen4, 16),
-            ((13, 576, 8), lm_head, zen4, 16),
-            ((64, 576, 8), lm_head, zen4, 64),
-            ((30, 576, 4), lm_head, zen4, 32),
+            ((16, 576, 8), lm_head, ZEN4, 16),
+            ((13, 576, 8), lm_head, ZEN4, 16),
+            ((64, 576, 8), lm_head, ZEN4, 64),
+            ((30, 576, 4), lm_head, ZEN4, 32),
             // The L1 rule: 24 KiB over 4 bytes a column, in whole passes.
-            ((16, 576, 8), 600_000, zen4, 8),
-            ((16, 576, 4), 600_000, zen4, 8),
-            ((16, 1536, 4), 600_000, zen4, 4),
-            ((65, 576, 8), lm_head, zen4, 8),
+            ((16, 576, 8), 600_000, ZEN4, 8),
+            ((16, 576, 4), 600_000, ZEN4, 8),
+            ((16, 1536, 4), 600_000, ZEN4, 4),
+            ((65, 576, 8), lm_head, ZEN4, 8),
             ((16, 576, 8), lm_head, CacheSizes::default(), 8),
         ] {
             assert_eq!(
