@@ -211,6 +211,11 @@ impl Llama {
             } else {
                 norm_residual(&s.proj, &mut s.x, &layer.attn_norm, &mut s.h)?;
             }
+            // The KV lines this layer's write will store into, asked for now so that
+            // they arrive during the q/k/v matmul (KvStore::prefetch_for_write).
+            for q in seqs {
+                store.prefetch_for_write(l, q.table, q.pos0, q.tokens.len());
+            }
             layer.qkv.forward(
                 (["attn_q", "attn_k", "attn_v"], "attn_qkv"),
                 &s.h,

@@ -147,6 +147,40 @@ pub fn prefetch<T>(x: &[T]) {
     let _ = x;
 }
 
+/// Asks for every cache line of `x` ready for writing (`prefetchw`: the line arrives
+/// owned, so the stores that follow find it instead of each waiting for its own
+/// read-for-ownership), a hint; where the CPU lacks PRFCHW, a read prefetch; on aarch64
+/// `prfm pstl1keep`. For scattered stores into memory that left the caches, whose
+/// misses a store buffer serves a few at a time.
+#[inline]
+pub fn prefetch_for_write<T>(x: &mut [T]) {
+    let (p, bytes) = (x.as_mut_ptr() as *const u8, std::mem::size_of_val(x));
+    #[cfg(target_arch = "x86_64")]
+    let owned = tessera_core::CpuFeatures::get().prefetchw;
+    for line in (0..bytes).step_by(64) {
+        let at = p.wrapping_add(line);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: PREFETCHW (reported by CPUID) and PREFETCHT0 are hints: they neither
+        // fault nor change memory, whatever the address; `at` lies inside `x`.
+        unsafe {
+            if owned {
+                std::arch::asm!("prefetchw [{}]", in(reg) at,
+                    options(nostack, readonly, preserves_flags));
+            } else {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: PRFM never faults and touches no register but its address operand.
+        unsafe {
+            std::arch::asm!("prfm pstl1keep, [{0}]", in(reg) at,
+                options(nostack, readonly, preserves_flags));
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let _ = at;
+    }
+}
+
 /// Sum of 16 lanes as a halving tree (4 shuffle+add steps, not 15 dependent adds); the
 /// halves are whole arrays so LLVM sees vector adds, not a scalar pattern to re-pack.
 #[inline(always)]
@@ -411,6 +445,19 @@ unsafe fn x_sigmoid_avx512(src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    /// A write prefetch is a hint: every element of the slice (empty, shorter than a
+    /// line, ragged and starting mid-line) reads back as it was, and memory around it
+    /// is untouched.
+    #[test]
+    fn prefetch_for_write_leaves_memory_as_it_was() {
+        let mut buf: Vec<u16> = (0..200u16).map(|i| i.wrapping_mul(40503)).collect();
+        let want = buf.clone();
+        for (from, len) in [(0, 0), (3, 1), (5, 33), (7, 150), (0, 200)] {
+            super::prefetch_for_write(&mut buf[from..from + len]);
+            assert_eq!(buf, want, "{from}..+{len}");
+        }
+    }
+
     #[test]
     fn exp_accuracy_and_edges() {
         let mut worst = 0.0f64;
