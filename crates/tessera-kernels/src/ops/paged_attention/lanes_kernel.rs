@@ -32,7 +32,11 @@ const PREFETCH_AHEAD: usize = 8;
 /// medians): 16 × 192 171 → 156 µs, 16 × 1024 746 → 688 and 769 → 700, one sequence of
 /// 128 14.3 → 11.1, of 512 28.3 → 23.7; one thread 16 × 192 248 → 235 (AVX2 281 → 267).
 /// In the engine's 16-stream step (`bench-serve --acts int8 --profile`, 2 alternated
-/// runs) attention was within noise: 162–170 µs per layer against 165–166.
+/// runs) attention was within noise: 162–170 µs per layer against 165–166. A chunk's
+/// first L2_AHEAD records are asked for together at its start (host C, 2026-12-03, a
+/// noisy hour: `--shape 16x192x9x3x64`, 6 alternated rounds, median 136 against 147
+/// µs, lower in 4; the engine's 16-stream step, 4 alternated runs, attention 4.16–4.75
+/// ms a step against 4.24–5.24, lower in 3).
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
@@ -212,6 +216,11 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
     const { assert!(L::N.is_multiple_of(KT)) };
     // The V pass's first L2_AHEAD records are fetched during the K pass's last steps.
     let v_lead_from = n.saturating_sub(L2_AHEAD);
+    // The chunk's first L2_AHEAD records at once: the loop below asks for record
+    // i + L2_AHEAD, so these were otherwise never fetched ahead into L2.
+    for i in 0..L2_AHEAD.min(n) {
+        prefetch_record::<L, T>(c.k, job.records, i, rec_len, true);
+    }
     // KT tokens at a time (KT divides N, so a step never straddles two transposes).
     for t0 in (0..n).step_by(KT) {
         for i in t0..t0 + KT {
