@@ -147,6 +147,18 @@ pub fn prefetch<T>(x: &[T]) {
     let _ = x;
 }
 
+/// The start of every 64-byte line holding one of the `bytes` bytes at `p`: from the
+/// line of the first byte to that of the last, so a run starting mid-line gets the line
+/// its length alone would leave out.
+fn lines(p: *const u8, bytes: usize) -> impl Iterator<Item = *const u8> {
+    let skew = p as usize % 64;
+    let first = p.wrapping_sub(skew);
+    let span = if bytes == 0 { 0 } else { skew + bytes };
+    (0..span)
+        .step_by(64)
+        .map(move |line| first.wrapping_add(line))
+}
+
 /// Asks for every cache line of `x` ready for writing (`prefetchw`: the line arrives
 /// owned, so the stores that follow find it instead of each waiting for its own
 /// read-for-ownership), a hint; where the CPU lacks PRFCHW, a read prefetch; on aarch64
@@ -157,11 +169,10 @@ pub fn prefetch_for_write<T>(x: &mut [T]) {
     let (p, bytes) = (x.as_mut_ptr() as *const u8, std::mem::size_of_val(x));
     #[cfg(target_arch = "x86_64")]
     let owned = tessera_core::CpuFeatures::get().prefetchw;
-    for line in (0..bytes).step_by(64) {
-        let at = p.wrapping_add(line);
+    for at in lines(p, bytes) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: PREFETCHW (reported by CPUID) and PREFETCHT0 are hints: they neither
-        // fault nor change memory, whatever the address; `at` lies inside `x`.
+        // fault nor change memory, whatever the address (`at` is in a line of `x`).
         unsafe {
             if owned {
                 std::arch::asm!("prefetchw [{}]", in(reg) at,
@@ -455,6 +466,34 @@ mod tests {
         for (from, len) in [(0, 0), (3, 1), (5, 33), (7, 150), (0, 200)] {
             super::prefetch_for_write(&mut buf[from..from + len]);
             assert_eq!(buf, want, "{from}..+{len}");
+        }
+    }
+
+    /// The lines of a run cover each of its bytes, start on line boundaries and are
+    /// as few as cover it: aligned and ragged starts and ends, empty runs.
+    #[test]
+    fn lines_cover_every_byte_of_a_run() {
+        let buf = [0u8; 512];
+        let base = buf.as_ptr().wrapping_add(64 - buf.as_ptr() as usize % 64);
+        for skew in [0, 1, 16, 63] {
+            for bytes in [0, 1, 48, 63, 64, 65, 384, 385] {
+                let p = base.wrapping_add(skew);
+                let got: Vec<usize> = super::lines(p, bytes).map(|l| l as usize).collect();
+                assert!(got.iter().all(|l| l % 64 == 0), "{skew} + {bytes}");
+                let want = if bytes == 0 {
+                    0
+                } else {
+                    (skew + bytes).div_ceil(64)
+                };
+                assert_eq!(got.len(), want, "{skew} + {bytes}");
+                for b in 0..bytes {
+                    let a = p as usize + b;
+                    assert!(
+                        got.iter().any(|&l| (l..l + 64).contains(&a)),
+                        "{skew} + {bytes}: byte {b}"
+                    );
+                }
+            }
         }
     }
 
