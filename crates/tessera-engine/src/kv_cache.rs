@@ -105,9 +105,13 @@ impl<T: KvElem> Pool<T> {
     }
     /// Asks for the cache lines of `len` elements at `at` of `layer`'s keys and values
     /// ready for writing ([`prefetch_for_write`]).
+    /// Elements outside the pool (a block id `write` would reject) are skipped.
     fn prefetch_for_write(&mut self, layer: usize, at: usize, len: usize) {
-        prefetch_for_write(&mut self.k[layer][at..at + len]);
-        prefetch_for_write(&mut self.v[layer][at..at + len]);
+        for pool in [&mut self.k, &mut self.v] {
+            if let Some(x) = pool.get_mut(layer).and_then(|l| l.get_mut(at..at + len)) {
+                prefetch_for_write(x);
+            }
+        }
     }
     /// Stores one position's K and V rows at element offset `at` of `layer`.
     fn write(&mut self, layer: usize, at: usize, kr: &[f32], vr: &[f32]) {
@@ -300,7 +304,12 @@ impl KvStore {
         }
         let kd = self.kv_dim;
         for pos in pos0..pos0 + n {
-            let at = (table[pos / BLOCK] as usize * BLOCK + pos % BLOCK) * kd;
+            // A hint: a position past the table (which `write` would reject) asks for
+            // nothing.
+            let Some(&block) = table.get(pos / BLOCK) else {
+                return;
+            };
+            let at = (block as usize * BLOCK + pos % BLOCK) * kd;
             with_pool!(&mut self.pools, p => p.prefetch_for_write(layer, at, kd));
         }
     }
@@ -419,5 +428,36 @@ impl KvCache {
 
     pub(crate) fn set_len(&mut self, len: usize) {
         self.len = len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Write prefetches are hints: over written positions the pools read back as they
+    /// were, and positions past the block table, block ids past the pool and layers
+    /// past the store (which `write` would reject) ask for nothing instead of panicking.
+    #[test]
+    fn write_prefetches_change_nothing_and_never_panic() {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut store = KvStore::new(shape, 3, dtype).unwrap();
+            let kd = shape.kv_dim();
+            let k: Vec<f32> = (0..2 * kd).map(|i| i as f32 * 0.25 - 3.0).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            let table = [2u32, 0];
+            store.write(1, &table, 15, &k, &v);
+            let before = format!("{:?}", store.pools);
+            store.prefetch_for_write(1, &table, 15, 2);
+            store.prefetch_for_write(0, &table, 30, 4);
+            store.prefetch_for_write(1, &[7], 0, 1);
+            store.prefetch_for_write(5, &table, 0, 1);
+            assert_eq!(format!("{:?}", store.pools), before, "{dtype:?}");
+        }
     }
 }

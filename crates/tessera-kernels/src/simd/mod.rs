@@ -134,14 +134,9 @@ pub fn fold_lanes(lanes: [f32; 64]) -> f32 {
 #[inline(always)]
 pub fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let (p, bytes) = (x.as_ptr() as *const i8, std::mem::size_of_val(x));
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: prefetch is a hint that never faults; the address is inside `x`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(line))
-            };
-        }
+    for at in lines(x.as_ptr().cast(), std::mem::size_of_val(x)) {
+        // SAFETY: prefetch is a hint that never faults, whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
@@ -166,30 +161,40 @@ fn lines(p: *const u8, bytes: usize) -> impl Iterator<Item = *const u8> {
 /// misses a store buffer serves a few at a time.
 #[inline]
 pub fn prefetch_for_write<T>(x: &mut [T]) {
-    let (p, bytes) = (x.as_mut_ptr() as *const u8, std::mem::size_of_val(x));
     #[cfg(target_arch = "x86_64")]
     let owned = tessera_core::CpuFeatures::get().prefetchw;
-    for at in lines(p, bytes) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: PREFETCHW (reported by CPUID) and PREFETCHT0 are hints: they neither
-        // fault nor change memory, whatever the address (`at` is in a line of `x`).
-        unsafe {
-            if owned {
-                std::arch::asm!("prefetchw [{}]", in(reg) at,
-                    options(nostack, readonly, preserves_flags));
-            } else {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        // SAFETY: PRFM never faults and touches no register but its address operand.
-        unsafe {
-            std::arch::asm!("prfm pstl1keep, [{0}]", in(reg) at,
-                options(nostack, readonly, preserves_flags));
-        }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        let _ = at;
+    #[cfg(not(target_arch = "x86_64"))]
+    let owned = true;
+    for at in lines(x.as_mut_ptr().cast(), std::mem::size_of_val(x)) {
+        prefetch_line_for_write(at, owned);
     }
+}
+
+/// The line holding `at` asked for ready for writing, as [`prefetch_for_write`] does
+/// for each of its lines; `owned`: the CPU has PRFCHW (`CpuFeatures::prefetchw`; read
+/// once by the caller, off its loop), else x86-64 asks with a read prefetch.
+#[inline(always)]
+pub(crate) fn prefetch_line_for_write(at: *const u8, owned: bool) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW (which `owned` says the CPU has) and PREFETCHT0 are hints: they
+    // neither fault nor change memory, whatever the address.
+    unsafe {
+        if owned {
+            std::arch::asm!("prefetchw [{}]", in(reg) at,
+                options(nostack, readonly, preserves_flags));
+        } else {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+        }
+    }
+    // SAFETY: PRFM never faults and touches no register but its address operand.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        let _ = owned;
+        std::arch::asm!("prfm pstl1keep, [{0}]", in(reg) at,
+            options(nostack, readonly, preserves_flags));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = (at, owned);
 }
 
 /// Sum of 16 lanes as a halving tree (4 shuffle+add steps, not 15 dependent adds); the

@@ -520,12 +520,8 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
                 if ahead && r + G < end {
                     for i in a0..a1 {
                         let next = yptr.get().wrapping_add(origin + i * ld + r + G);
-                        // SAFETY: PREFETCHW, which `CpuFeatures::prefetchw` reported, is a
-                        // hint: it neither faults nor writes, whatever the address.
-                        unsafe {
-                            std::arch::asm!("prefetchw [{}]", in(reg) next,
-                                options(nostack, readonly, preserves_flags));
-                        }
+                        // `ahead` holds only where the CPU reported PRFCHW.
+                        crate::simd::prefetch_line_for_write(next.cast(), true);
                     }
                 }
                 let mut m0 = a0;
