@@ -285,9 +285,51 @@ impl Element for bf16 {
     }
 }
 
+// Signed bytes as plain integers: the codes of a scaled int8 store (an int8 KV cache
+// keeps one f32 scale per row beside them), so widening is the integer's value and
+// rounding saturates to ±127 (−128 is left out so a code's negation is a code).
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        v.round_ties_even().clamp(-127.0, 127.0) as i8
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v.round_ties_even().clamp(-127.0, 127.0) as i8
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn i8_codes_round_to_nearest_even_and_saturate_at_127() {
+        let cases = [
+            (0.49, 0),
+            (0.5, 0),
+            (1.5, 2),
+            (-2.5, -2),
+            (126.6, 127),
+            (300.0, 127),
+            (-127.4, -127),
+            (-1e9, -127),
+        ];
+        for (v, want) in cases {
+            assert_eq!(<i8 as Element>::from_f32(v), want, "{v}");
+            assert_eq!(<i8 as Element>::from_f64(v as f64), want, "{v}");
+        }
+        for c in -127i8..=127 {
+            assert_eq!(<i8 as Element>::from_f32(c.to_f32()), c);
+            assert_eq!(c.to_f64(), c as f64);
+        }
+    }
 
     #[test]
     fn f16_widening_is_exact_for_every_code() {

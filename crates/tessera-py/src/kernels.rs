@@ -12,7 +12,7 @@ use tessera_kernels::ops::attention::{attention, AttentionParams};
 use tessera_kernels::ops::gemm::{gemm, GemmParams};
 use tessera_kernels::ops::layer_norm::{layer_norm as layer_norm_op, LayerNorm};
 use tessera_kernels::ops::paged_attention::{
-    paged_attention as paged_op, PagedKvCache, PagedParams, PagedSeqs,
+    paged_attention as paged_op, PagedKvCache, PagedParams, PagedSeqs, NO_SCALES,
 };
 use tessera_kernels::ops::rms_norm::{rms_norm as rms_norm_op, rms_norm_residual, RmsNorm};
 use tessera_kernels::ops::rope::{rope as rope_op, Rope, RopeStyle};
@@ -260,6 +260,9 @@ pub fn paged_attention_py<'py>(
                 let cache = PagedKvCache::<T> {
                     k: kr.slice(),
                     v: vr.slice(),
+                    // Float caches only here (`with_float!`): no per-row scales.
+                    k_scales: NO_SCALES,
+                    v_scales: NO_SCALES,
                     num_blocks: cd[0],
                     block_size: cd[1],
                     kv_heads: cd[2],

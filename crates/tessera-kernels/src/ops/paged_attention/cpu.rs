@@ -7,7 +7,7 @@ use crate::simd::dot;
 use tessera_core::{Element, Isa};
 
 /// One chunk of one sequence, all heads: the lanes kernel where it exists (AVX-512,
-/// AVX2 or NEON; f32/bf16/f16 cache; d = 64/128), else the portable body once per KV head.
+/// AVX2 or NEON; f32/bf16/f16/i8 cache; d = 64/128), else the portable body once per KV head.
 pub(super) fn chunk<T: Element>(
     isa: Isa,
     job: &ChunkAll<'_, T>,
@@ -63,9 +63,9 @@ multiversion! {
             128 => key_scores::<T, 128>(job, scores, g),
             _ => {
                 for i in 0..n {
-                    let k = &c.k[row(i)..row(i) + d];
+                    let (k, ks) = (&c.k[row(i)..row(i) + d], c.k_scale(row(i)));
                     for h in 0..g {
-                        scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k);
+                        scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k) * ks;
                     }
                 }
             }
@@ -77,9 +77,9 @@ multiversion! {
             _ => {
                 o.fill(0.0);
                 for i in 0..n {
-                    let v = &c.v[row(i)..row(i) + d];
+                    let (v, vs) = (&c.v[row(i)..row(i) + d], c.v_scale(row(i)));
                     for h in 0..g {
-                        let p = scores[h * n + i];
+                        let p = scores[h * n + i] * vs;
                         for (x, &vv) in o[h * d..(h + 1) * d].iter_mut().zip(v) {
                             *x += p * vv.to_f32();
                         }
@@ -99,6 +99,7 @@ fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f
     for (i, &rec) in job.records.iter().enumerate() {
         let off = rec + job.kvh * D;
         let k: &[T; D] = c.k[off..off + D].try_into().expect("D-wide rows");
+        let ks = c.k_scale(off);
         for h in 0..g {
             let q: &[f32; D] = job.q[h * D..(h + 1) * D].try_into().expect("D-wide rows");
             let mut lanes = [0f32; 16];
@@ -107,7 +108,7 @@ fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f
                     lanes[l] += q[blk * 16 + l] * k[blk * 16 + l].to_f32();
                 }
             }
-            scores[h * n + i] = crate::simd::hsum(lanes);
+            scores[h * n + i] = crate::simd::hsum(lanes) * ks;
         }
     }
 }
@@ -128,8 +129,9 @@ fn weighted_values<T: Element, const D: usize>(
     for (i, &rec) in job.records.iter().enumerate() {
         let off = rec + job.kvh * D;
         let v: &[T; D] = c.v[off..off + D].try_into().expect("D-wide rows");
+        let vs = c.v_scale(off);
         for (h, a) in acc.iter_mut().enumerate().take(g) {
-            let p = scores[h * n + i];
+            let p = scores[h * n + i] * vs;
             for x in 0..D {
                 a[x] += p * v[x].to_f32();
             }

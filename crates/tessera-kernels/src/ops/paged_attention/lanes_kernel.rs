@@ -1,5 +1,7 @@
-//! The decode kernel for f32, f16 and bf16 caches at head dims 64 and 128, written once
-//! over [`Lanes`] and instantiated for AVX-512 (zmm), AVX2 (ymm) and NEON.
+//! The decode kernel for f32, f16, bf16 and scaled i8 caches at head dims 64 and 128,
+//! written once over [`Lanes`] and instantiated for AVX-512 (zmm), AVX2 (ymm) and NEON.
+//! An i8 cache's codes are widened like any element; a row's scale multiplies its
+//! partial dots once (K) and joins its probabilities (V), never each loaded vector.
 //!
 //! A task covers every KV head of a run of tokens, so each token's cache record
 //! (`kv_heads·d` elements) is read whole and in order: per-head tasks read one slice of
@@ -64,6 +66,7 @@ pub(super) fn chunk<T: Element>(
         TypeId::of::<f32>(),
         TypeId::of::<f16>(),
         TypeId::of::<bf16>(),
+        TypeId::of::<i8>(),
     ];
     if !matches!(job.cache.d, 64 | 128) || !cache_type.contains(&TypeId::of::<T>()) {
         return false;
@@ -153,10 +156,11 @@ unsafe fn neon<T: Element>((job, s, o, ml): Args<'_, '_, T>) {
     }
 }
 
-/// N cache elements at `p` as f32 lanes (T is resolved at compile time).
+/// N cache elements at `p` as f32 lanes (T is resolved at compile time); an i8 cache's
+/// codes as they are (the caller applies the row's scale).
 ///
 /// # Safety
-/// L's features; N elements readable at `p`; T is f32, f16 or bf16.
+/// L's features; N elements readable at `p`; T is f32, f16, bf16 or i8.
 #[inline(always)]
 unsafe fn load_row<L: Lanes, T: Element>(p: *const T) -> L::F {
     let t = TypeId::of::<T>();
@@ -166,6 +170,8 @@ unsafe fn load_row<L: Lanes, T: Element>(p: *const T) -> L::F {
             L::load(p.cast())
         } else if t == TypeId::of::<f16>() {
             L::load_f16(p.cast())
+        } else if t == TypeId::of::<i8>() {
+            L::to_f32(L::widen_i8(p.cast()))
         } else {
             L::load_bf16(p.cast())
         }
@@ -173,20 +179,34 @@ unsafe fn load_row<L: Lanes, T: Element>(p: *const T) -> L::F {
 }
 
 /// Prefetches the whole record of the chunk's token `i` (if the chunk has one) into L2
-/// or L1.
+/// or L1, and for an i8 cache the line holding its first scale (a block's records and
+/// their scales are consecutive, so the next token's asks for a line the scales spill
+/// into).
 #[inline(always)]
-fn prefetch_record<L: Lanes, T>(buf: &[T], records: &[usize], i: usize, rec_len: usize, l2: bool) {
+fn prefetch_record<L: Lanes, T>(
+    (buf, scales): (&[T], &[f32]),
+    records: &[usize],
+    i: usize,
+    (rec_len, d): (usize, usize),
+    l2: bool,
+) {
+    let ask = |p: *const u8| {
+        // SAFETY: a prefetch never faults; L's features are the caller's.
+        unsafe {
+            if l2 {
+                L::prefetch_l2(p)
+            } else {
+                L::prefetch_l1(p)
+            }
+        }
+    };
     if let Some(&at) = records.get(i) {
         let p = buf.as_ptr().wrapping_add(at) as *const u8;
         for line in (0..rec_len * std::mem::size_of::<T>()).step_by(64) {
-            // SAFETY: a prefetch never faults; L's features are the caller's.
-            unsafe {
-                if l2 {
-                    L::prefetch_l2(p.wrapping_add(line))
-                } else {
-                    L::prefetch_l1(p.wrapping_add(line))
-                }
-            }
+            ask(p.wrapping_add(line));
+        }
+        if !scales.is_empty() {
+            ask(scales.as_ptr().wrapping_add(at / d) as *const u8);
         }
     }
 }
@@ -196,7 +216,7 @@ fn prefetch_record<L: Lanes, T>(buf: &[T], records: &[usize], i: usize, rec_len:
 /// heads × CV vectors in registers.
 ///
 /// # Safety
-/// L's features; d = L::N·NV; CV divides NV; KT divides L::N; T is f32, f16 or bf16.
+/// L's features; d = L::N·NV; CV divides NV; KT divides L::N; T is f32, f16, bf16 or i8.
 #[inline(always)]
 unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const KT: usize>(
     job: &ChunkAll<'_, T>,
@@ -209,6 +229,8 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
     let g = heads / kvh_n;
     let n = job.records.len();
     let rec_len = kvh_n * d;
+    let shape = (rec_len, d);
+    let (kb, vb) = ((c.k, c.k_scales), (c.v, c.v_scales));
     let qp = job.q.as_ptr();
     // Per head, N tokens' partial vectors (N×N floats), reduced together.
     let tile = L::N * L::N;
@@ -219,29 +241,33 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
     // The chunk's first L2_AHEAD records at once: the loop below asks for record
     // i + L2_AHEAD, so these were otherwise never fetched ahead into L2.
     for i in 0..L2_AHEAD.min(n) {
-        prefetch_record::<L, T>(c.k, job.records, i, rec_len, true);
+        prefetch_record::<L, T>(kb, job.records, i, shape, true);
     }
     // KT tokens at a time (KT divides N, so a step never straddles two transposes).
     for t0 in (0..n).step_by(KT) {
         for i in t0..t0 + KT {
-            prefetch_record::<L, T>(c.k, job.records, i + L2_AHEAD, rec_len, true);
+            prefetch_record::<L, T>(kb, job.records, i + L2_AHEAD, shape, true);
             if let Some(j) = i.checked_sub(v_lead_from) {
-                prefetch_record::<L, T>(c.v, job.records, j, rec_len, true);
+                prefetch_record::<L, T>(vb, job.records, j, shape, true);
             }
-            prefetch_record::<L, T>(c.k, job.records, i + PREFETCH_AHEAD, rec_len, false);
+            prefetch_record::<L, T>(kb, job.records, i + PREFETCH_AHEAD, shape, false);
         }
         // Past the chunk's end the last token stands in: its dots land in transpose
         // rows that are dropped below.
         let mut recs = [c.k.as_ptr(); KT];
-        for (t, r) in recs.iter_mut().enumerate() {
-            *r = c.k[job.records[(t0 + t).min(n - 1)]..][..rec_len].as_ptr();
+        let mut at = [0; KT];
+        for (t, (r, a)) in recs.iter_mut().zip(&mut at).enumerate() {
+            *a = job.records[(t0 + t).min(n - 1)];
+            *r = c.k[*a..][..rec_len].as_ptr();
         }
         for kvh in 0..kvh_n {
+            let scales = at.map(|a| c.k_scale(a + kvh * d));
             let mut h0 = kvh * g;
             while h0 < (kvh + 1) * g {
                 let hb = ((kvh + 1) * g - h0).min(K_HEADS);
                 let step = KStep {
                     recs,
+                    scales,
                     kvh,
                     h0,
                     slot: t0 % L::N,
@@ -317,6 +343,8 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
 /// transpose row of the first token.
 struct KStep<T, const KT: usize> {
     recs: [*const T; KT],
+    /// Each token's key scale for the KV head (1 for a float cache).
+    scales: [f32; KT],
     kvh: usize,
     h0: usize,
     slot: usize,
@@ -367,6 +395,13 @@ unsafe fn key_dots<L: Lanes, T: Element, const NV: usize, const KT: usize, const
         for (t, row) in acc.iter().enumerate() {
             for (hh, &a) in row.iter().enumerate() {
                 let at = (step.h0 + hh) * tile + (step.slot + t) * L::N;
+                // An i8 cache's codes were dotted as they are: one product by the
+                // row's scale here instead of one per loaded vector.
+                let a = if TypeId::of::<T>() == TypeId::of::<i8>() {
+                    L::mul(a, L::splat_f(step.scales[t]))
+                } else {
+                    a
+                };
                 L::store(partial.as_mut_ptr().add(at), a);
             }
         }
@@ -420,18 +455,21 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
         for (j, &rec_at) in records.iter().enumerate() {
             let i = part.tokens.start + j;
             if part.kvh == 0 && cb == 0 {
-                let rec_len = c.kv_heads * d;
-                prefetch_record::<L, T>(c.v, job.records, i + L2_AHEAD, rec_len, true);
-                prefetch_record::<L, T>(c.v, job.records, i + PREFETCH_AHEAD, rec_len, false);
+                let (vb, shape) = ((c.v, c.v_scales), (c.kv_heads * d, d));
+                prefetch_record::<L, T>(vb, job.records, i + L2_AHEAD, shape, true);
+                prefetch_record::<L, T>(vb, job.records, i + PREFETCH_AHEAD, shape, false);
             }
             // SAFETY: every record holds kv_heads·d elements inside the cache buffer
             // (`check` validated the block tables; asserted above in debug builds), and
             // kvh·d + N·(cb + CV) ≤ kv_heads·d; scores holds (h0 + H)·n floats, i < n.
             unsafe {
-                let rec = c.v.as_ptr().add(rec_at + part.kvh * d + L::N * cb);
+                let row = rec_at + part.kvh * d;
+                let rec = c.v.as_ptr().add(row + L::N * cb);
+                // An i8 cache's scale joins the probabilities: one product per head.
+                let vs = c.v_scale(row);
                 let mut p = [L::zero(); H];
                 for (hh, ph) in p.iter_mut().enumerate() {
-                    *ph = L::splat_f(*scores.as_ptr().add((h0 + hh) * n + i));
+                    *ph = L::splat_f(*scores.as_ptr().add((h0 + hh) * n + i) * vs);
                 }
                 for v in 0..CV {
                     let x = load_row::<L, T>(rec.add(L::N * v));
@@ -459,7 +497,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// AVX-512's instance ([`wide`]) in software lanes, and each ISA this host runs,
-    /// against float64: f32, f16 and bf16 caches, d 64 and 128, 3 and 6 query heads per
+    /// against float64: f32, f16, bf16 and scaled i8 caches, d 64 and 128, 3 and 6 query heads per
     /// KV head, chunks of 1 to 100 tokens (ragged against the 16-token transposes and the
     /// 32-token V tiles) whose records are scattered over the pool as a block table
     /// leaves them.
@@ -471,15 +509,29 @@ mod tests {
             for d in [64, 128] {
                 let rec_len = kv_heads * d;
                 let len = num_blocks * block_size * rec_len;
+                // i8 codes span ±127 with scales of 0.5/127 to 2/127 per row.
+                let scaled = T::DTYPE == tessera_core::DType::I8;
+                let amp = if scaled { 127.0 } else { 1.0 };
                 let mut rand_t = |n: usize| -> Vec<T> {
                     (0..n)
-                        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
+                        .map(|_| T::from_f32(rng.random_range(-amp..amp)))
                         .collect()
                 };
                 let (k, v) = (rand_t(len), rand_t(len));
+                let rows = if scaled { len / d } else { 0 };
+                let mut rand_s = |n: usize| -> Vec<f32> {
+                    (0..n).map(|_| rng.random_range(0.5..2.0) / 127.0).collect()
+                };
+                let (ks, vs) = (rand_s(rows), rand_s(rows));
+                let (kf, vf) = (
+                    |at: usize| k[at].to_f64() * ks.get(at / d).map_or(1.0, |&s| s as f64),
+                    |at: usize| v[at].to_f64() * vs.get(at / d).map_or(1.0, |&s| s as f64),
+                );
                 let cache = PagedKvCache {
                     k: &k,
                     v: &v,
+                    k_scales: &ks,
+                    v_scales: &vs,
                     num_blocks,
                     block_size,
                     kv_heads,
@@ -505,20 +557,13 @@ mod tests {
                         .flat_map(|h| {
                             let at = |r: usize| records[r] + h / g * d;
                             let s: Vec<f64> = (0..n)
-                                .map(|r| {
-                                    (0..d)
-                                        .map(|x| q[h * d + x] as f64 * k[at(r) + x].to_f64())
-                                        .sum()
-                                })
+                                .map(|r| (0..d).map(|x| q[h * d + x] as f64 * kf(at(r) + x)).sum())
                                 .collect();
                             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                             let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                             let total: f64 = w.iter().sum();
                             (0..d)
-                                .map(|x| {
-                                    (0..n).map(|r| w[r] * v[at(r) + x].to_f64()).sum::<f64>()
-                                        / total
-                                })
+                                .map(|x| (0..n).map(|r| w[r] * vf(at(r) + x)).sum::<f64>() / total)
                                 .collect::<Vec<f64>>()
                         })
                         .collect();
@@ -561,6 +606,7 @@ mod tests {
             run::<f32>(&mut rng, seed, g);
             run::<f16>(&mut rng, seed, g);
             run::<bf16>(&mut rng, seed, g);
+            run::<i8>(&mut rng, seed, g);
         }
     }
 }

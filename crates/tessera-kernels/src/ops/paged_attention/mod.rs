@@ -13,10 +13,10 @@
 mod cpu;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod lanes_kernel;
-mod spec;
+pub(crate) mod spec;
 
 pub(crate) use spec::run_attention_on_device;
-pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32};
+pub use spec::{PagedAttentionOp, PagedProblem, TOL_BF16, TOL_F32, TOL_I8};
 
 use crate::pool::{self, SharedMut};
 use crate::registry::{TuneParam, TuneSpace};
@@ -25,12 +25,21 @@ use crate::simd::exp;
 use tessera_core::{Element, Error, Isa, Result, TensorView, TensorViewMut};
 
 /// The paged cache (K and V share one layout).
+///
+/// An `i8` cache stores codes with one f32 scale per position and KV head: element x of
+/// head h at position p is `k[(p·kv_heads + h)·d + x] · k_scales[p·kv_heads + h]`
+/// (p counting positions over the whole pool, `num_blocks·block_size`). Float caches
+/// leave the scales empty ([`NO_SCALES`]).
 #[derive(Clone, Copy, Debug)]
 pub struct PagedKvCache<'a, T> {
     /// Keys: `[num_blocks, block_size, kv_heads, d]`.
     pub k: &'a [T],
     /// Values, laid out as the keys.
     pub v: &'a [T],
+    /// An i8 cache's key scales, `[num_blocks, block_size, kv_heads]`; else empty.
+    pub k_scales: &'a [f32],
+    /// An i8 cache's value scales, as the keys'.
+    pub v_scales: &'a [f32],
     /// Blocks in the pool.
     pub num_blocks: usize,
     /// Positions per block.
@@ -39,6 +48,35 @@ pub struct PagedKvCache<'a, T> {
     pub kv_heads: usize,
     /// Head width.
     pub d: usize,
+}
+
+/// The scales of a float cache: none.
+pub const NO_SCALES: &[f32] = &[];
+
+impl<T: Element> PagedKvCache<'_, T> {
+    /// Whether elements are int8 codes with per-row scales.
+    pub fn is_scaled(&self) -> bool {
+        T::DTYPE == tessera_core::DType::I8
+    }
+    /// The factor of the key row at element offset `at` (a record's start plus
+    /// `kvh·d`): its scale for an i8 cache, 1 otherwise.
+    #[inline(always)]
+    pub(crate) fn k_scale(&self, at: usize) -> f32 {
+        if self.is_scaled() {
+            self.k_scales[at / self.d]
+        } else {
+            1.0
+        }
+    }
+    /// As [`PagedKvCache::k_scale`], for values.
+    #[inline(always)]
+    pub(crate) fn v_scale(&self, at: usize) -> f32 {
+        if self.is_scaled() {
+            self.v_scales[at / self.d]
+        } else {
+            1.0
+        }
+    }
 }
 
 /// Sequences in one call: block table row `s` is `block_tables[s·max_blocks..][..max_blocks]`.
@@ -155,6 +193,21 @@ fn check<T: Element>(
                 c.block_size,
                 c.kv_heads,
                 c.d
+            ),
+        ));
+    }
+    let rows = need.map(|n| n / c.d.max(1));
+    let scales = if c.is_scaled() { rows } else { Some(0) };
+    if scales.is_none_or(|r| c.k_scales.len() != r || c.v_scales.len() != r) {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "{}/{} scales for a {} cache of {:?} rows (one per position and KV head \
+                 for i8, none for float caches)",
+                c.k_scales.len(),
+                c.v_scales.len(),
+                T::DTYPE,
+                rows
             ),
         ));
     }
@@ -443,6 +496,8 @@ mod tests {
         let cache = PagedKvCache {
             k: &k,
             v: &v,
+            k_scales: NO_SCALES,
+            v_scales: NO_SCALES,
             num_blocks,
             block_size,
             kv_heads,

@@ -26,6 +26,44 @@ pub const TOL_BF16: Tolerance = Tolerance {
     reason: "exact widening, then as f32",
 };
 
+/// i8 cache: codes widen exactly; a row's scale multiplies its f32 dot (K) or joins its
+/// probability (V): one more f32 rounding per term than the reference's f64 products.
+pub const TOL_I8: Tolerance = Tolerance {
+    rel: 2e-5,
+    reason: "exact widening, one f32 product by each row's scale",
+};
+
+/// A random K or V pool of `len` elements and its scales: uniform in [−1, 1) for a
+/// float cache (no scales); for i8, codes over ±127 with one scale per `d`-wide row
+/// drawn from 0.5/127 to 2/127 (rows of differing magnitude, as a model's keys have).
+pub(crate) fn random_cache<T: Element>(
+    rng: &mut Rng,
+    len: usize,
+    d: usize,
+) -> Result<(AlignedVec<T>, Vec<f32>)> {
+    if T::DTYPE != DType::I8 {
+        return Ok((random(rng, len)?, Vec::new()));
+    }
+    let codes = crate::ops::common::random_in(rng, len, -127.49, 127.49)?;
+    let scales = (0..len / d.max(1))
+        .map(|_| rng.random_range(0.5f32..2.0) / 127.0)
+        .collect();
+    Ok((codes, scales))
+}
+
+/// The `d` values of the pool row at element `off` in f64, times its scale if scaled.
+pub(crate) fn widen_row<T: Element>(vals: &[T], scales: &[f32], off: usize, d: usize) -> Vec<f64> {
+    let s = scales.get(off / d.max(1)).map_or(1.0, |&s| s as f64);
+    vals[off..off + d].iter().map(|x| x.to_f64() * s).collect()
+}
+
+/// Bytes of `positions` cached rows of `kv_heads·d` elements, keys and values, scales
+/// included for i8.
+pub(crate) fn cache_bytes(dtype: DType, positions: usize, kv_heads: usize, d: usize) -> usize {
+    let scales = if dtype == DType::I8 { 4 * kv_heads } else { 0 };
+    2 * positions * (kv_heads * d * dtype.size_bytes() + scales)
+}
+
 /// Sequences of given context lengths over a shared paged cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PagedProblem {
@@ -69,13 +107,13 @@ impl OpSpec for PagedAttentionOp {
         "decode attention over a paged KV cache, many sequences, GQA, split-K"
     }
     fn dtypes(&self) -> &'static [DType] {
-        &[DType::F32, DType::BF16, DType::F16]
+        &[DType::F32, DType::BF16, DType::F16, DType::I8]
     }
     fn tolerance(&self, dtype: DType) -> Tolerance {
-        if matches!(dtype, DType::BF16 | DType::F16) {
-            TOL_BF16
-        } else {
-            TOL_F32
+        match dtype {
+            DType::BF16 | DType::F16 => TOL_BF16,
+            DType::I8 => TOL_I8,
+            _ => TOL_F32,
         }
     }
     fn test_problems(&self, rng: &mut Rng) -> Vec<Box<dyn ProblemCase>> {
@@ -154,7 +192,7 @@ impl ProblemCase for PagedProblem {
         let n = self.context_lens.len();
         Cost {
             flops: 4.0 * (tokens * self.heads * self.d) as f64,
-            bytes: (2 * tokens * self.kv_heads * self.d * dtype.size_bytes()
+            bytes: (cache_bytes(dtype, tokens, self.kv_heads, self.d)
                 + 2 * n * self.heads * self.d * 4) as f64,
         }
     }
@@ -175,6 +213,7 @@ impl ProblemCase for PagedProblem {
             DType::F32 => Ok(Box::new(PagedInstance::<f32>::new(self.clone(), rng)?)),
             DType::BF16 => Ok(Box::new(PagedInstance::<bf16>::new(self.clone(), rng)?)),
             DType::F16 => Ok(Box::new(PagedInstance::<f16>::new(self.clone(), rng)?)),
+            DType::I8 => Ok(Box::new(PagedInstance::<i8>::new(self.clone(), rng)?)),
             d => Err(Error::DType {
                 op: "paged_attention",
                 dtype: d.to_string(),
@@ -188,6 +227,9 @@ struct PagedInstance<T: Element> {
     q: AlignedVec<f32>,
     k: AlignedVec<T>,
     v: AlignedVec<T>,
+    /// Per-row scales of an i8 cache (empty for floats).
+    ks: Vec<f32>,
+    vs: Vec<f32>,
     o: AlignedVec<f32>,
     tables: Vec<u32>,
     max_blocks: usize,
@@ -208,10 +250,14 @@ impl<T: Element> PagedInstance<T> {
         ids.shuffle(rng); // tables point anywhere in the pool, out of order
         let cache_len = num_blocks * p.block_size * p.kv_heads * p.d;
         let n = p.context_lens.len();
+        let (k, ks) = random_cache(rng, cache_len, p.d)?;
+        let (v, vs) = random_cache(rng, cache_len, p.d)?;
         Ok(PagedInstance {
             q: random(rng, n * p.heads * p.d)?,
-            k: random(rng, cache_len)?,
-            v: random(rng, cache_len)?,
+            k,
+            v,
+            ks,
+            vs,
             o: AlignedVec::zeroed(n * p.heads * p.d)?,
             tables: ids[..n * max_blocks].to_vec(),
             max_blocks,
@@ -296,10 +342,10 @@ impl<T: Element> Instance for PagedInstance<T> {
         let mut out = Vec::new();
         for (s, &len) in p.context_lens.iter().enumerate() {
             for h in 0..p.heads {
-                let at = |buf: &[T], t: usize| -> Vec<f64> {
+                let at = |buf: &[T], scales: &[f32], t: usize| -> Vec<f64> {
                     let b = self.tables[s * self.max_blocks + t / p.block_size] as usize;
                     let off = ((b * p.block_size + t % p.block_size) * p.kv_heads + h / g) * d;
-                    buf[off..off + d].iter().map(|x| x.to_f64()).collect()
+                    widen_row(buf, scales, off, d)
                 };
                 let q: Vec<f64> = self.q[(s * p.heads + h) * d..][..d]
                     .iter()
@@ -308,8 +354,8 @@ impl<T: Element> Instance for PagedInstance<T> {
                 out.extend(attend(
                     &q,
                     (0, len),
-                    |t| at(&self.k, t),
-                    |t| at(&self.v, t),
+                    |t| at(&self.k, &self.ks, t),
+                    |t| at(&self.v, &self.vs, t),
                     self.scale() as f64,
                 ));
             }
@@ -341,6 +387,8 @@ impl<T: Element> Instance for PagedInstance<T> {
         let cache = PagedKvCache {
             k: &self.k,
             v: &self.v,
+            k_scales: &self.ks,
+            v_scales: &self.vs,
             num_blocks: self.num_blocks,
             block_size: self.p.block_size,
             kv_heads: self.p.kv_heads,

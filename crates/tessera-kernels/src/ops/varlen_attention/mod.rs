@@ -224,16 +224,27 @@ fn gather<T: Element>(
     let row = c.kv_heads * c.d;
     let blocks = len.div_ceil(c.block_size.max(1));
     let need = c.num_blocks * c.block_size * row;
-    if c.block_size == 0 || blocks > table.len() || c.k.len() != need || c.v.len() != need {
+    let scales = if c.is_scaled() { need / c.d.max(1) } else { 0 };
+    if c.block_size == 0
+        || c.d == 0
+        || blocks > table.len()
+        || c.k.len() != need
+        || c.v.len() != need
+        || c.k_scales.len() != scales
+        || c.v_scales.len() != scales
+    {
         return Err(Error::shape(
             "varlen_attention",
             format!(
-                "context {len} over {} table entries of a {}×{}×{row} cache ({}/{} elements)",
+                "context {len} over {} table entries of a {}×{}×{row} cache ({}/{} elements, \
+                 {}/{} scales)",
                 table.len(),
                 c.num_blocks,
                 c.block_size,
                 c.k.len(),
-                c.v.len()
+                c.v.len(),
+                c.k_scales.len(),
+                c.v_scales.len()
             ),
         ));
     }
@@ -248,12 +259,20 @@ fn gather<T: Element>(
         }
         let t0 = bi * c.block_size;
         let n = c.block_size.min(len - t0) * row;
-        let src = b as usize * c.block_size * row;
-        let widen = |dst: &mut [f32], src: &[T]| {
-            dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+        let src_at = b as usize * c.block_size * row;
+        // Each d-wide row widens times its pool row's scale (an i8 cache; a float
+        // cache has none and copies as it is).
+        let widen = |dst: &mut [f32], src: &[T], scales: &[f32]| {
+            let rows = dst.chunks_exact_mut(c.d).zip(src.chunks_exact(c.d));
+            for (r, (dr, sr)) in rows.enumerate() {
+                let sc = scales.get(src_at / c.d + r).copied().unwrap_or(1.0);
+                dr.iter_mut()
+                    .zip(sr)
+                    .for_each(|(d, s)| *d = s.to_f32() * sc);
+            }
         };
-        widen(&mut k[t0 * row..][..n], &c.k[src..][..n]);
-        widen(&mut v[t0 * row..][..n], &c.v[src..][..n]);
+        widen(&mut k[t0 * row..][..n], &c.k[src_at..][..n], c.k_scales);
+        widen(&mut v[t0 * row..][..n], &c.v[src_at..][..n], c.v_scales);
     }
     Ok(())
 }

@@ -5,8 +5,8 @@
 use super::{varlen_attention, VarlenParams, VarlenSeqs};
 use crate::ops::attention::reference::attend;
 use crate::ops::common::{bytes, poison, random};
-use crate::ops::paged_attention::run_attention_on_device;
-use crate::ops::paged_attention::PagedKvCache;
+use crate::ops::paged_attention::spec::{cache_bytes, random_cache, widen_row};
+use crate::ops::paged_attention::{run_attention_on_device, PagedKvCache};
 use crate::registry::on_device::OnDevice;
 use crate::registry::{
     BenchProblem, Cost, Instance, OpSpec, ProblemCase, Rng, Tolerance, TuneConfig, TuneParam,
@@ -80,11 +80,12 @@ impl OpSpec for VarlenAttentionOp {
         "causal attention of a batching step: decode rows and prefill chunks over a paged cache"
     }
     fn dtypes(&self) -> &'static [DType] {
-        &[DType::F32, DType::F16]
+        &[DType::F32, DType::F16, DType::I8]
     }
     fn tolerance(&self, dtype: DType) -> Tolerance {
         match dtype {
             DType::F16 => TOL_HALF,
+            DType::I8 => crate::ops::paged_attention::TOL_I8,
             _ => TOL_F32,
         }
     }
@@ -178,7 +179,7 @@ impl ProblemCase for VarlenProblem {
         let q: usize = self.runs.iter().map(|r| r.0).sum();
         Cost {
             flops: 4.0 * (visible * h * d) as f64,
-            bytes: (2 * kv * self.kv_heads * d * dtype.size_bytes() + 2 * q * h * d * 4) as f64,
+            bytes: (cache_bytes(dtype, kv, self.kv_heads, d) + 2 * q * h * d * 4) as f64,
         }
     }
     fn tune_space(&self) -> TuneSpace {
@@ -193,6 +194,7 @@ impl ProblemCase for VarlenProblem {
         match dtype {
             DType::F32 => Ok(Box::new(VarlenInstance::<f32>::new(self.clone(), rng)?)),
             DType::F16 => Ok(Box::new(VarlenInstance::<f16>::new(self.clone(), rng)?)),
+            DType::I8 => Ok(Box::new(VarlenInstance::<i8>::new(self.clone(), rng)?)),
             d => Err(Error::DType {
                 op: "varlen_attention",
                 dtype: d.to_string(),
@@ -210,6 +212,9 @@ struct VarlenInstance<T: Element> {
     q: AlignedVec<f32>,
     k: AlignedVec<T>,
     v: AlignedVec<T>,
+    /// Per-row scales of an i8 cache (empty for floats).
+    ks: Vec<f32>,
+    vs: Vec<f32>,
     o: AlignedVec<f32>,
     tables: Vec<u32>,
     max_blocks: usize,
@@ -236,10 +241,14 @@ impl<T: Element> VarlenInstance<T> {
         let total_q: usize = p.runs.iter().map(|r| r.0).sum();
         let row = p.heads * p.d;
         let cache_len = num_blocks * bs * p.kv_heads * p.d;
+        let (k, ks) = random_cache(rng, cache_len, p.d)?;
+        let (v, vs) = random_cache(rng, cache_len, p.d)?;
         Ok(VarlenInstance {
             q: random(rng, total_q * (row + Q_ROW_PAD))?,
-            k: random(rng, cache_len)?,
-            v: random(rng, cache_len)?,
+            k,
+            v,
+            ks,
+            vs,
             o: AlignedVec::zeroed(total_q * row)?,
             tables,
             max_blocks,
@@ -297,10 +306,10 @@ impl<T: Element> Instance for VarlenInstance<T> {
             for i in 0..q_len {
                 let pos = ctx - q_len + i;
                 for h in 0..p.heads {
-                    let at = |buf: &[T], t: usize| -> Vec<f64> {
+                    let at = |buf: &[T], scales: &[f32], t: usize| -> Vec<f64> {
                         let b = self.tables[s * self.max_blocks + t / bs] as usize;
                         let off = ((b * bs + t % bs) * p.kv_heads + h / g) * d;
-                        buf[off..off + d].iter().map(|x| x.to_f64()).collect()
+                        widen_row(buf, scales, off, d)
                     };
                     let q: Vec<f64> = (0..d)
                         .map(|x| self.q[ql.index_of(&[row, h, x])] as f64)
@@ -308,8 +317,8 @@ impl<T: Element> Instance for VarlenInstance<T> {
                     out.extend(attend(
                         &q,
                         (0, pos + 1),
-                        |t| at(&self.k, t),
-                        |t| at(&self.v, t),
+                        |t| at(&self.k, &self.ks, t),
+                        |t| at(&self.v, &self.vs, t),
                         self.scale() as f64,
                     ));
                 }
@@ -339,6 +348,8 @@ impl<T: Element> Instance for VarlenInstance<T> {
         let cache = PagedKvCache {
             k: &self.k,
             v: &self.v,
+            k_scales: &self.ks,
+            v_scales: &self.vs,
             num_blocks: self.num_blocks,
             block_size: p.block_size,
             kv_heads: p.kv_heads,
