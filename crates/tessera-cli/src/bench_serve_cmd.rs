@@ -34,7 +34,8 @@ pub struct BatchArgs {
     /// max-seqs full contexts need).
     #[arg(long)]
     pub kv_memory: Option<String>,
-    /// KV cache storage: f16 (half the attention traffic) or f32 (exact).
+    /// KV cache storage: f16 (half the attention traffic), f32 (exact) or q8 (int8 codes
+    /// with a scale per position and head: half of f16's bytes, opt-in numerics).
     #[arg(long, default_value = "f16")]
     pub kv_cache: KvDtype,
     /// Turn automatic prefix caching off.

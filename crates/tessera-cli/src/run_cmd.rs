@@ -115,8 +115,9 @@ pub struct RunArgs {
     /// Generate past end-of-sequence tokens (for measurements).
     #[arg(long)]
     ignore_eos: bool,
-    /// KV cache storage: f16 (half the attention traffic) or f32 (exact) [default: f16;
-    /// on a --device, f32, the one it holds]
+    /// KV cache storage: f16 (half the attention traffic), f32 (exact) or q8 (int8 codes
+    /// with a scale per position and head: a quarter of f32's bytes, opt-in numerics)
+    /// [default: f16; on a --device, f32, the one it holds]
     #[arg(long)]
     kv_cache: Option<KvDtype>,
     /// Record every kernel call: Chrome trace JSON to this file, per-op table to stderr.
@@ -169,7 +170,7 @@ pub struct BenchModelArgs {
     /// Profile the last run: Chrome trace JSON to this file, per-op table to stderr.
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// KV cache storage: f16 or f32.
+    /// KV cache storage: f16, f32 or q8.
     #[arg(long, default_value = "f16")]
     kv_cache: KvDtype,
     /// Print one JSON object (rates of every run, medians, host CPU, ISA, threads).

@@ -8,10 +8,14 @@
 //! Attention reads the blocks through the varlen kernel: decode rows in place, prefill
 //! chunks through one contiguous gather for the flash kernel.
 //!
-//! Values are stored as f32 (exact) or f16 ([`KvDtype`]). Past a few hundred positions
-//! decode attention reads more bytes than any weight matrix (2·kv_dim·4 bytes per
-//! position and layer, 1.5 KiB for SmolLM2), so f16 halves the largest decode cost; its
-//! 11-bit significand keeps keys and values to 2⁻¹² relative, as llama.cpp's default.
+//! Values are stored as f32 (exact), f16 or q8 ([`KvDtype`]). Past a few hundred
+//! positions decode attention reads more bytes than any weight matrix (2·kv_dim·4 bytes
+//! per position and layer, 1.5 KiB for SmolLM2), so f16 halves the largest decode cost;
+//! its 11-bit significand keeps keys and values to 2⁻¹² relative, as llama.cpp's
+//! default. q8 halves it again: int8 codes with one f32 scale per position and KV head
+//! (absmax/127, so each value is within 1/254 of its row's largest), the cache
+//! llama.cpp's `-ctk/-ctv q8_0` and vLLM's 8-bit caches offer; it is opt-in because it
+//! changes the model's numerics more than f16 does.
 
 use crate::{Error, Result};
 use half::f16;
@@ -33,6 +37,9 @@ pub enum KvDtype {
     /// Half the bytes; keys and values rounded to f16.
     #[default]
     F16,
+    /// A quarter of f32's bytes (plus a scale per row): int8 codes, one f32 scale per
+    /// position and KV head.
+    Q8,
 }
 
 impl std::str::FromStr for KvDtype {
@@ -41,31 +48,38 @@ impl std::str::FromStr for KvDtype {
         match s.to_ascii_lowercase().as_str() {
             "f32" => Ok(KvDtype::F32),
             "f16" => Ok(KvDtype::F16),
-            _ => Err(Error::Model(format!("KV cache type '{s}' (f32 or f16)"))),
+            "q8" => Ok(KvDtype::Q8),
+            _ => Err(Error::Model(format!(
+                "KV cache type '{s}' (f32, f16 or q8)"
+            ))),
         }
     }
 }
 
 impl KvDtype {
-    /// Bytes per stored element.
-    pub fn size_bytes(self) -> usize {
+    /// Bytes of one position's keys (or values) in one layer, scales included.
+    pub fn row_bytes(self, shape: KvShape) -> usize {
         match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
+            KvDtype::F32 => 4 * shape.kv_dim(),
+            KvDtype::F16 => 2 * shape.kv_dim(),
+            KvDtype::Q8 => shape.kv_dim() + 4 * shape.kv_heads,
         }
     }
 }
 
 /// A storage element: rows convert from f32 on the way in.
 trait KvElem: Element {
-    fn store(dst: &mut [Self], src: &[f32]);
+    /// Whether rows are codes with one scale per `d` values.
+    const SCALED: bool = false;
+    /// Stores `src`; a scaled type also writes one scale per `d` values into `scales`.
+    fn store(dst: &mut [Self], src: &[f32], scales: &mut [f32], d: usize);
     /// `n` zeros from the allocator's zeroed pages (`calloc`): a large pool costs memory
     /// only where blocks are written, so a generous budget is free until used.
     fn zeroed(n: usize) -> Vec<Self>;
 }
 
 impl KvElem for f32 {
-    fn store(dst: &mut [f32], src: &[f32]) {
+    fn store(dst: &mut [f32], src: &[f32], _: &mut [f32], _: usize) {
         dst.copy_from_slice(src);
     }
     fn zeroed(n: usize) -> Vec<f32> {
@@ -74,7 +88,7 @@ impl KvElem for f32 {
 }
 
 impl KvElem for f16 {
-    fn store(dst: &mut [f16], src: &[f32]) {
+    fn store(dst: &mut [f16], src: &[f32], _: &mut [f32], _: usize) {
         dst.convert_from_f32_slice(src);
     }
     fn zeroed(n: usize) -> Vec<f16> {
@@ -87,24 +101,59 @@ impl KvElem for f16 {
     }
 }
 
+/// int8 codes of each `d`-wide row against its absolute maximum: scale = max|x|/127,
+/// code = round(x/scale), so every value is within scale/2 of code·scale. An all-zero
+/// row gets scale 0 (codes 0); a non-finite value makes the scale non-finite, so
+/// attention over it yields NaN as an f32 or f16 cache's would, never a silent number.
+impl KvElem for i8 {
+    const SCALED: bool = true;
+    fn store(dst: &mut [i8], src: &[f32], scales: &mut [f32], d: usize) {
+        for ((row, x), scale) in dst.chunks_exact_mut(d).zip(src.chunks_exact(d)).zip(scales) {
+            let max = x.iter().fold(0f32, |m, &v| m.max(v.abs()));
+            let max = if x.iter().all(|v| v.is_finite()) {
+                max
+            } else {
+                f32::NAN
+            };
+            *scale = max / 127.0;
+            let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
+            row.iter_mut()
+                .zip(x)
+                .for_each(|(c, &v)| *c = (v * inv).round() as i8);
+        }
+    }
+    fn zeroed(n: usize) -> Vec<i8> {
+        vec![0; n] // vec! of zero bytes allocates zeroed
+    }
+}
+
 /// Per layer, a pool of keys and one of values, `per` elements each (zeroed lazily by
-/// the allocator, [`KvElem::zeroed`]).
+/// the allocator, [`KvElem::zeroed`]), and for a scaled type their scales, one per
+/// `d` elements.
 #[derive(Debug)]
 struct Pool<T: Element> {
     k: Vec<Vec<T>>,
     v: Vec<Vec<T>>,
+    ks: Vec<Vec<f32>>,
+    vs: Vec<Vec<f32>>,
+    d: usize,
 }
 
 impl<T: KvElem> Pool<T> {
-    fn new(layers: usize, per: usize) -> Result<Self> {
+    fn new(layers: usize, per: usize, d: usize) -> Result<Self> {
         let zeroed = || -> Vec<Vec<T>> { (0..layers).map(|_| T::zeroed(per)).collect() };
+        let rows = if T::SCALED { per / d.max(1) } else { 0 };
+        let scales = || -> Vec<Vec<f32>> { (0..layers).map(|_| vec![0.0; rows]).collect() };
         Ok(Pool {
             k: zeroed(),
             v: zeroed(),
+            ks: scales(),
+            vs: scales(),
+            d,
         })
     }
     /// Asks for the cache lines of `len` elements at `at` of `layer`'s keys and values
-    /// ready for writing ([`prefetch_for_write`]).
+    /// (and their scales) ready for writing ([`prefetch_for_write`]).
     /// Elements outside the pool (a block id `write` would reject) are skipped.
     fn prefetch_for_write(&mut self, layer: usize, at: usize, len: usize) {
         for pool in [&mut self.k, &mut self.v] {
@@ -112,11 +161,48 @@ impl<T: KvElem> Pool<T> {
                 prefetch_for_write(x);
             }
         }
+        let rows = at / self.d.max(1)..(at + len) / self.d.max(1);
+        for pool in [&mut self.ks, &mut self.vs] {
+            if let Some(x) = pool.get_mut(layer).and_then(|l| l.get_mut(rows.clone())) {
+                prefetch_for_write(x);
+            }
+        }
     }
     /// Stores one position's K and V rows at element offset `at` of `layer`.
     fn write(&mut self, layer: usize, at: usize, kr: &[f32], vr: &[f32]) {
-        T::store(&mut self.k[layer][at..at + kr.len()], kr);
-        T::store(&mut self.v[layer][at..at + vr.len()], vr);
+        let rows = |len: usize| {
+            if T::SCALED {
+                at / self.d..(at + len) / self.d
+            } else {
+                0..0
+            }
+        };
+        let (kx, vx) = (rows(kr.len()), rows(vr.len()));
+        T::store(
+            &mut self.k[layer][at..at + kr.len()],
+            kr,
+            &mut self.ks[layer][kx],
+            self.d,
+        );
+        T::store(
+            &mut self.v[layer][at..at + vr.len()],
+            vr,
+            &mut self.vs[layer][vx],
+            self.d,
+        );
+    }
+    /// `layer`'s keys and values as the kernels take them.
+    fn view(&self, layer: usize, num_blocks: usize, kv_heads: usize) -> PagedKvCache<'_, T> {
+        PagedKvCache {
+            k: &self.k[layer],
+            v: &self.v[layer],
+            k_scales: &self.ks[layer],
+            v_scales: &self.vs[layer],
+            num_blocks,
+            block_size: BLOCK,
+            kv_heads,
+            d: self.d,
+        }
     }
 }
 
@@ -124,6 +210,7 @@ impl<T: KvElem> Pool<T> {
 enum Pools {
     F32(Pool<f32>),
     F16(Pool<f16>),
+    Q8(Pool<i8>),
 }
 
 /// Runs `$e` with `$p` bound to the pool, whichever element type it stores.
@@ -132,6 +219,7 @@ macro_rules! with_pool {
         match $pools {
             Pools::F32($p) => $e,
             Pools::F16($p) => $e,
+            Pools::Q8($p) => $e,
         }
     };
 }
@@ -148,7 +236,6 @@ pub const MAX_BYTES: usize = 64 << 30;
 pub struct KvStore {
     kv_dim: usize,
     kv_heads: usize,
-    head_dim: usize,
     pools: Pools,
     num_blocks: usize,
 }
@@ -218,7 +305,7 @@ impl KvStore {
     /// Bytes one block takes over every layer (keys and values).
     pub fn block_bytes(shape: impl Into<KvShape>, dtype: KvDtype) -> usize {
         let cfg = shape.into();
-        2 * cfg.layers * BLOCK * cfg.kv_dim() * dtype.size_bytes()
+        2 * cfg.layers * BLOCK * dtype.row_bytes(cfg)
     }
 
     /// A store of `num_blocks` blocks for a model of this shape.
@@ -235,13 +322,14 @@ impl KvStore {
                 ))
             })?;
         let too_big = |e: Error| Error::Model(format!("KV cache of {num_blocks} blocks: {e}"));
+        let d = cfg.head_dim;
         Ok(KvStore {
             kv_dim: cfg.kv_dim(),
             kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
             pools: match dtype {
-                KvDtype::F32 => Pools::F32(Pool::new(cfg.layers, per).map_err(too_big)?),
-                KvDtype::F16 => Pools::F16(Pool::new(cfg.layers, per).map_err(too_big)?),
+                KvDtype::F32 => Pools::F32(Pool::new(cfg.layers, per, d).map_err(too_big)?),
+                KvDtype::F16 => Pools::F16(Pool::new(cfg.layers, per, d).map_err(too_big)?),
+                KvDtype::Q8 => Pools::Q8(Pool::new(cfg.layers, per, d).map_err(too_big)?),
             },
             num_blocks,
         })
@@ -257,6 +345,7 @@ impl KvStore {
         match self.pools {
             Pools::F32(..) => KvDtype::F32,
             Pools::F16(..) => KvDtype::F16,
+            Pools::Q8(..) => KvDtype::Q8,
         }
     }
 
@@ -338,21 +427,10 @@ impl KvStore {
         let vs = step.seqs();
         let isa = Isa::best();
         with_pool!(&self.pools, p => {
-            let view = self.view(&p.k[layer], &p.v[layer]);
+            let view = p.view(layer, self.num_blocks, self.kv_heads);
             varlen_attention(isa, q, &view, &vs, out, params)?
         });
         Ok(())
-    }
-
-    fn view<'a, T>(&self, k: &'a [T], v: &'a [T]) -> PagedKvCache<'a, T> {
-        PagedKvCache {
-            k,
-            v,
-            num_blocks: self.num_blocks,
-            block_size: BLOCK,
-            kv_heads: self.kv_heads,
-            d: self.head_dim,
-        }
     }
 }
 
@@ -445,7 +523,7 @@ mod tests {
             kv_heads: 2,
             head_dim: 8,
         };
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Q8] {
             let mut store = KvStore::new(shape, 3, dtype).unwrap();
             let kd = shape.kv_dim();
             let k: Vec<f32> = (0..2 * kd).map(|i| i as f32 * 0.25 - 3.0).collect();
@@ -459,5 +537,73 @@ mod tests {
             store.prefetch_for_write(5, &table, 0, 1);
             assert_eq!(format!("{:?}", store.pools), before, "{dtype:?}");
         }
+    }
+
+    /// A q8 store keeps every value within half a step (its row's absmax/254) of what
+    /// was written, read through the kernels' view: codes times scale, computed here in
+    /// f64 from the stored parts. Zero rows store zeros; a NaN poisons its row's scale.
+    #[test]
+    fn q8_rows_come_back_within_half_a_step() {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 3,
+            head_dim: 64,
+        };
+        let (kd, d) = (shape.kv_dim(), shape.head_dim);
+        let mut store = KvStore::new(shape, 4, KvDtype::Q8).unwrap();
+        assert_eq!(store.dtype(), KvDtype::Q8);
+        assert_eq!(
+            KvStore::block_bytes(shape, KvDtype::Q8),
+            2 * 2 * BLOCK * (kd + 12)
+        );
+        let seed: u64 = rand::random();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+        let n = 20;
+        // Rows of very different magnitudes, so one scale per row matters.
+        let rows: Vec<f32> = (0..2 * n * kd)
+            .map(|i| {
+                let mag = 10f32.powi((i / d % 5) as i32 - 2);
+                rand::Rng::random_range(&mut rng, -mag..mag)
+            })
+            .collect();
+        let (k, v) = rows.split_at(n * kd);
+        let table = [3u32, 1];
+        store.write(1, &table, 0, k, v);
+        let Pools::Q8(pool) = &store.pools else {
+            panic!("q8 pools")
+        };
+        let view = pool.view(1, 4, shape.kv_heads);
+        for (want, codes, scales) in [(k, view.k, view.k_scales), (v, view.v, view.v_scales)] {
+            for pos in 0..n {
+                let at = (table[pos / BLOCK] as usize * BLOCK + pos % BLOCK) * kd;
+                for h in 0..shape.kv_heads {
+                    let row = &want[pos * kd + h * d..][..d];
+                    let max = row.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
+                    let scale = scales[(at + h * d) / d] as f64;
+                    assert!((scale - max / 127.0).abs() <= 1e-6 * max, "seed {seed}");
+                    for (x, &w) in row.iter().enumerate() {
+                        let got = codes[at + h * d + x] as f64 * scale;
+                        let err = (got - w as f64).abs();
+                        assert!(
+                            err <= 0.5 * scale * (1.0 + 1e-5),
+                            "seed {seed}: {got} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+        let mut zero_nan = vec![0f32; 2 * kd];
+        zero_nan[kd + 5] = f32::NAN;
+        store.write(0, &table, 0, &zero_nan, &zero_nan);
+        let Pools::Q8(pool) = &store.pools else {
+            panic!("q8 pools")
+        };
+        let view = pool.view(0, 4, shape.kv_heads);
+        let first = table[0] as usize * BLOCK * kd;
+        assert!(view.k[first..first + kd].iter().all(|&c| c == 0));
+        assert_eq!(view.k_scales[first / d], 0.0, "a zero row's scale");
+        let nan_row = (first + kd + 5) / d;
+        assert!(view.k_scales[nan_row].is_nan(), "a NaN must not vanish");
+        assert_eq!(view.k_scales[nan_row + 1], 0.0, "only its own row");
     }
 }

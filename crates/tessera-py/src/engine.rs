@@ -175,8 +175,9 @@ impl Engine {
     /// q8_0, …); acts is the activation precision of decode-size matmuls over block
     /// formats ("a16", the default: 16 bits per 32 values through the integer kernels;
     /// "f32": exact; "int8": 8 bits, as llama.cpp), int8_acts=True the same as "int8";
-    /// kv_cache "f16" or "f32"; large_pages=True packs the weights into 2 MiB pages (as
-    /// `tessera serve` does: faster decode, a slower first load in some virtual machines).
+    /// kv_cache "f16", "f32" or "q8" (int8 codes, a scale per position and head);
+    /// large_pages=True packs the weights into 2 MiB pages (as `tessera serve` does:
+    /// faster decode, a slower first load in some virtual machines).
     #[new]
     #[pyo3(signature = (model=None, *, quantize=None, int8_acts=false, kv_cache="f16", acts=None, large_pages=false))]
     fn new(

@@ -333,6 +333,7 @@ impl Llama {
             let kv_dtype = match store.dtype() {
                 crate::kv_cache::KvDtype::F32 => DType::F32,
                 crate::kv_cache::KvDtype::F16 => DType::F16,
+                crate::kv_cache::KvDtype::Q8 => DType::I8,
             };
             let seen: usize = step.lens.iter().sum();
             registry_cost(format!("{n}q x {seen}kv"), &problem, kv_dtype)
