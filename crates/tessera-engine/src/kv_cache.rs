@@ -102,16 +102,28 @@ impl KvElem for f16 {
 }
 
 /// int8 codes of each `d`-wide row against its absolute maximum: scale = max|x|/127,
-/// code = round(x/scale), so every value is within scale/2 of code·scale. An all-zero
-/// row gets scale 0 (codes 0); a non-finite value makes the scale non-finite, so
-/// attention over it yields NaN as an f32 or f16 cache's would, never a silent number.
+/// code = x/scale rounded to nearest (even), so every value is within scale/2 of
+/// code·scale. An all-zero row gets scale 0 (codes 0); a non-finite value makes the
+/// scale NaN, so attention over it yields NaN as an f32 or f16 cache's would, never a
+/// silent number.
 impl KvElem for i8 {
     const SCALED: bool = true;
     fn store(dst: &mut [i8], src: &[f32], scales: &mut [f32], d: usize) {
+        const ROUND: f32 = 12_582_912.0; // 1.5·2²³: its ulp is 1
         for ((row, x), scale) in dst.chunks_exact_mut(d).zip(src.chunks_exact(d)).zip(scales) {
-            let max = x.iter().fold(0f32, |m, &v| m.max(v.abs()));
-            let max = if x.iter().all(|v| v.is_finite()) {
-                max
+            // Written to vectorize on the crate's baseline ISA (SSE2 on x86, where
+            // `round` and `round_ties_even` are libm calls per element): a max over |x|
+            // as bits (NaN and inf, exponent all ones, compare above every finite
+            // value), then codes rounded to nearest even by adding and removing 1.5·2²³
+            // (exact for |y| ≤ 127), converted by truncation of a whole number. Host C,
+            // `bench-serve --requests 4 --concurrency 4 --prompt-tokens 1024 --profile
+            // F`: a prefill's q8 writes took 2.7 µs per position with `round`, 0.86 so,
+            // f16's 0.65.
+            let top = x
+                .iter()
+                .fold(0u32, |m, &v| m.max(v.to_bits() & 0x7FFF_FFFF));
+            let max = if top < 0x7F80_0000 {
+                f32::from_bits(top)
             } else {
                 f32::NAN
             };
@@ -119,7 +131,7 @@ impl KvElem for i8 {
             let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
             row.iter_mut()
                 .zip(x)
-                .for_each(|(c, &v)| *c = (v * inv).round() as i8);
+                .for_each(|(c, &v)| *c = ((v * inv + ROUND) - ROUND) as i32 as i8);
         }
     }
     fn zeroed(n: usize) -> Vec<i8> {
