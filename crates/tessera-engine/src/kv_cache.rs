@@ -323,6 +323,12 @@ impl KvStore {
     /// A store of `num_blocks` blocks for a model of this shape.
     pub fn new(shape: impl Into<KvShape>, num_blocks: usize, dtype: KvDtype) -> Result<Self> {
         let cfg = shape.into();
+        if cfg.kv_heads == 0 || cfg.head_dim == 0 {
+            return Err(Error::Model(format!(
+                "KV cache for {} KV heads of width {}: both must be positive",
+                cfg.kv_heads, cfg.head_dim
+            )));
+        }
         let per = (num_blocks * BLOCK).checked_mul(cfg.kv_dim());
         let total = num_blocks.checked_mul(Self::block_bytes(cfg, dtype));
         let per = per
@@ -617,5 +623,13 @@ mod tests {
         let nan_row = (first + kd + 5) / d;
         assert!(view.k_scales[nan_row].is_nan(), "a NaN must not vanish");
         assert_eq!(view.k_scales[nan_row + 1], 0.0, "only its own row");
+        let empty = KvShape {
+            head_dim: 0,
+            ..shape
+        };
+        assert!(
+            KvStore::new(empty, 4, KvDtype::Q8).is_err(),
+            "zero-width heads"
+        );
     }
 }

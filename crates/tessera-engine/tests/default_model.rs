@@ -271,6 +271,11 @@ fn decode_nll(model: &Llama, ids: &[u32]) -> (f64, Vec<usize>) {
     decode_nll_kv(model, ids, KvDtype::F32)
 }
 
+/// The share of positions where two greedy sequences chose the same token.
+fn agreement(a: &[usize], b: &[usize]) -> f64 {
+    a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len().max(1) as f64
+}
+
 /// As [`decode_nll`], with keys and values cached as `kv`.
 fn decode_nll_kv(model: &Llama, ids: &[u32], kv: KvDtype) -> (f64, Vec<usize>) {
     let mut cache = KvCache::with_dtype(&model.cfg, ids.len(), kv).expect("cache");
@@ -314,12 +319,7 @@ fn a16_activations_track_f32() {
     );
     let (nll_f32, greedy_f32) = decode_nll(&f32_acts, &ids);
     let (nll_a16, greedy_a16) = decode_nll(&a16, &ids);
-    let agree = greedy_f32
-        .iter()
-        .zip(&greedy_a16)
-        .filter(|(a, b)| a == b)
-        .count() as f64
-        / greedy_f32.len() as f64;
+    let agree = agreement(&greedy_f32, &greedy_a16);
     eprintln!(
         "perplexity f32 {:.4}, a16 {:.4}; greedy agreement {agree:.3} of {}",
         nll_f32.exp(),
@@ -359,12 +359,7 @@ fn q8_kv_cache_keeps_perplexity() {
     let (nll_f32, greedy_f32) = decode_nll_kv(&model, &ids, KvDtype::F32);
     let (nll_f16, _) = decode_nll_kv(&model, &ids, KvDtype::F16);
     let (nll_q8, greedy_q8) = decode_nll_kv(&model, &ids, KvDtype::Q8);
-    let agree = greedy_f32
-        .iter()
-        .zip(&greedy_q8)
-        .filter(|(a, b)| a == b)
-        .count() as f64
-        / greedy_f32.len() as f64;
+    let agree = agreement(&greedy_f32, &greedy_q8);
     eprintln!(
         "perplexity over {} tokens: f32 KV {:.4}, f16 {:.4}, q8 {:.4}; q8 greedy agreement \
          {agree:.3}",
@@ -416,12 +411,7 @@ fn int8_activations_keep_perplexity() {
     let int8_acts = with(Activations::Int8);
     let (nll_f32, greedy_f32) = decode_nll(&f32_acts, &ids);
     let (nll_int8, greedy_int8) = decode_nll(&int8_acts, &ids);
-    let agree = greedy_f32
-        .iter()
-        .zip(&greedy_int8)
-        .filter(|(a, b)| a == b)
-        .count() as f64
-        / greedy_f32.len() as f64;
+    let agree = agreement(&greedy_f32, &greedy_int8);
     eprintln!(
         "perplexity f32 {:.3}, int8 activations {:.3}; greedy agreement {agree:.3}",
         nll_f32.exp(),
