@@ -197,7 +197,12 @@ fn check<T: Element>(
         ));
     }
     let rows = need.map(|n| n / c.d.max(1));
-    let scales = if c.is_scaled() { rows } else { Some(0) };
+    // (A scaled cache of zero-width heads would have no rows to scale: rejected.)
+    let scales = if c.is_scaled() {
+        rows.filter(|_| c.d > 0)
+    } else {
+        Some(0)
+    };
     if scales.is_none_or(|r| c.k_scales.len() != r || c.v_scales.len() != r) {
         return Err(Error::shape(
             OP,
@@ -478,6 +483,60 @@ mod tests {
     /// the gaps) give the contiguous views' outputs bit for bit (the same values reach
     /// the same kernel), with one chunk per sequence and with several (the merge), and
     /// the gaps stay untouched. The registry's problems use contiguous views.
+    /// Scales that do not match the cache get a clear error, never a panic: an i8 cache
+    /// needs one per position and KV head (and heads of positive width), a float cache
+    /// none.
+    #[test]
+    fn mismatched_scales_are_an_error() {
+        const D: usize = 8;
+        fn run<T: Element>(k: &[T], (k_scales, v_scales): (&[f32], &[f32])) -> Result<()> {
+            let (heads, dims) = (2, [1, 2, D]);
+            let q = vec![0.25f32; heads * D];
+            let mut o = vec![f32::NAN; heads * D];
+            let cache = PagedKvCache {
+                k,
+                v: k,
+                k_scales,
+                v_scales,
+                num_blocks: 2,
+                block_size: 4,
+                kv_heads: 1,
+                d: D,
+            };
+            let seqs = PagedSeqs {
+                block_tables: &[1, 0],
+                max_blocks: 2,
+                context_lens: &[5],
+            };
+            let params = PagedParams {
+                scale: 0.5,
+                chunk: 0,
+                threads: 1,
+            };
+            paged_attention(
+                Isa::Scalar,
+                &TensorView::contiguous(&q, &dims)?,
+                &cache,
+                &seqs,
+                &mut TensorViewMut::contiguous(&mut o, &dims)?,
+                params,
+            )
+        }
+        let n = 2 * 4 * D;
+        let (codes, floats, rows) = (vec![3i8; n], vec![0.5f32; n], vec![0.1f32; n / D]);
+        assert!(run(&codes, (&rows, &rows)).is_ok());
+        assert!(run(&floats, (NO_SCALES, NO_SCALES)).is_ok());
+        let bad = [
+            run(&codes, (&rows[1..], &rows)),
+            run(&codes, (&rows, NO_SCALES)),
+            run(&floats, (&rows, &rows)),
+        ];
+        for e in bad {
+            let e = e.unwrap_err();
+            assert!(e.to_string().contains("scales"), "{e}");
+        }
+    }
+
     #[test]
     fn strided_queries_and_outputs_match_contiguous() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
