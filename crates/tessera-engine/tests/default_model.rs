@@ -332,9 +332,18 @@ fn a16_activations_track_f32() {
     assert!(nll_a16 != nll_f32);
 }
 
+/// The 91-token text the perplexity tests of 8-bit numerics (KV cache, activations) score.
+const PRESS_TEXT: &str = "The history of the printing press begins in the fifteenth \
+     century, when Johannes Gutenberg combined movable metal type, oil-based ink and a \
+     wooden screw press. Within fifty years presses operated in more than two hundred \
+     European cities, and the price of books fell sharply. Scholars could compare \
+     identical copies of a text, which changed how knowledge was checked and shared. The \
+     same period saw the rise of newspapers, pamphlets and maps, and literacy spread \
+     beyond the clergy and the nobility.";
+
 /// The opt-in q8 KV cache against the exact f32 one, f32 activations, decoding a text
 /// token by token. Measured (host C, AMD Zen 4, AVX-512): over 91 tokens perplexity
-/// 32.076 against f32's 32.068 and f16's 32.072 (+0.03%), 90 of 91 greedy tokens the
+/// 32.074 against f32's 32.068 and f16's 32.072 (+0.02%), 90 of 91 greedy tokens the
 /// same. 1% and 90% leave room for other ISAs and texts; a wrong scale or code moves
 /// perplexity by orders.
 const Q8_KV_PPL_RATIO_TOL: f64 = 0.01;
@@ -344,17 +353,7 @@ const Q8_KV_MIN_AGREEMENT: f64 = 0.9;
 fn q8_kv_cache_keeps_perplexity() {
     let g = open_default_model();
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let ids = tok
-        .encode(
-            "The history of the printing press begins in the fifteenth century, when \
-             Johannes Gutenberg combined movable metal type, oil-based ink and a wooden \
-             screw press. Within fifty years presses operated in more than two hundred \
-             European cities, and the price of books fell sharply. Scholars could compare \
-             identical copies of a text, which changed how knowledge was checked and \
-             shared. The same period saw the rise of newspapers, pamphlets and maps, and \
-             literacy spread beyond the clergy and the nobility.",
-        )
-        .expect("encodes");
+    let ids = tok.encode(PRESS_TEXT).expect("encodes");
     let model = load_with(&g, Activations::F32);
     let (nll_f32, greedy_f32) = decode_nll_kv(&model, &ids, KvDtype::F32);
     let (nll_f16, _) = decode_nll_kv(&model, &ids, KvDtype::F16);
@@ -388,17 +387,7 @@ fn int8_activations_keep_perplexity() {
     use tessera_engine::weights::LoadOptions;
     let g = open_default_model();
     let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
-    let ids = tok
-        .encode(
-            "The history of the printing press begins in the fifteenth century, when \
-             Johannes Gutenberg combined movable metal type, oil-based ink and a wooden \
-             screw press. Within fifty years presses operated in more than two hundred \
-             European cities, and the price of books fell sharply. Scholars could compare \
-             identical copies of a text, which changed how knowledge was checked and \
-             shared. The same period saw the rise of newspapers, pamphlets and maps, and \
-             literacy spread beyond the clergy and the nobility.",
-        )
-        .expect("encodes");
+    let ids = tok.encode(PRESS_TEXT).expect("encodes");
     let cfg = Config::from_gguf(&g).expect("config");
     let with = |activations| {
         let opts = LoadOptions {

@@ -58,21 +58,12 @@ impl<T: Element> PagedKvCache<'_, T> {
     pub fn is_scaled(&self) -> bool {
         T::DTYPE == tessera_core::DType::I8
     }
-    /// The factor of the key row at element offset `at` (a record's start plus
-    /// `kvh·d`): its scale for an i8 cache, 1 otherwise.
+    /// The factor of the row at element offset `at` (a record's start plus `kvh·d`)
+    /// in `scales` (`k_scales` or `v_scales`): its scale for an i8 cache, 1 otherwise.
     #[inline(always)]
-    pub(crate) fn k_scale(&self, at: usize) -> f32 {
+    pub(crate) fn row_scale(&self, scales: &[f32], at: usize) -> f32 {
         if self.is_scaled() {
-            self.k_scales[at / self.d]
-        } else {
-            1.0
-        }
-    }
-    /// As [`PagedKvCache::k_scale`], for values.
-    #[inline(always)]
-    pub(crate) fn v_scale(&self, at: usize) -> f32 {
-        if self.is_scaled() {
-            self.v_scales[at / self.d]
+            scales[at / self.d]
         } else {
             1.0
         }
