@@ -63,7 +63,7 @@ multiversion! {
             128 => key_scores::<T, 128>(job, scores, g),
             _ => {
                 for i in 0..n {
-                    let (k, ks) = (&c.k[row(i)..row(i) + d], c.row_scale(c.k_scales, row(i)));
+                    let (k, ks) = (&c.k[row(i)..row(i) + d], c.row_scale(c.k_scales, row(i), d));
                     for h in 0..g {
                         scores[h * n + i] = dot(&job.q[h * d..(h + 1) * d], k) * ks;
                     }
@@ -77,7 +77,7 @@ multiversion! {
             _ => {
                 o.fill(0.0);
                 for i in 0..n {
-                    let (v, vs) = (&c.v[row(i)..row(i) + d], c.row_scale(c.v_scales, row(i)));
+                    let (v, vs) = (&c.v[row(i)..row(i) + d], c.row_scale(c.v_scales, row(i), d));
                     for h in 0..g {
                         let p = scores[h * n + i] * vs;
                         for (x, &vv) in o[h * d..(h + 1) * d].iter_mut().zip(v) {
@@ -99,7 +99,7 @@ fn key_scores<T: Element, const D: usize>(job: &ChunkJob<'_, T>, scores: &mut [f
     for (i, &rec) in job.records.iter().enumerate() {
         let off = rec + job.kvh * D;
         let k: &[T; D] = c.k[off..off + D].try_into().expect("D-wide rows");
-        let ks = c.row_scale(c.k_scales, off);
+        let ks = c.row_scale(c.k_scales, off, D);
         for h in 0..g {
             let q: &[f32; D] = job.q[h * D..(h + 1) * D].try_into().expect("D-wide rows");
             let mut lanes = [0f32; 16];
@@ -129,7 +129,7 @@ fn weighted_values<T: Element, const D: usize>(
     for (i, &rec) in job.records.iter().enumerate() {
         let off = rec + job.kvh * D;
         let v: &[T; D] = c.v[off..off + D].try_into().expect("D-wide rows");
-        let vs = c.row_scale(c.v_scales, off);
+        let vs = c.row_scale(c.v_scales, off, D);
         for (h, a) in acc.iter_mut().enumerate().take(g) {
             let p = scores[h * n + i] * vs;
             for x in 0..D {

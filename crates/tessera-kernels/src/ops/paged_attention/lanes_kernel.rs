@@ -261,7 +261,7 @@ unsafe fn kernel<L: Lanes, T: Element, const NV: usize, const CV: usize, const K
             *r = c.k[*a..][..rec_len].as_ptr();
         }
         for kvh in 0..kvh_n {
-            let scales = at.map(|a| c.row_scale(c.k_scales, a + kvh * d));
+            let scales = at.map(|a| c.row_scale(c.k_scales, a + kvh * d, d));
             let mut h0 = kvh * g;
             while h0 < (kvh + 1) * g {
                 let hb = ((kvh + 1) * g - h0).min(K_HEADS);
@@ -466,7 +466,7 @@ unsafe fn vpass<L: Lanes, T: Element, const NV: usize, const CV: usize, const H:
                 let row = rec_at + part.kvh * d;
                 let rec = c.v.as_ptr().add(row + L::N * cb);
                 // An i8 cache's scale joins the probabilities: one product per head.
-                let vs = c.row_scale(c.v_scales, row);
+                let vs = c.row_scale(c.v_scales, row, d);
                 let mut p = [L::zero(); H];
                 for (hh, ph) in p.iter_mut().enumerate() {
                     *ph = L::splat_f(*scores.as_ptr().add((h0 + hh) * n + i) * vs);
