@@ -354,6 +354,8 @@ unsafe fn tiles<
                     pair,
                     (pair_bytes, group_bytes),
                     2,
+                    // L1 as measured on host H; L2 (`prefetch_to_l2`) untried here.
+                    false,
                 );
             }
             // The next pair's B tiles are staged a pair ahead: a tile load of bytes

@@ -405,6 +405,21 @@ impl ChunkMeta for Factored8 {
     }
 }
 
+/// Whether a pass of `rows` activation rows prefetches the codes ahead into L2 rather
+/// than L1 (x86). A batch pass (4 or more rows) reads each group twice or more from L1
+/// beside its activation records (~13 KiB for 16 rows at K = 576), and the next
+/// group's codes fetched into L1 as well filled a 32 KiB L1D: the Q8_0 LM head of a
+/// 16-stream step, whose weights stream from DRAM, took 2.09–2.37 ms (min of each
+/// round's samples) against 1.85–1.88 with L2 prefetches (host C, AMD Zen 4,
+/// 2026-12-03, `tessera bench qmatmul --dtype q8_0 --shape 16x49152x576 --variant
+/// avx512-vnni-r8`, 3 alternated rounds). One and two rows (decode) keep L1: their
+/// codes are read once, and 1×3072×576 Q4_1 cold was no faster from L2 (min 36.9–39.2
+/// µs against 33.1–37.6).
+#[inline(always)]
+pub(super) const fn prefetch_to_l2(rows: usize) -> bool {
+    rows >= 4
+}
+
 /// Chunk pairs the codes are prefetched ahead: 2–3 KiB. The hardware prefetcher alone
 /// left decode up at 0.80× and the LM head at 0.87× of this (docs/performance.md); 4
 /// pairs ahead was slower, 16 no different.
@@ -417,12 +432,15 @@ const PREFETCH_PAIRS: usize = 8;
 /// after another, and a call covering two (zmm) next reads the two after them: running
 /// into its own second group instead left the next call's second group to demand misses
 /// (Q4_1 16×3072×576 cold 118–120 µs against 107–110, host H).
+///
+/// `to_l2` asks x86 for L2 instead of L1 ([`prefetch_to_l2`]); Arm always asks for L1.
 #[inline(always)]
 pub(super) fn prefetch_pair(
     codes: *const u8,
     pair: usize,
     (pair_bytes, group_bytes): (usize, usize),
     groups: usize,
+    to_l2: bool,
 ) {
     let mut ahead = (pair + PREFETCH_PAIRS) * pair_bytes;
     if groups > 1 && ahead >= group_bytes {
@@ -436,8 +454,16 @@ pub(super) fn prefetch_pair(
         // SAFETY: a prefetch only hints the cache; SSE is baseline on x86-64.
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+            if to_l2 {
+                _mm_prefetch::<{ _MM_HINT_T1 }>(p.cast())
+            } else {
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.cast())
+            }
         };
+        // Arm asks for L1 either way: no Arm timing exists to choose otherwise.
+        #[cfg(target_arch = "aarch64")]
+        let _ = to_l2;
         // SAFETY: PRFM never faults and touches no register but its address operand.
         #[cfg(target_arch = "aarch64")]
         unsafe {
@@ -571,7 +597,8 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
             };
             for j in 0..L::GROUPS {
                 let at = g.codes.add(j * g.group_bytes);
-                prefetch_pair(at, c / 2, (pair_bytes, g.group_bytes), L::GROUPS);
+                let to_l2 = prefetch_to_l2(M);
+                prefetch_pair(at, c / 2, (pair_bytes, g.group_bytes), L::GROUPS, to_l2);
             }
             chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
             chunk::<L, CODES, true, MIN, C, M>(&g, rows, c + 1, &mut acc);
@@ -619,9 +646,11 @@ unsafe fn chunk<
         // Two running sums per activation row, even and odd steps: `vpdpbusd`
         // accumulates in place, and one chain of 8 would wait on its latency (or the
         // low and high planes of full bytes, `RowLanes::NIBBLE_PLANES`).
-        // Signed full bytes carry −128·Σq_x in their sums: no start value.
+        // Signed full bytes carry −128·Σq_x in their sums, and formats with minima have
+        // no offset (a wrong start would fail every format's float64 verification): no
+        // start value to broadcast, the sums start from a zeroed register.
         let init = |i: usize| {
-            if CODES == Codes::FULL && L::SIGNED_BYTES {
+            if (CODES == Codes::FULL && L::SIGNED_BYTES) || MIN {
                 0
             } else {
                 rows.meta::<i32>(c, INIT_AT, i)

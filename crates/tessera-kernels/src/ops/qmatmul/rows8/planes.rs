@@ -208,7 +208,14 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const MINS: bool, const M: u
     // SAFETY: chunks c and c + 1 < nb exist in the group and in every activation row.
     unsafe {
         for c in (0..nb).step_by(2) {
-            prefetch_pair(g.codes, c / 2, (pair_bytes, (nb / 2) * pair_bytes), 1);
+            // L1 as tuned for split scales; L2 (`prefetch_to_l2`) not measured here.
+            prefetch_pair(
+                g.codes,
+                c / 2,
+                (pair_bytes, (nb / 2) * pair_bytes),
+                1,
+                false,
+            );
             chunk::<L, false, CRUMBS, MINS, M>(&g, &rows, c, &mut acc);
             chunk::<L, true, CRUMBS, MINS, M>(&g, &rows, c + 1, &mut acc);
         }
