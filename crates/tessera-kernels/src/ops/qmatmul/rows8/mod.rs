@@ -565,6 +565,11 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
     let nb = w.cols / QK;
     let group = r0 / ROWS8;
     let live = acts.live();
+    // `chunk` starts a format with minima from zero instead of its start value.
+    debug_assert!(
+        !MIN || w.offset() == 0,
+        "a format with minima and an offset"
+    );
     let (records, slot) = acts.first_record();
     let lanes = ROWS8 * L::GROUPS;
     debug_assert!((1..=M).contains(&live) && slot + M <= PANEL_SLOTS);
