@@ -591,6 +591,7 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
     };
     // SAFETY: `L`'s features per the contract.
     let mut acc = [unsafe { L::zero() }; M];
+    let to_l2 = prefetch_to_l2(M);
     let mut c = 0;
     // SAFETY: chunks c (and c + 1) < nb exist in the groups and in every activation row.
     unsafe {
@@ -602,7 +603,6 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
             };
             for j in 0..L::GROUPS {
                 let at = g.codes.add(j * g.group_bytes);
-                let to_l2 = prefetch_to_l2(M);
                 prefetch_pair(at, c / 2, (pair_bytes, g.group_bytes), L::GROUPS, to_l2);
             }
             chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
