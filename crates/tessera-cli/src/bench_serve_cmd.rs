@@ -4,6 +4,13 @@
 //! aggregate rates, time to first token and inter-token latency percentiles, and the
 //! rates of the steps that were pure prefill or pure decode (what llama.cpp's
 //! `llama-batched-bench` calls S_PP and S_TG).
+//!
+//! Several concurrencies (`--concurrency 1,4,16`) and `--rounds` make a sweep: the model
+//! is loaded once and the levels run in turn, round after round, so each round's
+//! levels are measured minutes apart at most, and each level's decode rate is also
+//! given as a ratio to the first level's in the same round. On a shared host whose
+//! neighbours move the rates by a third within an hour, same-round ratios are what
+//! separate the engine's scaling from the host's drift.
 
 use crate::progress;
 use crate::run_cmd::{load, ModelArgs};
@@ -14,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tessera_engine::generate::Sampling;
 use tessera_engine::kv_cache::{KvDtype, KvStore};
-use tessera_engine::llama::Config;
+use tessera_engine::llama::{Config, Llama};
 use tessera_engine::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig, SeqId};
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_perf::stats::quantile;
@@ -113,12 +120,16 @@ pub struct BenchServeArgs {
     model: ModelArgs,
     #[command(flatten)]
     batch: BatchArgs,
-    /// Requests in all.
-    #[arg(long, default_value_t = 64)]
-    requests: usize,
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
+    /// Requests in all (per concurrency level; default 4 × the level's concurrency).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Requests in flight at once; a comma-separated list (e.g. 1,4,16) runs each in
+    /// turn and reports each level's rates against the first's.
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    concurrency: Vec<usize>,
+    /// Times to run every concurrency level, alternating levels within each round.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Prompt tokens per request (the shared prefix included).
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
@@ -150,13 +161,13 @@ struct Timing {
 
 /// Synthetic prompts: real text, every request's own after the shared prefix (a number
 /// first, so no two share a block by accident).
-fn prompts(tok: &Tokenizer, a: &BenchServeArgs) -> Result<Vec<Vec<u32>>> {
+fn prompts(tok: &Tokenizer, a: &BenchServeArgs, requests: usize) -> Result<Vec<Vec<u32>>> {
     let text = tok.encode(
         "The quick brown fox jumps over the lazy dog while forty-two kernels run fast. \
          Rivers flow to the sea, and the sea gives back the rain. ",
     )?;
     let shared: Vec<u32> = text.iter().cycle().take(a.shared_prefix).copied().collect();
-    (0..a.requests)
+    (0..requests)
         .map(|i| {
             let mut p = shared.clone();
             p.extend(tok.encode(&format!("Request {i}: "))?);
@@ -167,9 +178,18 @@ fn prompts(tok: &Tokenizer, a: &BenchServeArgs) -> Result<Vec<Vec<u32>>> {
         .collect()
 }
 
+/// Most rounds a sweep takes (beyond any useful measurement; a larger value is a typo).
+const MAX_ROUNDS: usize = 1000;
+
 pub fn run(a: BenchServeArgs) -> Result<()> {
-    if a.requests == 0 || a.concurrency == 0 || a.gen_tokens == 0 {
+    if a.concurrency.is_empty() || a.concurrency.contains(&0) {
+        bail!("--concurrency must list counts of at least 1");
+    }
+    if a.requests == Some(0) || a.gen_tokens == 0 {
         bail!("--requests, --concurrency and --gen-tokens must be at least 1");
+    }
+    if a.rounds == 0 || a.rounds > MAX_ROUNDS {
+        bail!("--rounds must be in 1..={MAX_ROUNDS}, not {}", a.rounds);
     }
     if a.prompt_tokens <= a.shared_prefix + 4 {
         bail!(
@@ -178,14 +198,47 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             a.shared_prefix
         );
     }
+    let sweep = a.concurrency.len() > 1 || a.rounds > 1;
     if let Some(path) = &a.profile {
+        if sweep {
+            bail!("--profile records one run: give one --concurrency and --rounds 1");
+        }
         crate::profile_cmd::check_writable(path)?;
     }
     let (model, tok) = load(a.model.clone().large_pages_by_default())?;
-    let cfg = a.batch.config(&model.cfg, a.concurrency)?;
     let (model, tok) = (Arc::new(model), Arc::new(tok));
+    let mut runs = Vec::with_capacity(a.rounds * a.concurrency.len());
+    for round in 0..a.rounds {
+        for &c in &a.concurrency {
+            let mut j = run_level(&a, (&model, &tok), c)?;
+            if sweep {
+                j["round"] = serde_json::json!(round + 1);
+            }
+            runs.push(j);
+        }
+    }
+    if !sweep {
+        let j = runs.pop().expect("one run");
+        if a.json {
+            println!("{j}");
+        } else {
+            print_report(&j);
+        }
+        return Ok(());
+    }
+    sweep_report(&a, runs)
+}
+
+/// One closed-loop run at `concurrency`: its report as JSON.
+fn run_level(
+    a: &BenchServeArgs,
+    (model, tok): (&Arc<Llama>, &Arc<Tokenizer>),
+    concurrency: usize,
+) -> Result<serde_json::Value> {
+    let requests = a.requests.unwrap_or(4 * concurrency);
+    let cfg = a.batch.config(&model.cfg, concurrency)?;
     let mut s = Scheduler::new(model.clone(), tok.clone(), cfg)?;
-    let ps = prompts(&tok, &a)?;
+    let ps = prompts(tok, a, requests)?;
     let req = |prompt: Vec<u32>| GenRequest {
         prompt,
         max_tokens: a.gen_tokens,
@@ -206,7 +259,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         None => None,
     };
     tessera_engine::profile::enable(a.profile.is_some());
-    let bar = progress::bar(a.requests as u64, "bench-serve");
+    let bar = progress::bar(requests as u64, "bench-serve");
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut timings: HashMap<SeqId, Timing> = HashMap::new();
@@ -214,8 +267,8 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     let (mut finished, mut in_flight) = (0, 0);
     let (mut pre_t, mut pre_n, mut dec_t, mut dec_n) = (0.0, 0u64, 0.0, 0u64);
     let mut long_pending = long_req;
-    while finished < a.requests {
-        while in_flight < a.concurrency {
+    while finished < requests {
+        while in_flight < concurrency {
             let Some(p) = next.next() else { break };
             let id = s.add(req(p))?;
             timings.insert(
@@ -286,16 +339,37 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         tessera_engine::profile::enable(false);
         crate::profile_cmd::report(&tessera_engine::profile::take(), path)?;
     }
-    report(&a, &s, &timings, wall, [(pre_t, pre_n), (dec_t, dec_n)])
+    let run = Run {
+        requests,
+        concurrency,
+        wall,
+        pure: [(pre_t, pre_n), (dec_t, dec_n)],
+    };
+    Ok(summary(a, &s, &timings, run))
 }
 
-fn report(
+/// What [`summary`] needs of a run besides the scheduler and the timings.
+struct Run {
+    requests: usize,
+    concurrency: usize,
+    wall: f64,
+    /// Seconds and tokens of the pure prefill steps, then of the pure decode steps.
+    pure: [(f64, u64); 2],
+}
+
+/// A run's report: rates, latency percentiles, prefix-cache and scheduler counts.
+fn summary(
     a: &BenchServeArgs,
     s: &Scheduler,
     timings: &HashMap<SeqId, Timing>,
-    wall: f64,
-    [(pre_t, pre_n), (dec_t, dec_n)]: [(f64, u64); 2],
-) -> Result<()> {
+    run: Run,
+) -> serde_json::Value {
+    let Run {
+        requests,
+        concurrency,
+        wall,
+        pure: [(pre_t, pre_n), (dec_t, dec_n)],
+    } = run;
     let streams: Vec<&Timing> = {
         let mut v: Vec<(&SeqId, &Timing)> = timings.iter().filter(|t| !t.1.long).collect();
         v.sort_by_key(|t| t.0);
@@ -318,13 +392,12 @@ fn report(
         .and_then(|t| t.tokens.first().map(|f| f - t.added));
     let st = s.stats();
     let hit_rate = st.blocks.hit_tokens as f64 / st.blocks.lookup_tokens.max(1) as f64;
-    let host = host_label();
     let pct = |v: &[f64]| [0.5, 0.9, 0.99].map(|p| quantile(v, p) * 1e3);
     let (t, i) = (pct(&ttft), pct(&itl));
-    let j = serde_json::json!({
-        "host": host,
-        "requests": a.requests,
-        "concurrency": a.concurrency,
+    serde_json::json!({
+        "host": host_label(),
+        "requests": requests,
+        "concurrency": concurrency,
         "prompt_tokens": a.prompt_tokens,
         "gen_tokens": a.gen_tokens,
         "shared_prefix": a.shared_prefix,
@@ -333,7 +406,7 @@ fn report(
         "kv_blocks": s.config().kv_blocks,
         "wall_s": wall,
         "output_tok_s": generated as f64 / wall,
-        "total_tok_s": (generated + a.requests * a.prompt_tokens) as f64 / wall,
+        "total_tok_s": (generated + requests * a.prompt_tokens) as f64 / wall,
         "prefill_only_tok_s": pre_n as f64 / pre_t.max(1e-12),
         "decode_only_tok_s": dec_n as f64 / dec_t.max(1e-12),
         "ttft_ms": {"p50": t[0], "p90": t[1], "p99": t[2], "first": first_ttft * 1e3, "rest_p50": rest_ttft * 1e3},
@@ -343,49 +416,147 @@ fn report(
         "prefix_cache_hit_rate": hit_rate,
         "preemptions": st.preemptions,
         "steps": st.steps,
-    });
+    })
+}
+
+/// A number field of a run's report (NaN if absent).
+fn num(j: &serde_json::Value, path: &[&str]) -> f64 {
+    path.iter()
+        .fold(j, |v, k| &v[k])
+        .as_f64()
+        .unwrap_or(f64::NAN)
+}
+
+/// The text report of one run.
+fn print_report(j: &serde_json::Value) {
+    let n = |path: &[&str]| num(j, path);
+    println!("host: {}", j["host"].as_str().unwrap_or("?"));
+    println!(
+        "{} requests, concurrency {}, {} prompt + {} generated tokens each (shared prefix {})",
+        j["requests"], j["concurrency"], j["prompt_tokens"], j["gen_tokens"], j["shared_prefix"]
+    );
+    println!(
+        "throughput: {:.1} output tok/s, {:.1} total tok/s over {:.2} s ({} steps)",
+        n(&["output_tok_s"]),
+        n(&["total_tok_s"]),
+        n(&["wall_s"]),
+        j["steps"]
+    );
+    println!(
+        "pure steps: prefill {:.1} tok/s, decode {:.1} tok/s",
+        n(&["prefill_only_tok_s"]),
+        n(&["decode_only_tok_s"])
+    );
+    println!(
+        "TTFT ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  (first request {:.1}, the rest p50 {:.1})",
+        n(&["ttft_ms", "p50"]),
+        n(&["ttft_ms", "p90"]),
+        n(&["ttft_ms", "p99"]),
+        n(&["ttft_ms", "first"]),
+        n(&["ttft_ms", "rest_p50"])
+    );
+    println!(
+        "ITL  ms: p50 {:.2}  p90 {:.2}  p99 {:.2}",
+        n(&["itl_ms", "p50"]),
+        n(&["itl_ms", "p90"]),
+        n(&["itl_ms", "p99"])
+    );
+    if let Some(l) = j["long_prompt_ttft_ms"].as_f64() {
+        println!(
+            "long prompt of {} tokens: TTFT {l:.1} ms",
+            j["long_prompt"].as_u64().unwrap_or(0)
+        );
+    }
+    println!(
+        "prefix cache: {:.1}% of looked-up prompt tokens hit; {} preemptions",
+        n(&["prefix_cache_hit_rate"]) * 100.0,
+        j["preemptions"]
+    );
+}
+
+/// A sweep's report: every run, then per level the decode rates by round, their median,
+/// and the ratio to the first level's rate in the same round (and its median).
+fn sweep_report(a: &BenchServeArgs, runs: Vec<serde_json::Value>) -> Result<()> {
+    let per_round = a.concurrency.len();
+    let decode = |j: &serde_json::Value| num(j, &["decode_only_tok_s"]);
+    let levels: Vec<serde_json::Value> = a
+        .concurrency
+        .iter()
+        .enumerate()
+        .map(|(l, &c)| {
+            let mine: Vec<&serde_json::Value> = runs.iter().skip(l).step_by(per_round).collect();
+            let rates: Vec<f64> = mine.iter().map(|j| decode(j)).collect();
+            let ratios: Vec<f64> = runs
+                .chunks(per_round)
+                .map(|round| decode(&round[l]) / decode(&round[0]))
+                .collect();
+            let med = |path: &[&str]| {
+                let v: Vec<f64> = mine.iter().map(|j| num(j, path)).collect();
+                quantile(&v, 0.5)
+            };
+            serde_json::json!({
+                "concurrency": c,
+                "requests": mine[0]["requests"],
+                "decode_only_tok_s": rates,
+                "decode_only_tok_s_median": quantile(&rates, 0.5),
+                "output_tok_s_median": med(&["output_tok_s"]),
+                "itl_p50_ms_median": med(&["itl_ms", "p50"]),
+                "itl_p99_ms_median": med(&["itl_ms", "p99"]),
+                "decode_ratio_to_first": ratios,
+                "decode_ratio_to_first_median": quantile(&ratios, 0.5),
+            })
+        })
+        .collect();
+    let host = host_label();
     if a.json {
+        let j = serde_json::json!({
+            "host": host,
+            "prompt_tokens": a.prompt_tokens,
+            "gen_tokens": a.gen_tokens,
+            "shared_prefix": a.shared_prefix,
+            "rounds": a.rounds,
+            "levels": levels,
+            "runs": runs,
+        });
         println!("{j}");
         return Ok(());
     }
     println!("host: {host}");
     println!(
-        "{} requests, concurrency {}, {} prompt + {} generated tokens each (shared prefix {})",
-        a.requests, a.concurrency, a.prompt_tokens, a.gen_tokens, a.shared_prefix
+        "{} round(s) of concurrency {:?}, {} prompt + {} generated tokens per request; \
+         decode = pure decode steps, × = against concurrency {} in the same round",
+        a.rounds, a.concurrency, a.prompt_tokens, a.gen_tokens, a.concurrency[0]
     );
     println!(
-        "throughput: {:.1} output tok/s, {:.1} total tok/s over {:.2} s ({} steps)",
-        j["output_tok_s"].as_f64().unwrap_or(0.0),
-        j["total_tok_s"].as_f64().unwrap_or(0.0),
-        wall,
-        st.steps
+        "{:>11} {:>8}  {:>12} {:>8}  {:>10} {:>10}  decode tok/s (×) by round",
+        "concurrency", "requests", "decode tok/s", "×", "ITL p50 ms", "ITL p99 ms"
     );
-    println!(
-        "pure steps: prefill {:.1} tok/s, decode {:.1} tok/s",
-        j["prefill_only_tok_s"].as_f64().unwrap_or(0.0),
-        j["decode_only_tok_s"].as_f64().unwrap_or(0.0)
-    );
-    println!(
-        "TTFT ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  (first request {:.1}, the rest p50 {:.1})",
-        t[0],
-        t[1],
-        t[2],
-        first_ttft * 1e3,
-        rest_ttft * 1e3
-    );
-    println!("ITL  ms: p50 {:.2}  p90 {:.2}  p99 {:.2}", i[0], i[1], i[2]);
-    if let Some(l) = long_ttft {
+    for l in &levels {
+        let n = |k: &str| num(l, &[k]);
+        let by_round: Vec<String> = l["decode_only_tok_s"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .zip(l["decode_ratio_to_first"].as_array().into_iter().flatten())
+            .map(|(r, x)| {
+                let (r, x) = (
+                    r.as_f64().unwrap_or(f64::NAN),
+                    x.as_f64().unwrap_or(f64::NAN),
+                );
+                format!("{r:.1} ({x:.2}×)")
+            })
+            .collect();
         println!(
-            "long prompt of {} tokens: TTFT {:.1} ms",
-            a.long_prompt.unwrap_or(0),
-            l * 1e3
+            "{:>11} {:>8}  {:>12.1} {:>7.2}×  {:>10.2} {:>10.2}  {}",
+            l["concurrency"].as_u64().unwrap_or(0),
+            l["requests"].as_u64().unwrap_or(0),
+            n("decode_only_tok_s_median"),
+            n("decode_ratio_to_first_median"),
+            n("itl_p50_ms_median"),
+            n("itl_p99_ms_median"),
+            by_round.join(", ")
         );
     }
-    println!(
-        "prefix cache: {:.1}% of looked-up prompt tokens hit; {} preemptions",
-        hit_rate * 100.0,
-        st.preemptions
-    );
     Ok(())
 }
 

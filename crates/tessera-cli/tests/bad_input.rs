@@ -33,6 +33,22 @@ fn absurd_sizes_are_refused_before_allocating() {
         ),
         (vec!["quant-error", "--shape", "0x5"], "ROWSxCOLS"),
         (vec!["bench-serve", "--requests", "0"], "at least 1"),
+        (vec!["bench-serve", "--concurrency", "4,0"], "at least 1"),
+        (vec!["bench-serve", "--concurrency", "4,x"], "invalid digit"),
+        (
+            vec!["bench-serve", "--rounds", "0"],
+            "--rounds must be in 1..=1000",
+        ),
+        (
+            vec![
+                "bench-serve",
+                "--concurrency",
+                "1,16",
+                "--profile",
+                "/tmp/t.json",
+            ],
+            "--profile records one run",
+        ),
         (vec!["bench", "gemm", "--shape", "0x0x0"], "MxNxK"),
         (
             vec!["bench", "rms_norm", "--profile", "/nonexistent-dir/t.json"],

@@ -1,6 +1,7 @@
 //! `bench-model --json` gives scripts what the text report gives people: every run's
 //! rates, their medians, and the host they were measured on (default model, pulled on
-//! first use). `bench --json` names the kernel paths the host could not run.
+//! first use). `bench --json` names the kernel paths the host could not run. A
+//! `bench-serve` sweep pairs its levels round by round.
 
 use std::process::Command;
 
@@ -87,4 +88,71 @@ fn bench_json_names_the_paths_this_host_cannot_run() {
     };
     assert!(not_run.iter().any(|p| p.starts_with(other)), "{not_run:?}");
     assert!(!j["results"].as_array().expect("results").is_empty());
+}
+
+/// A `bench-serve` sweep runs every level once per round and pairs each level's decode
+/// rate with the first level's of the same round: the ratios and medians in `levels`
+/// are recomputed here from the individual runs it also reports (the first level's
+/// ratios are 1 by construction, and checked as such).
+#[test]
+fn bench_serve_sweep_pairs_each_level_with_the_first_by_round() {
+    let j = json_of(
+        &[
+            "bench-serve",
+            "--concurrency",
+            "1,3",
+            "--rounds",
+            "2",
+            "--prompt-tokens",
+            "12",
+            "--gen-tokens",
+            "5",
+            "--json",
+        ],
+        "2",
+    );
+    assert!(j["host"].as_str().unwrap().contains("2 threads"));
+    assert_eq!(j["rounds"], 2);
+    let runs = j["runs"].as_array().unwrap();
+    // Round by round, the levels in the order given; the default 4 requests per stream.
+    let order: Vec<(u64, u64, u64)> = runs
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (n("round"), n("concurrency"), n("requests"))
+        })
+        .collect();
+    assert_eq!(order, [(1, 1, 4), (1, 3, 12), (2, 1, 4), (2, 3, 12)]);
+    let decode = |r: &serde_json::Value| r["decode_only_tok_s"].as_f64().unwrap();
+    let median2 = |v: [f64; 2]| (v[0] + v[1]) / 2.0;
+    let levels = j["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (l, level) in levels.iter().enumerate() {
+        let rates: Vec<f64> = [0, 1].map(|round| decode(&runs[2 * round + l])).to_vec();
+        assert!(rates.iter().all(|&r| r.is_finite() && r > 0.0), "{rates:?}");
+        let want: Vec<f64> = [0, 1]
+            .map(|round| decode(&runs[2 * round + l]) / decode(&runs[2 * round]))
+            .to_vec();
+        let got: Vec<f64> = level["decode_ratio_to_first"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        // serde_json's default float parsing may land one ulp off the printed value.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+        assert_eq!(got.len(), 2, "level {l}");
+        assert!(
+            got.iter().zip(&want).all(|(&g, &w)| close(g, w)),
+            "level {l}: {got:?} against {want:?}"
+        );
+        assert!(close(
+            level["decode_only_tok_s_median"].as_f64().unwrap(),
+            median2([rates[0], rates[1]])
+        ));
+        assert!(close(
+            level["decode_ratio_to_first_median"].as_f64().unwrap(),
+            median2([want[0], want[1]])
+        ));
+    }
 }
