@@ -160,23 +160,42 @@ struct Timing {
 }
 
 /// Synthetic prompts: real text, every request's own after the shared prefix (a number
-/// first, so no two share a block by accident).
-fn prompts(tok: &Tokenizer, a: &BenchServeArgs, requests: usize) -> Result<Vec<Vec<u32>>> {
-    let text = tok.encode(
-        "The quick brown fox jumps over the lazy dog while forty-two kernels run fast. \
-         Rivers flow to the sea, and the sea gives back the rain. ",
-    )?;
-    let shared: Vec<u32> = text.iter().cycle().take(a.shared_prefix).copied().collect();
-    (0..requests)
-        .map(|i| {
-            let mut p = shared.clone();
-            p.extend(tok.encode(&format!("Request {i}: "))?);
-            p.extend(text.iter().cycle().skip(i * 7).take(a.prompt_tokens));
-            p.truncate(a.prompt_tokens);
-            Ok(p)
-        })
-        .collect()
+/// first, so no two share a block by accident), each exactly `--prompt-tokens` long (the
+/// text repeats; `run` checks that the prompt exceeds the prefix), made as requests are
+/// added so a long run holds only those in flight.
+struct Prompts {
+    text: Vec<u32>,
+    shared: Vec<u32>,
+    len: usize,
 }
+
+impl Prompts {
+    fn new(tok: &Tokenizer, a: &BenchServeArgs) -> Result<Self> {
+        let text = tok.encode(
+            "The quick brown fox jumps over the lazy dog while forty-two kernels run fast. \
+             Rivers flow to the sea, and the sea gives back the rain. ",
+        )?;
+        let shared = text.iter().cycle().take(a.shared_prefix).copied().collect();
+        Ok(Prompts {
+            text,
+            shared,
+            len: a.prompt_tokens,
+        })
+    }
+
+    /// Request i's prompt.
+    fn get(&self, tok: &Tokenizer, i: usize) -> Result<Vec<u32>> {
+        let mut p = self.shared.clone();
+        p.extend(tok.encode(&format!("Request {i}: "))?);
+        let from = i * 7 % self.text.len().max(1);
+        p.extend(self.text.iter().cycle().skip(from).take(self.len));
+        p.truncate(self.len);
+        Ok(p)
+    }
+}
+
+/// Most requests one run takes: each keeps its token times until the report.
+const MAX_REQUESTS: usize = 1_000_000;
 
 /// Most rounds a sweep takes (beyond any useful measurement; a larger value is a typo).
 const MAX_ROUNDS: usize = 1000;
@@ -187,6 +206,16 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     }
     if a.requests == Some(0) || a.gen_tokens == 0 {
         bail!("--requests, --concurrency and --gen-tokens must be at least 1");
+    }
+    match (a.requests, a.concurrency.iter().max()) {
+        (Some(r), _) if r > MAX_REQUESTS => {
+            bail!("--requests {r}: at most {MAX_REQUESTS} in a run")
+        }
+        (None, Some(&c)) if c > MAX_REQUESTS / 4 => bail!(
+            "--concurrency {c} makes 4·{c} requests by default: at most {MAX_REQUESTS} \
+             in a run (give --requests)"
+        ),
+        _ => {}
     }
     if a.rounds == 0 || a.rounds > MAX_ROUNDS {
         bail!("--rounds must be in 1..={MAX_ROUNDS}, not {}", a.rounds);
@@ -238,7 +267,7 @@ fn run_level(
     let requests = a.requests.unwrap_or(4 * concurrency);
     let cfg = a.batch.config(&model.cfg, concurrency)?;
     let mut s = Scheduler::new(model.clone(), tok.clone(), cfg)?;
-    let ps = prompts(tok, a, requests)?;
+    let prompts = Prompts::new(tok, a)?;
     let req = |prompt: Vec<u32>| GenRequest {
         prompt,
         max_tokens: a.gen_tokens,
@@ -246,9 +275,8 @@ fn run_level(
         ignore_eos: true,
         ..GenRequest::default()
     };
-    for p in &ps {
-        s.check(&req(p.clone()))?;
-    }
+    // Every prompt has the same length, so the first stands for all.
+    s.check(&req(prompts.get(tok, 0)?))?;
     let long_req = match a.long_prompt {
         Some(n) => {
             let text = tok.encode("A long document about many things, ")?;
@@ -263,14 +291,14 @@ fn run_level(
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut timings: HashMap<SeqId, Timing> = HashMap::new();
-    let mut next = ps.into_iter();
+    let mut next = 0..requests;
     let (mut finished, mut in_flight) = (0, 0);
     let (mut pre_t, mut pre_n, mut dec_t, mut dec_n) = (0.0, 0u64, 0.0, 0u64);
     let mut long_pending = long_req;
     while finished < requests {
         while in_flight < concurrency {
-            let Some(p) = next.next() else { break };
-            let id = s.add(req(p))?;
+            let Some(i) = next.next() else { break };
+            let id = s.add(req(prompts.get(tok, i)?))?;
             timings.insert(
                 id,
                 Timing {
