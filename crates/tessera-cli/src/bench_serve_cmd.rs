@@ -502,8 +502,9 @@ fn print_report(j: &serde_json::Value) {
     );
 }
 
-/// A sweep's report: every run, then per level the decode rates by round, their median,
-/// and the ratio to the first level's rate in the same round (and its median).
+/// A sweep's report: per level the decode rates by round, their median, and the ratio
+/// to the first level's rate in the same round (and its median); the JSON also carries
+/// every run's own report.
 fn sweep_report(a: &BenchServeArgs, runs: Vec<serde_json::Value>) -> Result<()> {
     let per_round = a.concurrency.len();
     let decode = |j: &serde_json::Value| num(j, &["decode_only_tok_s"]);

@@ -40,6 +40,14 @@ fn absurd_sizes_are_refused_before_allocating() {
             "--rounds must be in 1..=1000",
         ),
         (
+            vec!["bench-serve", "--requests", "100000000000"],
+            "at most 1000000 in a run",
+        ),
+        (
+            vec!["bench-serve", "--concurrency", "300000"],
+            "give --requests",
+        ),
+        (
             vec![
                 "bench-serve",
                 "--concurrency",
