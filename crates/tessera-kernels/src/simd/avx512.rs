@@ -157,21 +157,3 @@ pub unsafe fn exp_shifted_sum_into(src: &[f32], shift: f32, dst: &mut [f32]) -> 
         })
     }
 }
-
-/// `dst[i] = src[i]·σ(k·src[i]) = src[i] / (1 + e^(−k·src[i]))`: SiLU for k = 1; GELU's
-/// σ form passes its cubic through `pre` first. Slices of equal length.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn x_sigmoid<P: Fn(__m512) -> __m512>(src: &[f32], dst: &mut [f32], pre: P) {
-    assert_eq!(src.len(), dst.len(), "x_sigmoid: lengths differ");
-    let one = _mm512_set1_ps(1.0);
-    // SAFETY: AVX-512F per the caller; both slices hold src.len() elements.
-    unsafe {
-        map_sum(src.as_ptr(), dst.as_mut_ptr(), src.len(), |x| {
-            let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), pre(x)));
-            _mm512_div_ps(x, _mm512_add_ps(one, e))
-        });
-    }
-}

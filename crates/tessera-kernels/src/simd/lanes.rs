@@ -70,6 +70,22 @@ pub(crate) trait Lanes {
     /// 2ⁿ for lanes holding integers n in [−127, 127], built in the exponent bits
     /// (n = −127 gives +0).
     unsafe fn exp2_int(n: Self::F) -> Self::F;
+    /// The exp's n = round(x·log₂e) made fit for [`Lanes::mul_exp2`]: clamped to
+    /// [−127, 127] for [`Lanes::exp2_int`] by default; AVX-512's `vscalefps` takes any n
+    /// (it overflows to ∞ and underflows gradually), so `Zmm` keeps n as it is.
+    #[inline(always)]
+    unsafe fn exp2_arg(n: Self::F) -> Self::F {
+        // SAFETY: the implementation's features, per the caller.
+        unsafe { Self::clamp(n, Self::splat_f(-127.0), Self::splat_f(127.0)) }
+    }
+    /// `p·2ⁿ` for lanes holding integers n from [`Lanes::exp2_arg`]: by default a
+    /// multiply by 2ⁿ built in the exponent bits; one `vscalefps` on AVX-512 (with the
+    /// clamp it needs no longer, two operations fewer per exp).
+    #[inline(always)]
+    unsafe fn mul_exp2(p: Self::F, n: Self::F) -> Self::F {
+        // SAFETY: the implementation's features, per the caller.
+        unsafe { Self::mul(p, Self::exp2_int(n)) }
+    }
     /// All zero.
     unsafe fn zero() -> Self::F;
     /// N floats at `p`. # Safety: N floats readable at `p`.

@@ -43,8 +43,7 @@ pub(crate) unsafe fn exp<L: Lanes>(x: L::F) -> L::F {
     // SAFETY: L's features per the caller.
     unsafe {
         let x = L::clamp(x, L::splat_f(X_LO), L::splat_f(X_HI));
-        let n = L::round(L::mul(x, L::splat_f(std::f32::consts::LOG2_E)));
-        let n = L::clamp(n, L::splat_f(-127.0), L::splat_f(127.0));
+        let n = L::exp2_arg(L::round(L::mul(x, L::splat_f(std::f32::consts::LOG2_E))));
         let r = L::fmadd(n, L::splat_f(-LN2_HI), x);
         let r = L::fmadd(n, L::splat_f(-LN2_LO), r);
         let mut p = L::splat_f(C[C.len() - 1]);
@@ -54,7 +53,7 @@ pub(crate) unsafe fn exp<L: Lanes>(x: L::F) -> L::F {
         let one = L::splat_f(1.0);
         p = L::fmadd(p, r, one);
         p = L::fmadd(p, r, one);
-        L::mul(p, L::exp2_int(n))
+        L::mul_exp2(p, n)
     }
 }
 
@@ -280,6 +279,23 @@ pub(crate) unsafe fn x_sigmoid_ymm(
     unsafe { x_sigmoid::<super::lanes::Ymm>(src, arg, times, dst) }
 }
 
+/// [`x_sigmoid`] on AVX-512 (`Zmm`).
+///
+/// # Safety
+/// The CPU supports AVX-512F/BW/VL/DQ (with AVX2, FMA and F16C: `Isa::Avx512`);
+/// `times`, when given, and `dst` as long as `src`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+pub(crate) unsafe fn x_sigmoid_zmm(
+    src: &[f32],
+    arg: super::SigmoidArg,
+    times: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    // SAFETY: the AVX-512 features and the lengths per the caller.
+    unsafe { x_sigmoid::<super::lanes::Zmm>(src, arg, times, dst) }
+}
+
 /// [`x_sigmoid`] on NEON; `times`, when given, and `dst` as long as `src` (checked by the
 /// caller).
 #[cfg(target_arch = "aarch64")]
@@ -314,6 +330,41 @@ mod tests {
         x_sigmoid: XSigmoid,
     }
 
+    /// The bodies over `Lanes` instantiated on zmm (the ops call `Zmm`'s own
+    /// `exp_shifted_sum` and `max`, but `exp` is shared by every zmm kernel over
+    /// `Lanes`: its `vscalefps` step is checked here against f64).
+    #[cfg(target_arch = "x86_64")]
+    mod zmm {
+        use super::super::{exp2_shifted_sum, exp_shifted_sum, max as max_of};
+        use crate::simd::lanes::Zmm;
+
+        /// # Safety
+        /// AVX-512 (`Isa::Avx512`); equal lengths (checked).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+        pub(super) unsafe fn exp_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
+            assert_eq!(s.len(), d.len());
+            // SAFETY: the features per the caller; equal lengths.
+            unsafe { exp_shifted_sum::<Zmm>(s.as_ptr(), d.as_mut_ptr(), s.len(), shift) }
+        }
+
+        /// # Safety
+        /// As [`exp_sum`].
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+        pub(super) unsafe fn exp2_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
+            assert_eq!(s.len(), d.len());
+            // SAFETY: as above.
+            unsafe { exp2_shifted_sum::<Zmm>(s.as_ptr(), d.as_mut_ptr(), s.len(), shift) }
+        }
+
+        /// # Safety
+        /// AVX-512 (`Isa::Avx512`).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+        pub(super) unsafe fn max(v: &[f32]) -> f32 {
+            // SAFETY: the features per the caller.
+            unsafe { max_of::<Zmm>(v) }
+        }
+    }
+
     /// This host's widths: AVX2 if the CPU has it, NEON on Arm.
     #[cfg(target_arch = "x86_64")]
     fn widths() -> Vec<Width> {
@@ -339,9 +390,27 @@ mod tests {
             println!("lanes_exp: no AVX2 on this CPU, nothing to check here");
             return Vec::new();
         }
+        let mut widths = Vec::new();
+        if tessera_core::Isa::Avx512.is_available() {
+            // The closures' SAFETY: AVX-512 (`Isa::Avx512`) was detected just above; the
+            // tests pass equal lengths.
+            widths.push(Width {
+                name: "zmm",
+                // SAFETY: see above.
+                exp_sum: |s, shift, d| unsafe { zmm::exp_sum(s, shift, d) },
+                // SAFETY: see above.
+                exp2_sum: |s, shift, d| unsafe { zmm::exp2_sum(s, shift, d) },
+                // SAFETY: see above.
+                max: |v| unsafe { zmm::max(v) },
+                // SAFETY: see above.
+                x_sigmoid: |s, a, t, d| unsafe { x_sigmoid_zmm(s, a, t, d) },
+            });
+        } else {
+            println!("lanes_exp: no AVX-512 on this CPU, its instances not checked here");
+        }
         // The closures' SAFETY: AVX2 (with FMA and F16C) was detected just above; the
         // tests pass equal lengths.
-        vec![Width {
+        widths.push(Width {
             name: "ymm",
             // SAFETY: see above.
             exp_sum: |s, shift, d| unsafe { exp_shifted_sum_ymm(s, shift, d) },
@@ -351,7 +420,8 @@ mod tests {
             max: |v| unsafe { ymm_max(v) },
             // SAFETY: see above.
             x_sigmoid: |s, a, t, d| unsafe { x_sigmoid_ymm(s, a, t, d) },
-        }]
+        });
+        widths
     }
 
     #[cfg(target_arch = "aarch64")]

@@ -93,6 +93,24 @@ impl<const N: usize> Lanes for Soft<N> {
     unsafe fn exp2_int(n: [f32; N]) -> [f32; N] {
         v_exp2_int(n)
     }
+    unsafe fn exp2_arg(n: [f32; N]) -> [f32; N] {
+        // As Zmm's at 16 lanes (no clamp for `vscalefps`), Ymm's below.
+        if N == 16 {
+            n
+        } else {
+            n.map(|v| x86_min(127.0, x86_max(-127.0, v)))
+        }
+    }
+    unsafe fn mul_exp2(p: [f32; N], n: [f32; N]) -> [f32; N] {
+        if N == 16 {
+            // `vscalefps`: p·2ⁿ rounded once, overflowing to ∞ and underflowing
+            // gradually; f64 holds the exact product for every n the exp passes.
+            std::array::from_fn(|j| (p[j] as f64 * (n[j] as f64).exp2()) as f32)
+        } else {
+            let e = v_exp2_int(n);
+            std::array::from_fn(|j| p[j] * e[j])
+        }
+    }
     unsafe fn zero() -> [f32; N] {
         [0.0; N]
     }

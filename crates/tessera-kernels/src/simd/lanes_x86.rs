@@ -297,6 +297,15 @@ impl Lanes for Zmm {
         }
     }
     #[inline(always)]
+    unsafe fn exp2_arg(n: __m512) -> __m512 {
+        n
+    }
+    #[inline(always)]
+    unsafe fn mul_exp2(p: __m512, n: __m512) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_scalef_ps(p, n) }
+    }
+    #[inline(always)]
     unsafe fn zero() -> __m512 {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_setzero_ps() }

@@ -387,9 +387,9 @@ multiversion! {
 
 /// `dst[i] = x·σ(a·x + b·x³)·t[i]` with x = `src[i]` and t = `times` (1 without it;
 /// SwiGLU's up projection), equal lengths (panics otherwise). As x → −∞ the e^… term
-/// overflows to +∞ and the result is −0, never NaN. AVX2 and NEON run one pass written
-/// over `Lanes` (`lanes_exp::x_sigmoid`, the product included); AVX-512 keeps its
-/// `vscalefps` exp, the product a second pass.
+/// overflows to +∞ and the result is −0, never NaN. AVX-512, AVX2 and NEON run one pass
+/// written once over `Lanes` (`lanes_exp::x_sigmoid`, the product included); the
+/// portable path multiplies in a second pass.
 pub fn x_sigmoid_on(
     isa: Isa,
     src: &[f32],
@@ -403,11 +403,8 @@ pub fn x_sigmoid_on(
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
-        // SAFETY: AVX-512F was detected.
-        unsafe { x_sigmoid_avx512(src, arg, dst) };
-        if let Some(t) = times {
-            mul_in_place(isa, dst, t);
-        }
+        // SAFETY: AVX-512 (what `Isa::Avx512` means) was detected; lengths checked above.
+        unsafe { lanes_exp::x_sigmoid_zmm(src, arg, times, dst) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -433,29 +430,6 @@ multiversion! {
         for (o, &b) in out.iter_mut().zip(by) {
             *o *= b;
         }
-    }
-}
-
-/// [`x_sigmoid_on`] on AVX-512. Its own `#[target_feature]` function so the closure,
-/// which inherits the features of the function it is written in, and the broadcasts
-/// compile inline (`scripts/check-inlining.sh`).
-///
-/// # Safety
-/// AVX-512F is available; equal lengths (checked by the caller).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn x_sigmoid_avx512(src: &[f32], arg: SigmoidArg, dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let (a, b) = (_mm512_set1_ps(arg.a), _mm512_set1_ps(arg.b));
-    // SAFETY: AVX-512F per the contract; the closure only uses AVX-512F intrinsics.
-    unsafe {
-        avx512::x_sigmoid(src, dst, |x| {
-            _mm512_fmadd_ps(
-                _mm512_mul_ps(_mm512_mul_ps(x, x), x),
-                b,
-                _mm512_mul_ps(x, a),
-            )
-        })
     }
 }
 
