@@ -70,21 +70,66 @@ pub(crate) trait Lanes {
     /// 2ⁿ for lanes holding integers n in [−127, 127], built in the exponent bits
     /// (n = −127 gives +0).
     unsafe fn exp2_int(n: Self::F) -> Self::F;
-    /// The exp's n = round(x·log₂e) made fit for [`Lanes::mul_exp2`]: clamped to
-    /// [−127, 127] for [`Lanes::exp2_int`] by default; AVX-512's `vscalefps` takes any n
-    /// (it overflows to ∞ and underflows gradually), so `Zmm` keeps n as it is.
-    #[inline(always)]
-    unsafe fn exp2_arg(n: Self::F) -> Self::F {
-        // SAFETY: the implementation's features, per the caller.
-        unsafe { Self::clamp(n, Self::splat_f(-127.0), Self::splat_f(127.0)) }
-    }
-    /// `p·2ⁿ` for lanes holding integers n from [`Lanes::exp2_arg`]: by default a
-    /// multiply by 2ⁿ built in the exponent bits; one `vscalefps` on AVX-512 (with the
-    /// clamp it needs no longer, two operations fewer per exp).
+    /// Whether [`Lanes::mul_exp2`] is AVX-512's `vscalefps`, which takes any n (it
+    /// overflows to ∞ and underflows gradually): the exp then clamps x to [−104, 89]
+    /// and not n, so |r| ≤ ln2/2 and a degree-6 polynomial suffices — the zmm-only exp
+    /// this replaced, operation for operation. Otherwise n is clamped to [−127, 127]
+    /// for [`Lanes::exp2_int`] and x to [−88, 89].
+    const SCALEF_EXP: bool = false;
+    /// `p·2ⁿ` for lanes holding integers n (in [−127, 127] unless
+    /// [`Lanes::SCALEF_EXP`]): by default a multiply by 2ⁿ built in the exponent bits;
+    /// one `vscalefps` on AVX-512.
     #[inline(always)]
     unsafe fn mul_exp2(p: Self::F, n: Self::F) -> Self::F {
         // SAFETY: the implementation's features, per the caller.
         unsafe { Self::mul(p, Self::exp2_int(n)) }
+    }
+    /// The first `count` (< N) floats at `p` and `pad` in the other lanes: a row's last
+    /// partial vector. By default through a padded copy; AVX-512 loads under a mask.
+    /// # Safety: `count` floats readable at `p`; the implementation's features.
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, count: usize, pad: f32) -> Self::F
+    where
+        Self: Sized,
+    {
+        debug_assert!(count < Self::N && Self::N <= 16);
+        let mut lanes = [pad; 16];
+        // SAFETY: count < N ≤ 16 floats readable at p and writable in `lanes`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, lanes.as_mut_ptr(), count);
+            Self::load(lanes.as_ptr())
+        }
+    }
+    /// Stores the first `count` (< N) lanes of `v` at `p` (the rest untouched).
+    /// # Safety: `count` floats writable at `p`; the implementation's features.
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: Self::F, count: usize)
+    where
+        Self: Sized,
+    {
+        debug_assert!(count < Self::N && Self::N <= 16);
+        let mut lanes = [0f32; 16];
+        // SAFETY: as for `load_first`.
+        unsafe {
+            Self::store(lanes.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, count);
+        }
+    }
+    /// `v` with the lanes from `count` (< N) on zeroed (a tail's padding out of a sum).
+    /// # Safety: the implementation's features.
+    #[inline(always)]
+    unsafe fn keep_first(v: Self::F, count: usize) -> Self::F
+    where
+        Self: Sized,
+    {
+        debug_assert!(count < Self::N && Self::N <= 16);
+        let mut lanes = [0f32; 16];
+        // SAFETY: N ≤ 16 lanes stored into and loaded from `lanes`.
+        unsafe {
+            Self::store(lanes.as_mut_ptr(), v);
+            lanes[count..].fill(0.0);
+            Self::load(lanes.as_ptr())
+        }
     }
     /// All zero.
     unsafe fn zero() -> Self::F;
@@ -113,7 +158,7 @@ pub(crate) trait Lanes {
     /// Asks for the 64-byte line at `p` in L2 (never faults, whatever `p` is).
     unsafe fn prefetch_l2(p: *const u8);
     /// `v[i] = e^(v[i] − shift)`, returning Σv: the FMA exp written over this trait
-    /// ([`super::lanes_exp`]) unless the width has a better one.
+    /// ([`super::lanes_exp`]).
     #[inline(always)]
     unsafe fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32
     where

@@ -1,28 +1,34 @@
 //! e^x written once over [`Lanes`], for softmax rows (flash attention, paged decode
-//! attention, the softmax op) on AVX2 and NEON.
+//! attention, the softmax op) and the sigmoid of SiLU, SwiGLU and GELU, on AVX-512,
+//! AVX2 and NEON.
 //!
 //! Why not the portable [`super::exp`]: Rust never contracts its mul+add pairs into FMA,
 //! and its range fix-ups are compare-and-blend pairs, ~30 operations per vector; here
 //! the Cody–Waite reduction and the polynomial are FMAs and the range is handled by two
-//! clamps, ~17. AVX-512 keeps [`super::avx512::exp16`] (`Zmm` overrides
-//! [`Lanes::exp_shifted_sum`]): its `vscalefps` builds 2ⁿ with exact overflow and
-//! gradual underflow, which this width-generic version gets from clamping instead.
+//! clamps, ~17. The last step is the width's [`Lanes::mul_exp2`]: AVX-512's `vscalefps`
+//! builds 2ⁿ with exact overflow and gradual underflow and needs no clamp of n (the
+//! zmm-only loops this replaced used it too: docs/performance.md compares them).
 //!
-//! Range: x is clamped to [−88, 89] and n = round(x·log₂e) to [−127, 127], so 2ⁿ is
-//! always an exponent field: e^x underflows to 0 where n reaches −127 (x ≲ −87.7, as
-//! FTZ hardware would), and x ≥ 88.73 (n capped, r ≥ 0.7) overflows to +∞ in the final
-//! product. A NaN lane stays NaN.
+//! Range: on AVX2 and NEON x is clamped to [−88, 89] and n = round(x·log₂e) to
+//! [−127, 127], so 2ⁿ is always an exponent field: e^x underflows to 0 where n reaches
+//! −127 (x ≲ −87.7, as FTZ hardware would), and x ≥ 88.73 (n capped, r ≥ 0.7)
+//! overflows to +∞ in the final product. On AVX-512 ([`Lanes::SCALEF_EXP`]) x is
+//! clamped to [−104, 89] and `vscalefps` underflows gradually and overflows to +∞.
+//! A NaN lane stays NaN. Rows are vectors to their end: the last len mod N lanes are
+//! one vector ([`Lanes::load_first`]), masked on AVX-512, padded elsewhere.
 
 use super::lanes::Lanes;
 use super::{C2, T_HI, T_LO};
 
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
-/// Clamp of x: below −88, n = −127 and the result is 0; above 89, +∞ anyway.
-const X_LO: f32 = -88.0;
+/// Clamp of x from above: past 89, +∞ anyway. From below: −88 where n is clamped to
+/// −127 (the result is 0 there); −104 with `vscalefps` (below the least subnormal's log).
 const X_HI: f32 = 89.0;
 /// Taylor coefficients 1/k!, k = 2..7: degree 7 keeps r up to 0.7 (the top of the
-/// range, where n is capped at 127) within ~5e-7 relative; |r| ≤ ln2/2 elsewhere.
+/// range, where a clamped n is capped at 127) within ~5e-7 relative; with n unclamped
+/// ([`Lanes::SCALEF_EXP`]) |r| ≤ ln2/2 everywhere and degree 6 suffices (r⁷/7! ≤ 1.2e-7,
+/// below one ulp at 1), one FMA fewer.
 const C: [f32; 6] = [
     1.0 / 2.0,
     1.0 / 6.0,
@@ -42,12 +48,17 @@ const GROUP: usize = 4;
 pub(crate) unsafe fn exp<L: Lanes>(x: L::F) -> L::F {
     // SAFETY: L's features per the caller.
     unsafe {
-        let x = L::clamp(x, L::splat_f(X_LO), L::splat_f(X_HI));
-        let n = L::exp2_arg(L::round(L::mul(x, L::splat_f(std::f32::consts::LOG2_E))));
+        let lo = if L::SCALEF_EXP { -104.0 } else { -88.0 };
+        let x = L::clamp(x, L::splat_f(lo), L::splat_f(X_HI));
+        let mut n = L::round(L::mul(x, L::splat_f(std::f32::consts::LOG2_E)));
+        if !L::SCALEF_EXP {
+            n = L::clamp(n, L::splat_f(-127.0), L::splat_f(127.0));
+        }
         let r = L::fmadd(n, L::splat_f(-LN2_HI), x);
         let r = L::fmadd(n, L::splat_f(-LN2_LO), r);
-        let mut p = L::splat_f(C[C.len() - 1]);
-        for &c in C[..C.len() - 1].iter().rev() {
+        let c = if L::SCALEF_EXP { &C[..5] } else { &C[..] };
+        let mut p = L::splat_f(c[c.len() - 1]);
+        for &c in c[..c.len() - 1].iter().rev() {
             p = L::fmadd(p, r, L::splat_f(c));
         }
         let one = L::splat_f(1.0);
@@ -82,7 +93,7 @@ pub(crate) unsafe fn exp2<L: Lanes>(t: L::F) -> L::F {
 }
 
 /// `dst[i] = e^(src[i] − shift)` for i < len, returning the sum; the last len mod N
-/// through the scalar [`super::exp`].
+/// through one padded vector.
 ///
 /// # Safety
 /// The CPU features of `L`; `src` readable and `dst` writable for `len` floats (they may
@@ -99,7 +110,7 @@ pub(crate) unsafe fn exp_shifted_sum<L: Lanes>(
 }
 
 /// [`exp_shifted_sum`] in base 2: `dst[i] = 2^(src[i] − shift)` through [`exp2`], the
-/// tail through the scalar [`super::exp2`].
+/// tail as there.
 ///
 /// # Safety
 /// As [`exp_shifted_sum`].
@@ -142,8 +153,8 @@ unsafe fn shifted_sum<L: Lanes, const BASE2: bool>(
     len: usize,
     shift: f32,
 ) -> f32 {
-    let scalar = if BASE2 { super::exp2 } else { super::exp };
-    // SAFETY: L's features per the caller; every access is at an offset below len.
+    // SAFETY: L's features per the caller; every access is at an offset below len (the
+    // tail's through `load_first`/`store_first`).
     unsafe {
         let s = L::splat_f(shift);
         let neg_one = L::splat_f(-1.0);
@@ -166,20 +177,24 @@ unsafe fn shifted_sum<L: Lanes, const BASE2: bool>(
             acc[0] = L::add(acc[0], y);
             i += L::N;
         }
-        let mut tail = 0.0;
-        for j in i..len {
-            let y = scalar(*src.add(j) - shift);
-            *dst.add(j) = y;
-            tail += y;
+        if i < len {
+            // The last len − i (< N) as one vector padded with the shift (e^0, no
+            // underflow to go through a slow path), the padding kept out of the sum: one
+            // exp instead of up to N − 1 scalar ones (a score row's tail, every head).
+            let rest = len - i;
+            let x = L::load_first(src.add(i), rest, shift);
+            let y = pow::<L, BASE2>(L::fmadd(s, neg_one, x));
+            L::store_first(dst.add(i), y, rest);
+            acc[1] = L::add(acc[1], L::keep_first(y, rest));
         }
-        L::sum(L::add(L::add(acc[0], acc[1]), L::add(acc[2], acc[3]))) + tail
+        L::sum(L::add(L::add(acc[0], acc[1]), L::add(acc[2], acc[3])))
     }
 }
 
 /// `dst[i] = x·σ(a·x + b·x³)·t[i]` with x = `src[i]` and t = `times` (1 without it):
 /// SiLU, tanh-GELU, and SwiGLU with its product in the same pass. As x → −∞ the
-/// e^… term overflows to +∞ and the result is −0; the last len mod N through the scalar
-/// [`super::exp`].
+/// e^… term overflows to +∞ and the result is −0; the last len mod N through one
+/// padded vector.
 ///
 /// # Safety
 /// The CPU features of `L`; `times`, when given, and `dst` as long as `src`.
@@ -208,15 +223,23 @@ pub(crate) unsafe fn x_sigmoid<L: Lanes>(
             L::store(dst.as_mut_ptr().add(i), y);
             i += L::N;
         }
-        for j in i..len {
-            let y = super::x_sigmoid_scalar(src[j], arg);
-            dst[j] = times.map_or(y, |t| y * t[j]);
+        if i < len {
+            // The last len − i (< N) as one vector padded with zeros (whose e^0 and
+            // products are finite), only the live lanes stored.
+            let rest = len - i;
+            let x = L::load_first(src.as_ptr().add(i), rest, 0.0);
+            let z = L::fmadd(L::mul(L::mul(neg_b, x), x), x, L::mul(neg_a, x));
+            let mut y = L::div(x, L::add(one, exp::<L>(z)));
+            if let Some(t) = times {
+                y = L::mul(y, L::load_first(t.as_ptr().add(i), rest, 0.0));
+            }
+            L::store_first(dst.as_mut_ptr().add(i), y, rest);
         }
     }
 }
 
 /// Max of `v` skipping NaN (−∞ when empty or all NaN): [`GROUP`] independent vector
-/// chains and one horizontal max, the tail scalar.
+/// chains and one horizontal max, the tail one vector padded with −∞.
 ///
 /// # Safety
 /// The CPU features of `L`.
@@ -237,8 +260,12 @@ pub(crate) unsafe fn max<L: Lanes>(v: &[f32]) -> f32 {
             acc[0] = L::max_keep(L::load(p.add(i)), acc[0]);
             i += L::N;
         }
+        if i < len {
+            let tail = L::load_first(p.add(i), len - i, f32::NEG_INFINITY);
+            acc[1] = L::max_keep(tail, acc[1]);
+        }
         let m = acc.iter().fold(acc[0], |m, &a| L::max_keep(a, m));
-        v[i..].iter().fold(L::hmax(m), |a, &b| a.max(b))
+        L::hmax(m)
     }
 }
 
@@ -294,6 +321,30 @@ pub(crate) unsafe fn x_sigmoid_zmm(
 ) {
     // SAFETY: the AVX-512 features and the lengths per the caller.
     unsafe { x_sigmoid::<super::lanes::Zmm>(src, arg, times, dst) }
+}
+
+/// [`exp_shifted_sum`] on AVX-512 (`Zmm`), from `src` into `dst`.
+///
+/// # Safety
+/// As [`x_sigmoid_zmm`] for the CPU; `src.len() == dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+pub(crate) unsafe fn exp_shifted_sum_zmm(src: &[f32], shift: f32, dst: &mut [f32]) -> f32 {
+    debug_assert_eq!(src.len(), dst.len());
+    let len = src.len().min(dst.len());
+    // SAFETY: the AVX-512 features per the caller; both slices hold len floats.
+    unsafe { exp_shifted_sum::<super::lanes::Zmm>(src.as_ptr(), dst.as_mut_ptr(), len, shift) }
+}
+
+/// [`max`] on AVX-512 (`Zmm`).
+///
+/// # Safety
+/// As [`x_sigmoid_zmm`] for the CPU.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+pub(crate) unsafe fn max_zmm(v: &[f32]) -> f32 {
+    // SAFETY: the AVX-512 features per the caller.
+    unsafe { max::<super::lanes::Zmm>(v) }
 }
 
 /// [`x_sigmoid`] on NEON; `times`, when given, and `dst` as long as `src` (checked by the

@@ -37,6 +37,8 @@ fn x86_min(a: f32, b: f32) -> f32 {
 
 impl<const N: usize> Lanes for Soft<N> {
     const N: usize = N;
+    // Zmm's at 16 lanes (`vscalefps`, see `mul_exp2`), Ymm's below.
+    const SCALEF_EXP: bool = N == 16;
     type I = [i32; N];
     type F = [f32; N];
     unsafe fn widen_u8(p: *const u8) -> [i32; N] {
@@ -92,14 +94,6 @@ impl<const N: usize> Lanes for Soft<N> {
     }
     unsafe fn exp2_int(n: [f32; N]) -> [f32; N] {
         v_exp2_int(n)
-    }
-    unsafe fn exp2_arg(n: [f32; N]) -> [f32; N] {
-        // As Zmm's at 16 lanes (no clamp for `vscalefps`), Ymm's below.
-        if N == 16 {
-            n
-        } else {
-            n.map(|v| x86_min(127.0, x86_max(-127.0, v)))
-        }
     }
     unsafe fn mul_exp2(p: [f32; N], n: [f32; N]) -> [f32; N] {
         if N == 16 {

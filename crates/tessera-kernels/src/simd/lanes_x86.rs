@@ -197,11 +197,18 @@ impl Lanes for Ymm {
     }
 }
 
+/// The mask of lanes 0..count (count < 16).
+#[inline(always)]
+fn first_lanes(count: usize) -> __mmask16 {
+    ((1u32 << count) - 1) as __mmask16
+}
+
 /// AVX-512: 16 lanes in zmm registers.
 pub(crate) struct Zmm;
 
 impl Lanes for Zmm {
     const N: usize = 16;
+    const SCALEF_EXP: bool = true;
     type I = __m512i;
     type F = __m512;
     #[inline(always)]
@@ -297,13 +304,24 @@ impl Lanes for Zmm {
         }
     }
     #[inline(always)]
-    unsafe fn exp2_arg(n: __m512) -> __m512 {
-        n
-    }
-    #[inline(always)]
     unsafe fn mul_exp2(p: __m512, n: __m512) -> __m512 {
         // SAFETY: AVX-512F per the contract.
         unsafe { _mm512_scalef_ps(p, n) }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, count: usize, pad: f32) -> __m512 {
+        // SAFETY: AVX-512F; the mask covers the `count` readable floats (the contract).
+        unsafe { _mm512_mask_loadu_ps(_mm512_set1_ps(pad), first_lanes(count), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: __m512, count: usize) {
+        // SAFETY: as load_first, for writing.
+        unsafe { _mm512_mask_storeu_ps(p, first_lanes(count), v) }
+    }
+    #[inline(always)]
+    unsafe fn keep_first(v: __m512, count: usize) -> __m512 {
+        // SAFETY: AVX-512F per the contract.
+        unsafe { _mm512_maskz_mov_ps(first_lanes(count), v) }
     }
     #[inline(always)]
     unsafe fn zero() -> __m512 {
@@ -368,12 +386,6 @@ impl Lanes for Zmm {
     unsafe fn prefetch_l2(p: *const u8) {
         // SAFETY: a prefetch never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
-    }
-    #[inline(always)]
-    unsafe fn exp_shifted_sum(v: &mut [f32], shift: f32) -> f32 {
-        // `vscalefps` builds 2ⁿ with exact overflow and gradual underflow.
-        // SAFETY: AVX-512F per the contract.
-        unsafe { super::avx512::exp_shifted_sum(v, shift) }
     }
 }
 

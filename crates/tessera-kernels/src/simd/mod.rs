@@ -8,11 +8,8 @@
 //! the ISA decision is the caller's, made once, never a `cfg` inside a kernel.
 //!
 //! Where LLVM's code is not good enough (e^x: no FMA contraction, one long chain per
-//! vector) [`avx512`] has explicit versions, and the `*_on(isa, ..)` functions here pick
-//! between them and the portable body.
-
-#[cfg(target_arch = "x86_64")]
-pub mod avx512;
+//! vector) `lanes_exp` writes it once over `lanes::Lanes` for AVX-512, AVX2 and NEON,
+//! and the `*_on(isa, ..)` functions here pick between those and the portable body.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) mod lanes;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -319,8 +316,9 @@ multiversion! {
 pub fn exp_shifted_sum_on(isa: Isa, src: &[f32], shift: f32, dst: &mut [f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
-        // SAFETY: AVX-512F was detected.
-        return unsafe { avx512::exp_shifted_sum_into(src, shift, dst) };
+        assert_eq!(src.len(), dst.len(), "exp_shifted_sum_on: lengths differ");
+        // SAFETY: AVX-512 (what `Isa::Avx512` means) was detected.
+        return unsafe { lanes_exp::exp_shifted_sum_zmm(src, shift, dst) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && isa.is_available() {
@@ -355,8 +353,8 @@ multiversion! {
 pub fn max_on(isa: Isa, x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && isa.is_available() {
-        // SAFETY: AVX-512F was detected.
-        return unsafe { avx512::max(x) };
+        // SAFETY: AVX-512 (what `Isa::Avx512` means) was detected.
+        return unsafe { lanes_exp::max_zmm(x) };
     }
     max_portable(isa, x)
 }

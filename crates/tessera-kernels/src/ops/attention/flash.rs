@@ -482,8 +482,8 @@ mod x86 {
         }
         #[inline(always)]
         fn max(v: &[f32]) -> f32 {
-            // SAFETY: only reached from `attend_zmm` (AVX-512F present).
-            unsafe { crate::simd::avx512::max(v) }
+            // SAFETY: only reached from `attend_zmm` (AVX-512F/BW/VL/DQ present).
+            unsafe { <Zmm as crate::simd::lanes::Lanes>::row_max(v) }
         }
     }
 
