@@ -7,6 +7,19 @@ use std::arch::x86_64::*;
 /// AVX2: 8 lanes in ymm registers.
 pub(crate) struct Ymm;
 
+/// All-ones in lanes 0..count of 8 (count < 8), zero above: the mask of `vmaskmovps`.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn ymm_first_lanes(count: usize) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), lane)
+    }
+}
+
 impl Lanes for Ymm {
     const N: usize = 8;
     type I = __m256i;
@@ -107,6 +120,29 @@ impl Lanes for Ymm {
             let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
             _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
         }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, count: usize, pad: f32) -> __m256 {
+        // SAFETY: AVX2; `vmaskmovps` reads only the lanes under the mask, the `count`
+        // readable floats (the contract).
+        unsafe {
+            let m = ymm_first_lanes(count);
+            _mm256_blendv_ps(
+                _mm256_set1_ps(pad),
+                _mm256_maskload_ps(p, m),
+                _mm256_castsi256_ps(m),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, v: __m256, count: usize) {
+        // SAFETY: as load_first, for writing.
+        unsafe { _mm256_maskstore_ps(p, ymm_first_lanes(count), v) }
+    }
+    #[inline(always)]
+    unsafe fn keep_first(v: __m256, count: usize) -> __m256 {
+        // SAFETY: AVX per the contract.
+        unsafe { _mm256_and_ps(v, _mm256_castsi256_ps(ymm_first_lanes(count))) }
     }
     #[inline(always)]
     unsafe fn zero() -> __m256 {
