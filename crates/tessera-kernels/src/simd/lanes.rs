@@ -85,7 +85,8 @@ pub(crate) trait Lanes {
         unsafe { Self::mul(p, Self::exp2_int(n)) }
     }
     /// The first `count` (< N) floats at `p` and `pad` in the other lanes: a row's last
-    /// partial vector. By default through a padded copy; AVX-512 loads under a mask.
+    /// partial vector. By default (NEON, the tests' `Soft`) through a padded copy;
+    /// AVX-512 and AVX2 load under a mask.
     /// # Safety: `count` floats readable at `p`; the implementation's features.
     #[inline(always)]
     unsafe fn load_first(p: *const f32, count: usize, pad: f32) -> Self::F
