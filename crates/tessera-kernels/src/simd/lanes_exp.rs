@@ -381,9 +381,9 @@ mod tests {
         x_sigmoid: XSigmoid,
     }
 
-    /// The bodies over `Lanes` instantiated on zmm (the ops call `Zmm`'s own
-    /// `exp_shifted_sum` and `max`, but `exp` is shared by every zmm kernel over
-    /// `Lanes`: its `vscalefps` step is checked here against f64).
+    /// The bodies over `Lanes` instantiated on zmm, as the ops call them (softmax sums,
+    /// flash attention's base-2 weights, row maxima; the sigmoid through
+    /// `x_sigmoid_zmm`): the `vscalefps` step and the masked tails against f64.
     #[cfg(target_arch = "x86_64")]
     mod zmm {
         use super::super::{exp2_shifted_sum, exp_shifted_sum, max as max_of};
