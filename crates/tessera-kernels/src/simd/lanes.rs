@@ -123,12 +123,10 @@ pub(crate) trait Lanes {
     where
         Self: Sized,
     {
-        debug_assert!(count < Self::N && Self::N <= 16);
         let mut lanes = [0f32; 16];
-        // SAFETY: N ≤ 16 lanes stored into and loaded from `lanes`.
+        // SAFETY: `store_first`'s count lanes and `load`'s N ≤ 16 lie in `lanes`.
         unsafe {
-            Self::store(lanes.as_mut_ptr(), v);
-            lanes[count..].fill(0.0);
+            Self::store_first(lanes.as_mut_ptr(), v, count);
             Self::load(lanes.as_ptr())
         }
     }

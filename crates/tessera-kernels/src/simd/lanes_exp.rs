@@ -7,7 +7,7 @@
 //! the Cody–Waite reduction and the polynomial are FMAs and the range is handled by two
 //! clamps, ~17. The last step is the width's [`Lanes::mul_exp2`]: AVX-512's `vscalefps`
 //! builds 2ⁿ with exact overflow and gradual underflow and needs no clamp of n (the
-//! zmm-only loops this replaced used it too: docs/performance.md compares them).
+//! zmm-only loops this replaced used it too; their commits record the same-run timings).
 //!
 //! Range: on AVX2 and NEON x is clamped to [−88, 89] and n = round(x·log₂e) to
 //! [−127, 127], so 2ⁿ is always an exponent field: e^x underflows to 0 where n reaches
@@ -381,38 +381,18 @@ mod tests {
         x_sigmoid: XSigmoid,
     }
 
-    /// The bodies over `Lanes` instantiated on zmm, as the ops call them (softmax sums,
-    /// flash attention's base-2 weights, row maxima; the sigmoid through
-    /// `x_sigmoid_zmm`): the `vscalefps` step and the masked tails against f64.
+    /// Flash attention's base-2 sums on zmm (the ops call them through `Zmm`'s
+    /// `exp2_shifted_sum`; the other zmm entries are the crate's own wrappers).
+    ///
+    /// # Safety
+    /// AVX-512 (`Isa::Avx512`); equal lengths (checked).
     #[cfg(target_arch = "x86_64")]
-    mod zmm {
-        use super::super::{exp2_shifted_sum, exp_shifted_sum, max as max_of};
-        use crate::simd::lanes::Zmm;
-
-        /// # Safety
-        /// AVX-512 (`Isa::Avx512`); equal lengths (checked).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-        pub(super) unsafe fn exp_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
-            assert_eq!(s.len(), d.len());
-            // SAFETY: the features per the caller; equal lengths.
-            unsafe { exp_shifted_sum::<Zmm>(s.as_ptr(), d.as_mut_ptr(), s.len(), shift) }
-        }
-
-        /// # Safety
-        /// As [`exp_sum`].
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-        pub(super) unsafe fn exp2_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
-            assert_eq!(s.len(), d.len());
-            // SAFETY: as above.
-            unsafe { exp2_shifted_sum::<Zmm>(s.as_ptr(), d.as_mut_ptr(), s.len(), shift) }
-        }
-
-        /// # Safety
-        /// AVX-512 (`Isa::Avx512`).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-        pub(super) unsafe fn max(v: &[f32]) -> f32 {
-            // SAFETY: the features per the caller.
-            unsafe { max_of::<Zmm>(v) }
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+    unsafe fn zmm_exp2_sum(s: &[f32], shift: f32, d: &mut [f32]) -> f32 {
+        assert_eq!(s.len(), d.len());
+        // SAFETY: the features per the caller; equal lengths.
+        unsafe {
+            exp2_shifted_sum::<crate::simd::lanes::Zmm>(s.as_ptr(), d.as_mut_ptr(), s.len(), shift)
         }
     }
 
@@ -448,11 +428,11 @@ mod tests {
             widths.push(Width {
                 name: "zmm",
                 // SAFETY: see above.
-                exp_sum: |s, shift, d| unsafe { zmm::exp_sum(s, shift, d) },
+                exp_sum: |s, shift, d| unsafe { exp_shifted_sum_zmm(s, shift, d) },
                 // SAFETY: see above.
-                exp2_sum: |s, shift, d| unsafe { zmm::exp2_sum(s, shift, d) },
+                exp2_sum: |s, shift, d| unsafe { zmm_exp2_sum(s, shift, d) },
                 // SAFETY: see above.
-                max: |v| unsafe { zmm::max(v) },
+                max: |v| unsafe { max_zmm(v) },
                 // SAFETY: see above.
                 x_sigmoid: |s, a, t, d| unsafe { x_sigmoid_zmm(s, a, t, d) },
             });
