@@ -8,7 +8,8 @@
 //! of 1/64 770 of the block's largest (finer than the f16 KV cache's 2⁻¹¹ relative), and
 //! split exactly as q = 255·h + l with h and l in [−127, 127]: two int8 rows with
 //! scales 255·d and d. The matmul is linear in the activation row, so y = y_h + y_l:
-//! the integer kernels run 2M rows, unchanged, and each output row adds its pair. At
+//! the integer kernels run 2M rows, unchanged, and each output tile adds its pairs as
+//! it is stored (`RowStore::PairSums`). At
 //! decode both rows share one pass over the weights, so where weight reads bound the
 //! 8-bit kernel the 16-bit one costs about the same.
 //!
@@ -18,11 +19,9 @@
 
 use super::int_path::{quantize_and_run, ActSource};
 use super::packed::{amax_finite, four_sums, BlockSink, PackedWeights, QuantActs};
-use super::{each_row_mut, int_operands, ActScales, Tiles};
+use super::{int_operands, ActScales, Tiles};
 use crate::multiversion;
-use crate::pool::PARALLEL_ROW_VALUES;
 use crate::quant::QK;
-use crate::reuse::with_reused;
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
 
 /// Largest |q| of a block: 127 in each plane, q = 255·h + l.
@@ -136,7 +135,7 @@ pub(super) fn qmatmul_a16_tiles(
     x: &TensorView<'_, f32>,
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
-    let Some((m, n, xs, ld)) = int_operands(isa, w, x, y)? else {
+    let Some((m, _, xs, ld)) = int_operands(isa, w, x, y)? else {
         return Ok(());
     };
     let planes = Planes {
@@ -145,53 +144,9 @@ pub(super) fn qmatmul_a16_tiles(
         k: w.cols(),
         offset: w.offset(),
     };
-    // A decode step makes hundreds of these calls: the 2M-row product reuses this
-    // thread's buffer (a fresh 2×49152 product for the LM head would fault in its pages
-    // every call).
-    thread_local! {
-        static REUSED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    with_reused(&REUSED, true, |pairs| {
-        // Grown, never shrunk: the LM head's 2×49152 after a layer's 2×576 would zero
-        // ~0.4 MB again every token (memset was 1.3% of a16 decode's samples).
-        if pairs.len() < 2 * m * n {
-            pairs.resize(2 * m * n, 0.0);
-        }
-        let mut pv = TensorViewMut::contiguous(&mut pairs[..2 * m * n], &[2 * m, n])?;
-        let scales = (ActScales::PerBlock, tiles);
-        quantize_and_run::<2>(isa, threads, w, scales, (m, &planes), &mut pv);
-        let yl = *y.layout();
-        let (ld, step, origin) = (yl.stride(0), yl.stride(1), yl.offset());
-        let out = y.data_mut();
-        let pair = |i: usize| pairs[2 * i * n..][..2 * n].split_at(n);
-        if step == 1 && ld >= n {
-            // Contiguous rows (every engine call): a loop the compiler vectorizes, on
-            // every thread for a batch (16 rows of the LM head read 6.3 MB of plane
-            // outputs and write 3.1 MB).
-            let add = |i: usize, row: &mut [f32]| {
-                let (h, l) = pair(i);
-                for ((o, a), b) in row[..n].iter_mut().zip(h).zip(l) {
-                    *o = a + b;
-                }
-            };
-            let rows = out[origin..].chunks_mut(ld).take(m);
-            if m * n < PARALLEL_ROW_VALUES {
-                // One thread (every decode row): no list of rows to allocate.
-                rows.enumerate().for_each(|(i, row)| add(i, row));
-            } else {
-                let mut rows: Vec<&mut [f32]> = rows.collect();
-                each_row_mut(&mut rows, n, threads, |i, row| add(i, row));
-            }
-        } else {
-            for i in 0..m {
-                let (h, l) = pair(i);
-                for (j, (a, b)) in h.iter().zip(l).enumerate() {
-                    out[origin + i * ld + j * step] = a + b;
-                }
-            }
-        }
-        Ok(())
-    })
+    let scales = (ActScales::PerBlock, tiles);
+    quantize_and_run::<2>(isa, threads, w, scales, (m, &planes), y);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -294,44 +249,55 @@ mod tests {
         }
     }
 
-    /// On two threads (the split and the planes' sums spread over them from
-    /// [`PARALLEL_ROW_VALUES`] values), contiguous outputs and outputs in rows
-    /// strided past N (a view into a wider buffer) hold the one-thread call's values bit
-    /// for bit — each output comes from the same kernel pass and one addition whatever
-    /// the threads — and the gaps between rows stay untouched. M = 16 at K = 288 and
-    /// N = 264 takes the threads' path for both; M = 3 stays on the caller.
+    /// On two threads (the split spread over them from [`PARALLEL_ROW_VALUES`] values),
+    /// contiguous outputs, outputs in rows strided past N (a view into a wider buffer)
+    /// and column-major outputs hold the one-thread call's values bit for bit — each
+    /// output comes from the same kernel pass and one addition of its planes whatever
+    /// the threads and the layout — and the gaps between rows stay untouched. M = 16 at
+    /// K = 288 and N = 264 takes the threads' path for the split; M = 3 stays on the
+    /// caller.
     #[test]
-    fn threaded_and_row_strided_outputs_match_one_thread() {
+    fn threaded_and_strided_outputs_match_one_thread() {
+        use crate::pool::PARALLEL_ROW_VALUES;
         use crate::quant::{ggml::BlockQ4_1, QuantMatrix};
         let mut rng = rand::rng();
         let (n, k) = (264, 9 * QK);
         assert!(16 * k >= PARALLEL_ROW_VALUES);
-        assert!(16 * n >= PARALLEL_ROW_VALUES);
         let data: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
         let w = PackedWeights::new(&QuantMatrix::<BlockQ4_1>::quantize(n, k, &data).unwrap());
         for m in [3, 16] {
             let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
             let xv = TensorView::contiguous(&x, &[m, k]).unwrap();
-            let run = |threads: usize, ld: usize| {
-                let mut y = vec![-7.0f32; m * ld];
-                let layout = tessera_core::Layout::strided(&[m, n], &[ld, 1], 0).unwrap();
+            // (i, j) lives at i·row + j·col of a buffer of `len`.
+            let run = |threads: usize, (row, col, len): (usize, usize, usize)| {
+                let mut y = vec![-7.0f32; len];
+                let layout = tessera_core::Layout::strided(&[m, n], &[row, col], 0).unwrap();
                 let mut yv = TensorViewMut::new(&mut y, layout).unwrap();
                 qmatmul_a16(Isa::best(), threads, &w, &xv, &mut yv).unwrap();
                 y
             };
-            let want = run(1, n);
+            let want = run(1, (n, 1, m * n));
             assert!(want.iter().all(|v| v.is_finite()), "M {m}");
-            for ld in [n, n + 5] {
-                let got = run(2, ld);
+            for (row, col, len) in [(n, 1, m * n), (n + 5, 1, m * (n + 5)), (1, m, m * n)] {
+                let got = run(2, (row, col, len));
+                let mut written = vec![false; len];
                 for i in 0..m {
-                    for j in 0..ld {
-                        let (g, at) = (got[i * ld + j], format!("M {m}, ld {ld}, ({i}, {j})"));
-                        if j < n {
-                            assert_eq!(g.to_bits(), want[i * n + j].to_bits(), "{at}");
-                        } else {
-                            assert_eq!(g, -7.0, "{at}: a gap was written");
-                        }
+                    for j in 0..n {
+                        let at = i * row + j * col;
+                        written[at] = true;
+                        let (g, e) = (got[at], want[i * n + j]);
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "M {m}, strides {row}/{col}, ({i}, {j})"
+                        );
                     }
+                }
+                for (at, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+                    assert_eq!(
+                        got[at], -7.0,
+                        "M {m}, strides {row}/{col}: gap {at} written"
+                    );
                 }
             }
         }

@@ -22,7 +22,7 @@ use super::packed::{self, BlockSink, PackedWeights, QuantActs};
 use super::row_scaled;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::rows8;
-use super::{act_block_rows, each_row_mut, for_weight_rows, ActScales, IntKernel, Tiles};
+use super::{act_block_rows, each_row_mut, for_weight_rows, ActScales, IntKernel, RowStore, Tiles};
 use super::{M_CHUNK, REUSED_ACT_ROWS};
 use crate::reuse::with_reused;
 use tessera_core::{CacheSizes, Isa, TensorViewMut};
@@ -55,7 +55,8 @@ impl IntActs<'_> {
 
 /// `y = x·Wᵀ` on the integer kernels: the kernel chosen for `isa`, `w` and the
 /// activations' scales, `items` input rows quantized by `src` into `N`·items activation
-/// rows in the form that kernel reads, on `threads` (y is [N·items, n]). Up to
+/// rows in the form that kernel reads, on `threads`; y is [items, n], each input row's
+/// N products summed into its row as they are stored (N is 1 or 2). Up to
 /// [`REUSED_ACT_ROWS`] input rows reuse this thread's buffers (decode makes hundreds of
 /// calls per token; a fresh 512-row set was ~3 500 allocations and their page faults
 /// per prefill matmul); only larger calls allocate, rather than keep more than ~4·K
@@ -68,6 +69,12 @@ pub(super) fn quantize_and_run<const N: usize>(
     (items, src): (usize, &impl ActSource<N>),
     y: &mut TensorViewMut<'_, f32>,
 ) {
+    const { assert!(N == 1 || N == 2, "1 or 2 activation rows per input row") };
+    let store = if N == 1 {
+        RowStore::Each
+    } else {
+        RowStore::PairSums
+    };
     let (m, k) = (N * items, w.cols());
     let kernel = IntKernel::for_isa(isa)
         .reading(w)
@@ -82,7 +89,13 @@ pub(super) fn quantize_and_run<const N: usize>(
         }
         return with_reused(&REUSED_PANELS, reuse, |panels| {
             panels.quantize_rows::<N>((items, k), threads, |i, slots| src.quantize(i, slots));
-            run_int8((isa, threads), w, kernel, IntActs::Panels(panels), y)
+            run_int8(
+                (isa, threads),
+                w,
+                (kernel, store),
+                IntActs::Panels(panels),
+                y,
+            )
         });
     }
     thread_local! {
@@ -101,15 +114,22 @@ pub(super) fn quantize_and_run<const N: usize>(
             src.quantize(i, rows);
             rows.iter_mut().for_each(|a| a.finish_row(act, k));
         });
-        run_int8((isa, threads), w, kernel, IntActs::Rows(&acts[..m]), y)
+        run_int8(
+            (isa, threads),
+            w,
+            (kernel, store),
+            IntActs::Rows(&acts[..m]),
+            y,
+        )
     })
 }
 
-/// The integer kernel `kernel` over activation rows quantized for `w`, into y.
+/// The integer kernel `kernel` over activation rows quantized for `w`, stored into y
+/// as `store` says.
 fn run_int8(
     (isa, threads): (Isa, usize),
     w: &PackedWeights,
-    kernel: IntKernel,
+    (kernel, store): (IntKernel, RowStore),
     acts: IntActs<'_>,
     y: &mut TensorViewMut<'_, f32>,
 ) {
@@ -137,11 +157,14 @@ fn run_int8(
         IntActs::Rows(rows) => rows,
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         IntActs::Panels(panels) => {
-            return run_panels(threads, w, kernel, (m, act_block), panels, y)
+            return run_panels(threads, w, (kernel, store), (m, act_block), panels, y)
         }
     };
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if let IntKernel::RowScaled(instr) = kernel {
+        // Row-scaled activations are 8-bit rows (`for_scales` takes it for per-row
+        // scales only; 16-bit planes have per-block ones).
+        assert_eq!(store, RowStore::Each, "row-scaled kernels store each row");
         // SAFETY: `for_scales` chose it for one scale per weight row and per activation
         // row and K below its overflow bound, with an instruction whose features
         // `for_isa` checked; acts were quantized for these weights; y is [m, n].
@@ -149,9 +172,10 @@ fn run_int8(
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(kernel, IntKernel::Avx2 | IntKernel::Vnni) && m == 1 {
+        // One activation row: `store` is Each.
         const R: usize = avx2_int8::DECODE_ROWS;
         let vnni = kernel == IntKernel::Vnni;
-        return for_weight_rows::<1, R>(threads, (n, m, act_block), y, |r, _, _, out| {
+        return for_weight_rows::<1, R>(threads, (n, m, act_block), store, y, |r, _, _, out| {
             // SAFETY: as for the body below; r < rows, and `out` holds R outputs.
             unsafe {
                 if vnni {
@@ -203,13 +227,23 @@ fn run_int8(
     match kernel {
         #[cfg(target_arch = "x86_64")]
         IntKernel::Planes8 | IntKernel::VnniPlanes8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+                threads,
+                (n, m, act_block),
+                store,
+                y,
+                body,
+            )
         }
         #[cfg(target_arch = "aarch64")]
-        IntKernel::NeonPlanes8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, (n, m, act_block), y, body)
-        }
-        _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), y, body),
+        IntKernel::NeonPlanes8 => for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+            threads,
+            (n, m, act_block),
+            store,
+            y,
+            body,
+        ),
+        _ => for_weight_rows::<M_CHUNK, 1>(threads, (n, m, act_block), store, y, body),
     }
 }
 
@@ -219,7 +253,7 @@ fn run_int8(
 fn run_panels(
     threads: usize,
     w: &PackedWeights,
-    kernel: IntKernel,
+    (kernel, store): (IntKernel, RowStore),
     (m, act_block): (usize, usize),
     panels: &ActPanels,
     y: &mut TensorViewMut<'_, f32>,
@@ -230,7 +264,7 @@ fn run_panels(
         IntKernel::AmxRows16 => {
             rows8::begin_matmul();
             const MC: usize = rows8::AMX_M;
-            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
+            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, store, y, |r, m0, mc, out| {
                 const HALF: usize = act_panel::PANEL_SLOTS;
                 let first = panels.rows(m0, mc.min(HALF));
                 let second = (mc > HALF).then(|| panels.rows(m0 + HALF, mc - HALF));
@@ -245,7 +279,7 @@ fn run_panels(
         #[cfg(target_arch = "x86_64")]
         IntKernel::VnniRows8 => {
             const MC: usize = rows8::VNNI_M;
-            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, y, |r, m0, mc, out| {
+            for_weight_rows::<MC, { rows8::ROWS16 }>(threads, shape, store, y, |r, m0, mc, out| {
                 // SAFETY: `reading` chose it for interleaved weights without split
                 // scales, `for_isa` for a VNNI CPU (AVX-512F/BW/DQ/VL with it,
                 // `Isa::Avx512`); r is a multiple of 16 below the rows, out 16·mc long;
@@ -256,22 +290,34 @@ fn run_panels(
         }
         #[cfg(target_arch = "x86_64")]
         IntKernel::Avx2Rows8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
-                // SAFETY: as for VnniRows8, on an AVX2 CPU (`for_isa`), r a multiple of
-                // 8, out 8·mc long, passes at multiples of M_CHUNK (a divisor of the
-                // panel's 8 slots).
-                unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
-            })
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+                threads,
+                shape,
+                store,
+                y,
+                |r, m0, mc, out| {
+                    // SAFETY: as for VnniRows8, on an AVX2 CPU (`for_isa`), r a multiple of
+                    // 8, out 8·mc long, passes at multiples of M_CHUNK (a divisor of the
+                    // panel's 8 slots).
+                    unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
+                },
+            )
         }
         #[cfg(target_arch = "aarch64")]
         IntKernel::NeonRows8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(threads, shape, y, |r, m0, mc, out| {
-                // SAFETY: `reading` chose it for interleaved weights without split scales,
-                // `for_isa` for a CPU with DotProd; r is a multiple of 8 below the rows,
-                // out 8·mc long; passes start at multiples of M_CHUNK (a divisor of the
-                // panel's 8 slots).
-                unsafe { rows8::dots_sdot(w, r, panels.rows(m0, mc), out) }
-            })
+            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+                threads,
+                shape,
+                store,
+                y,
+                |r, m0, mc, out| {
+                    // SAFETY: `reading` chose it for interleaved weights without split scales,
+                    // `for_isa` for a CPU with DotProd; r is a multiple of 8 below the rows,
+                    // out 8·mc long; passes start at multiples of M_CHUNK (a divisor of the
+                    // panel's 8 slots).
+                    unsafe { rows8::dots_sdot(w, r, panels.rows(m0, mc), out) }
+                },
+            )
         }
         _ => unreachable!("{kernel:?} reads quantized rows, not panels"),
     }

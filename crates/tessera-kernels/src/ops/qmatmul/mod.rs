@@ -96,7 +96,7 @@ pub(super) fn weight_matmul(
         return gemm_bt_rows(isa, threads, x, (n, &dequant), y);
     }
     let (xs, ld) = contiguous_rows(x);
-    for_weight_rows::<M_CHUNK, 1>(threads, (n, m, m), y, |r, m0, mc, out| {
+    for_weight_rows::<M_CHUNK, 1>(threads, (n, m, m), RowStore::Each, y, |r, m0, mc, out| {
         let xr: [&[f32]; M_CHUNK] = std::array::from_fn(|i| &xs[(m0 + i.min(mc - 1)) * ld..][..k]);
         dots(r, &xr[..mc], out);
     });
@@ -477,9 +477,32 @@ fn prefetch_outputs(m: usize, task_bytes: usize, caches: CacheSizes) -> bool {
     m <= INT8_BATCH_M && caches.l2.is_some_and(|l2| task_bytes > l2)
 }
 
+/// How [`for_weight_rows`] stores a pass's activation rows into y.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowStore {
+    /// Activation row i is y's row i.
+    Each,
+    /// Activation rows 2i and 2i + 1 (a 16-bit row's two planes, `act16`) sum into
+    /// y's row i, as each tile is stored: a separate pass over a 2M-row product read
+    /// the other thread's half across cores and cost 0.4 µs of a 576×576 decode call's
+    /// 6.1 (host H, in cache, two threads).
+    PairSums,
+}
+
+impl RowStore {
+    /// Activation rows per row of y.
+    fn rows_per_output(self) -> usize {
+        match self {
+            RowStore::Each => 1,
+            RowStore::PairSums => 2,
+        }
+    }
+}
+
 /// Runs `dots(r, m0, mc, out)` for every group of G weight rows starting at r and chunk
 /// of ≤ ROWS activation rows starting at m0, storing `out[i·G + g]` (i < mc; `out` is
-/// mc·G long) into y[m0 + i, r + g] (rows past N are dropped: a last group may be
+/// mc·G long) into y[m0 + i, r + g], or with [`RowStore::PairSums`] the sum of rows
+/// 2i and 2i + 1 into y[m0/2 + i, r + g] (rows past N are dropped: a last group may be
 /// padding). Activation-row-major, so each activation row's G outputs go to y as one
 /// contiguous run: the earlier weight-row-major tile was transposed here one float at a
 /// time, 15% of a 16×3072×576 Q4_1 VNNI call (perf). Each thread takes one
@@ -490,9 +513,17 @@ fn prefetch_outputs(m: usize, task_bytes: usize, caches: CacheSizes) -> bool {
 fn for_weight_rows<const ROWS: usize, const G: usize>(
     threads: usize,
     (n, m, act_block): (usize, usize, usize),
+    store: RowStore,
     y: &mut TensorViewMut<'_, f32>,
     dots: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
 ) {
+    // Pairs never straddle a pass or a block: both start at even rows.
+    assert!(
+        store == RowStore::Each
+            || (m.is_multiple_of(2) && act_block.is_multiple_of(2) && ROWS.is_multiple_of(2)),
+        "pair sums need whole pairs per pass ({m} rows, blocks of {act_block}, passes of {ROWS})"
+    );
+    let per_y = store.rows_per_output();
     // y's strides read once: `Layout::index_of` per output (a call and a loop over
     // the rank) was a quarter of int8 prefill's time (perf, 512×1536×576 Q4_0).
     let yl = *y.layout();
@@ -506,7 +537,7 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
     #[cfg(target_arch = "x86_64")]
     let ahead = step == 1
         && CpuFeatures::get().prefetchw
-        && prefetch_outputs(m, m * per_task * 4, CacheSizes::get());
+        && prefetch_outputs(m, m / per_y * per_task * 4, CacheSizes::get());
     pool::global().run(n.div_ceil(per_task), threads.max(1), |t| {
         // One tile per task, not zeroed per group: `dots` writes out[..mc·G] before
         // anything is read from it (lanes of a last, partial group are never copied).
@@ -518,7 +549,7 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
                 let live = G.min(n - r);
                 #[cfg(target_arch = "x86_64")]
                 if ahead && r + G < end {
-                    for i in a0..a1 {
+                    for i in a0 / per_y..a1 / per_y {
                         let next = yptr.get().wrapping_add(origin + i * ld + r + G);
                         // `ahead` holds only where the CPU reported PRFCHW.
                         crate::simd::prefetch_line_for_write(next.cast(), true);
@@ -528,8 +559,15 @@ fn for_weight_rows<const ROWS: usize, const G: usize>(
                 while m0 < a1 {
                     let mc = ROWS.min(a1 - m0);
                     dots(r, m0, mc, &mut out.as_flattened_mut()[..mc * G]);
-                    for (i, outs) in out[..mc].iter().enumerate() {
-                        let at = origin + (m0 + i) * ld + r * step;
+                    if store == RowStore::PairSums {
+                        // Row i of the pass: the pair's sum (a 16-bit row's planes).
+                        for i in 0..mc / 2 {
+                            let (h, l) = (out[2 * i], out[2 * i + 1]);
+                            out[i] = std::array::from_fn(|g| h[g] + l[g]);
+                        }
+                    }
+                    for (i, outs) in out[..mc / per_y].iter().enumerate() {
+                        let at = origin + (m0 / per_y + i) * ld + r * step;
                         if step == 1 && live == G {
                             // SAFETY: y[m0 + i, r..r + G] is inside the validated,
                             // non-overlapping y view (r + G ≤ n) and contiguous (step

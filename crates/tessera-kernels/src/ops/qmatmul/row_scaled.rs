@@ -28,8 +28,8 @@
 //! under memory. Four rows per call share the activation load, one reduction and one
 //! call; each weight chunk's load (and its sign handling) serves the tile's M rows.
 
-use super::for_weight_rows;
 use super::packed::{PackedWeights, QuantActs};
+use super::{for_weight_rows, RowStore};
 use crate::quant::QK;
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -310,7 +310,7 @@ unsafe fn tiles<const R: usize, const M: usize>(
     // Whole tiles per activation block: a block of 4 (K = 1536) would run 1×8 tiles
     // half empty.
     let shape = (w.rows(), acts.len(), act_block.next_multiple_of(M));
-    for_weight_rows::<M, R>(threads, shape, y, |r, m0, mc, out| {
+    for_weight_rows::<M, R>(threads, shape, RowStore::Each, y, |r, m0, mc, out| {
         let a: [&QuantActs; M] = std::array::from_fn(|i| &acts[m0 + i.min(mc - 1)]);
         // SAFETY: `run`'s contract (the features `instr` needs); the driver starts every
         // group below N.
