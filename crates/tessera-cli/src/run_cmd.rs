@@ -30,7 +30,7 @@ pub struct ModelArgs {
     /// Activations of matmuls up to 64 rows (decode, batching steps) over block-format
     /// weights: a16 rounds each 32 values to 16 bits (a step of 1/64 770 of their
     /// largest, finer than the f16 KV cache) and runs the integer kernels on two 8-bit
-    /// planes (default-model decode 205–219 against f32's 88–91 tok/s on an Intel
+    /// planes (default-model decode 312–326 against f32's 131–148 tok/s on an Intel
     /// AVX-512 host, docs/performance.md); the second plane doubles the integer work,
     /// which a batch of many streams no longer hides behind weight reads (16 streams
     /// on an AVX2 host: 213–227 tok/s against int8's 360–410); f32 is exact; int8 is

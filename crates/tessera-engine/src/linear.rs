@@ -57,7 +57,7 @@ pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activations {
     /// f32: each weight expanded to f32 in registers. Exact; on an Intel AVX-512 host
-    /// it decoded the default model at 88–91 tok/s against `A16`'s 205–219
+    /// it decoded the default model at 131–148 tok/s against `A16`'s 312–326
     /// (docs/performance.md).
     F32,
     /// 16 bits per value per 32-block, as two 8-bit planes through the integer kernels
