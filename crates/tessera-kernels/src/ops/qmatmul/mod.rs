@@ -336,11 +336,9 @@ impl int_path::ActSource<1> for Int8Rows<'_> {
 /// Runs `f(i, &mut items[i])` for every row, split into contiguous runs of rows when
 /// they hold at least [`pool::PARALLEL_ROW_VALUES`] values (`k` each): one per thread
 /// for a batch, runs of ~16 Ki values for a prefill ([`pool::row_runs`]). Batched steps
-/// quantize 16 rows before each matmul, and 16-bit activations sum two planes' outputs
-/// after it; on the caller alone the other threads wait. Host H, 16 streams
-/// (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on one thread (the
-/// mean K of 816; a timer around it, ~10% of the int8 step), 8.7 on two; with the
-/// planes' sums spread too, 16-bit steps ran 5–8% faster (3 alternated rounds).
+/// quantize 16 rows before each matmul; on the caller alone the other threads wait.
+/// Host H, 16 streams (`bench-serve`, 2026-12-02): quantizing took 11.3 µs a matmul on
+/// one thread (the mean K of 816; a timer around it, ~10% of the int8 step), 8.7 on two.
 fn each_row_mut<T: Send>(
     items: &mut [T],
     k: usize,
@@ -484,8 +482,9 @@ enum RowStore {
     Each,
     /// Activation rows 2i and 2i + 1 (a 16-bit row's two planes, `act16`) sum into
     /// y's row i, as each tile is stored: a separate pass over a 2M-row product read
-    /// the other thread's half across cores and cost 0.4 µs of a 576×576 decode call's
-    /// 6.1 (host H, in cache, two threads).
+    /// the other thread's half across cores and cost ~0.45 µs of a 576×576 decode
+    /// call's 6.1 (host H, `tessera bench qmatmul --dtype q4_1 --shape 1x576x576
+    /// --variant avx512-vnni-a16 --in-cache`, two threads, 3 alternated rounds).
     PairSums,
 }
 
