@@ -33,7 +33,7 @@
 
 use super::super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::super::packed::{PackedWeights, GROUP_PAIR_BYTES, ROWS8};
-use super::{group_meta, prefetch_pair, ChunkMeta, Codes, MetaLoop, BYTES_CHUNK};
+use super::{group_meta, prefetch_pair, ChunkMeta, Codes, Fetch, MetaLoop, BYTES_CHUNK};
 use crate::quant::QK;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -354,11 +354,11 @@ unsafe fn tiles<
                     pair,
                     (pair_bytes, group_bytes),
                     2,
-                    // L1: L2 (`prefetch_to_l2`, as the zmm loop's batch passes) was
+                    // L1: L2 (`Fetch::L2`, as the zmm loop's batch passes) was
                     // no different on host H (Q8_0 16×49152×576 cold min 1.33–1.38
                     // ms against 1.35–1.37, Q4_1 16×3072×576 63–70 µs against 68–72;
                     // 3 alternated rounds, 2026-12-04).
-                    false,
+                    Fetch::L1,
                 );
             }
             // The next pair's B tiles are staged a pair ahead: a tile load of bytes

@@ -405,19 +405,47 @@ impl ChunkMeta for Factored8 {
     }
 }
 
-/// Whether a pass of `rows` activation rows prefetches the codes ahead into L2 rather
-/// than L1 (x86). A batch pass (4 or more rows) reads each group twice or more from L1
-/// beside its activation records (~13 KiB for 16 rows at K = 576), and the next
-/// group's codes fetched into L1 as well filled a 32 KiB L1D: the Q8_0 LM head of a
-/// 16-stream step, whose weights stream from DRAM, took 2.09–2.37 ms (min of each
-/// round's samples) against 1.85–1.88 with L2 prefetches (host C, AMD Zen 4,
-/// 2026-12-03, `tessera bench qmatmul --dtype q8_0 --shape 16x49152x576 --variant
-/// avx512-vnni-r8`, 3 alternated rounds). One and two rows (decode) keep L1: their
-/// codes are read once, and 1×3072×576 Q4_1 cold was no faster from L2 (min 36.9–39.2
-/// µs against 33.1–37.6).
-#[inline(always)]
-pub(super) const fn prefetch_to_l2(rows: usize) -> bool {
-    rows >= 4
+/// Where and how far ahead a pass asks for the codes it reads next ([`prefetch_pair`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fetch {
+    /// Into L1, [`PREFETCH_PAIRS`] ahead.
+    L1,
+    /// Into L2 (x86; L1 on Arm), [`PREFETCH_PAIRS`] ahead.
+    L2,
+    /// Into L2 [`FAR_PAIRS`] ahead and on into L1 [`NEAR_PAIRS`] ahead (x86; on Arm as
+    /// [`Fetch::L1`], untimed there).
+    Staged,
+}
+
+impl Fetch {
+    /// How a pass of `rows` activation rows fetches its codes.
+    ///
+    /// A batch pass (4 or more rows) reads each group twice or more from L1 beside its
+    /// activation records (~13 KiB for 16 rows at K = 576), and the next group's codes
+    /// fetched into L1 as well filled a 32 KiB L1D: the Q8_0 LM head of a 16-stream step,
+    /// whose weights stream from DRAM, took 2.09–2.37 ms (min of each round's samples)
+    /// against 1.85–1.88 with L2 prefetches (host C, AMD Zen 4, 2026-12-03, `tessera bench
+    /// qmatmul --dtype q8_0 --shape 16x49152x576 --variant avx512-vnni-r8`, 3 alternated
+    /// rounds): [`Fetch::L2`].
+    ///
+    /// One and two rows (decode, whose codes are read once) stage them: the L1 prefetch
+    /// alone, 2 KiB ahead, keeps too few lines in flight for a core to stream a cold
+    /// matrix while it computes, and L2 alone at that distance left the loads to wait on
+    /// the L2 (1×3072×576 Q4_1 cold no faster, host C). Both levels, host H (Intel,
+    /// 2026-12-04, `tessera bench qmatmul --dtype D --shape S --variant avx512-vnni-a16
+    /// --json`, cold medians, 3 alternated rounds): Q4_1 1×576×576 11.0–11.3 → 10.5–10.8
+    /// µs, 1×960×576 15.0–15.4 → 14.5–15.1, 1×3072×576 42.6–45.6 → 40.8–42.0, 1×576×1536
+    /// 26.3–28.2 → 25.0–25.2, the Q8_0 LM head 1163–1179 → 1077–1142; `tessera
+    /// bench-model --prompt-tokens 64 --gen-tokens 128 --runs 3` decode 278–290 → 297–319
+    /// tok/s. L2 distances of 12–24 pairs and L1 ones of 2–6 were within noise of these.
+    #[inline(always)]
+    pub(super) const fn for_rows(rows: usize) -> Self {
+        if rows >= 4 {
+            Fetch::L2
+        } else {
+            Fetch::Staged
+        }
+    }
 }
 
 /// Chunk pairs the codes are prefetched ahead: 2–3 KiB. The hardware prefetcher alone
@@ -425,52 +453,76 @@ pub(super) const fn prefetch_to_l2(rows: usize) -> bool {
 /// pairs ahead was slower, 16 no different.
 const PREFETCH_PAIRS: usize = 8;
 
-/// Prefetches chunk pair `pair + PREFETCH_PAIRS` of a group whose codes start at
-/// `codes` (`pair_bytes` a pair, `group_bytes` the group): every cache line of it, as the
-/// kernel reads all of them. Past the group's end it follows the rows' next call, which
-/// starts `groups` groups on (the call's count; a constant once inlined). Groups lie one
-/// after another, and a call covering two (zmm) next reads the two after them: running
-/// into its own second group instead left the next call's second group to demand misses
-/// (Q4_1 16×3072×576 cold 118–120 µs against 107–110, host H).
-///
-/// `to_l2` asks x86 for L2 instead of L1 ([`prefetch_to_l2`]); Arm always asks for L1.
+/// [`Fetch::Staged`]'s distance into L2: 4 KiB of Q4_1 codes.
+const FAR_PAIRS: usize = 16;
+
+/// [`Fetch::Staged`]'s distance into L1, from the L2.
+const NEAR_PAIRS: usize = 2;
+
+/// Prefetches chunk pair `pair + D` of a group whose codes start at `codes`
+/// (`pair_bytes` a pair, `group_bytes` the group) for each distance D `fetch` asks for:
+/// every cache line of it, as the kernel reads all of them. Past the group's end it
+/// follows the rows' next call, which starts `groups` groups on (the call's count; a
+/// constant once inlined). Groups lie one after another, and a call covering two (zmm)
+/// next reads the two after them: running into its own second group instead left the
+/// next call's second group to demand misses (Q4_1 16×3072×576 cold 118–120 µs against
+/// 107–110, host H).
 #[inline(always)]
 pub(super) fn prefetch_pair(
     codes: *const u8,
     pair: usize,
     (pair_bytes, group_bytes): (usize, usize),
     groups: usize,
-    to_l2: bool,
+    fetch: Fetch,
 ) {
-    let mut ahead = (pair + PREFETCH_PAIRS) * pair_bytes;
-    if groups > 1 && ahead >= group_bytes {
-        ahead += (groups - 1) * group_bytes * (ahead / group_bytes);
-    }
-    // Past the last rows this reads past the allocation, which a prefetch may do: it
-    // never faults, and `wrapping_add` keeps the address arithmetic defined.
-    let ahead = codes.wrapping_add(ahead);
-    for line in (0..pair_bytes).step_by(64) {
-        let p = ahead.wrapping_add(line);
-        // SAFETY: a prefetch only hints the cache; SSE is baseline on x86-64.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-            if to_l2 {
-                _mm_prefetch::<{ _MM_HINT_T1 }>(p.cast())
-            } else {
-                _mm_prefetch::<{ _MM_HINT_T0 }>(p.cast())
-            }
-        };
+    let at = |ahead: usize| {
+        let mut ahead = (pair + ahead) * pair_bytes;
+        if groups > 1 && ahead >= group_bytes {
+            ahead += (groups - 1) * group_bytes * (ahead / group_bytes);
+        }
+        // Past the last rows this reads past the allocation, which a prefetch may do:
+        // it never faults, and `wrapping_add` keeps the address arithmetic defined.
+        codes.wrapping_add(ahead)
+    };
+    let lines = |p: *const u8, to_l2: bool| {
+        for line in (0..pair_bytes).step_by(64) {
+            prefetch_line(p.wrapping_add(line), to_l2);
+        }
+    };
+    match fetch {
+        Fetch::L1 => lines(at(PREFETCH_PAIRS), false),
+        Fetch::L2 => lines(at(PREFETCH_PAIRS), true),
         // Arm asks for L1 either way: no Arm timing exists to choose otherwise.
-        #[cfg(target_arch = "aarch64")]
-        let _ = to_l2;
-        // SAFETY: PRFM never faults and touches no register but its address operand.
-        #[cfg(target_arch = "aarch64")]
-        unsafe {
-            std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p,
-                options(nostack, readonly, preserves_flags))
-        };
+        Fetch::Staged if cfg!(target_arch = "aarch64") => lines(at(PREFETCH_PAIRS), false),
+        Fetch::Staged => {
+            lines(at(FAR_PAIRS), true);
+            lines(at(NEAR_PAIRS), false);
+        }
     }
+}
+
+/// Asks for the line holding `p`: into L2 when `to_l2` on x86, else (and always on Arm)
+/// into L1. Any address: a prefetch never faults.
+#[inline(always)]
+fn prefetch_line(p: *const u8, to_l2: bool) {
+    // SAFETY: a prefetch only hints the cache; SSE is baseline on x86-64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        if to_l2 {
+            _mm_prefetch::<{ _MM_HINT_T1 }>(p.cast())
+        } else {
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.cast())
+        }
+    };
+    #[cfg(target_arch = "aarch64")]
+    let _ = to_l2;
+    // SAFETY: PRFM never faults and touches no register but its address operand.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p,
+            options(nostack, readonly, preserves_flags))
+    };
 }
 
 /// One monomorphized loop per code kind ([`Codes`]), minimum / no minimum and
@@ -591,7 +643,7 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
     };
     // SAFETY: `L`'s features per the contract.
     let mut acc = [unsafe { L::zero() }; M];
-    let to_l2 = prefetch_to_l2(M);
+    let fetch = Fetch::for_rows(M);
     let mut c = 0;
     // SAFETY: chunks c (and c + 1) < nb exist in the groups and in every activation row.
     unsafe {
@@ -603,7 +655,7 @@ unsafe fn dots_m<L: RowLanes, const CODES: u8, const MIN: bool, C: ChunkMeta, co
             };
             for j in 0..L::GROUPS {
                 let at = g.codes.add(j * g.group_bytes);
-                prefetch_pair(at, c / 2, (pair_bytes, g.group_bytes), L::GROUPS, to_l2);
+                prefetch_pair(at, c / 2, (pair_bytes, g.group_bytes), L::GROUPS, fetch);
             }
             chunk::<L, CODES, false, MIN, C, M>(&g, rows, c, &mut acc);
             chunk::<L, CODES, true, MIN, C, M>(&g, rows, c + 1, &mut acc);

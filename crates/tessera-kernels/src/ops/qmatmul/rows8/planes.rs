@@ -24,7 +24,7 @@
 //! conversion and FMA; its offset is 0, so it skips the offset term.
 
 use super::super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES};
-use super::{prefetch_pair, RowLanes, ROWS8};
+use super::{prefetch_pair, Fetch, RowLanes, ROWS8};
 use crate::quant::QK;
 use half::f16;
 
@@ -208,13 +208,13 @@ unsafe fn dots_m<L: PlaneLanes, const CRUMBS: bool, const MINS: bool, const M: u
     // SAFETY: chunks c and c + 1 < nb exist in the group and in every activation row.
     unsafe {
         for c in (0..nb).step_by(2) {
-            // L1 as tuned for split scales; L2 (`prefetch_to_l2`) not measured here.
+            // L1 as tuned for split scales; `Fetch::L2` and `Fetch::Staged` not measured here.
             prefetch_pair(
                 g.codes,
                 c / 2,
                 (pair_bytes, (nb / 2) * pair_bytes),
                 1,
-                false,
+                Fetch::L1,
             );
             chunk::<L, false, CRUMBS, MINS, M>(&g, &rows, c, &mut acc);
             chunk::<L, true, CRUMBS, MINS, M>(&g, &rows, c + 1, &mut acc);
