@@ -428,16 +428,18 @@ impl Fetch {
     /// qmatmul --dtype q8_0 --shape 16x49152x576 --variant avx512-vnni-r8`, 3 alternated
     /// rounds): [`Fetch::L2`].
     ///
-    /// One and two rows (decode, whose codes are read once) stage them: the L1 prefetch
-    /// alone, 2 KiB ahead, keeps too few lines in flight for a core to stream a cold
-    /// matrix while it computes, and L2 alone at that distance left the loads to wait on
-    /// the L2 (1×3072×576 Q4_1 cold no faster, host C). Both levels, host H (Intel,
+    /// One and two rows (decode, whose codes are read once) stage them. Host H (Intel,
     /// 2026-12-04, `tessera bench qmatmul --dtype D --shape S --variant avx512-vnni-a16
-    /// --json`, cold medians, 3 alternated rounds): Q4_1 1×576×576 11.0–11.3 → 10.5–10.8
-    /// µs, 1×960×576 15.0–15.4 → 14.5–15.1, 1×3072×576 42.6–45.6 → 40.8–42.0, 1×576×1536
-    /// 26.3–28.2 → 25.0–25.2, the Q8_0 LM head 1163–1179 → 1077–1142; `tessera
-    /// bench-model --prompt-tokens 64 --gen-tokens 128 --runs 3` decode 278–290 → 297–319
-    /// tok/s. L2 distances of 12–24 pairs and L1 ones of 2–6 were within noise of these.
+    /// --json`, cold medians, 3 alternated rounds), against the one L1 prefetch 8 pairs
+    /// ahead: Q4_1 1×576×576 11.0–11.3 → 10.5–10.8 µs, 1×960×576 15.0–15.4 → 14.5–15.1,
+    /// 1×3072×576 42.6–45.6 → 40.8–42.0, 1×576×1536 26.3–28.2 → 25.0–25.2, the Q8_0 LM
+    /// head 1163–1179 → 1077–1142; `tessera bench-model --prompt-tokens 64 --gen-tokens
+    /// 128 --runs 3` decode 278–290 → 297–319 tok/s. L2 distances of 12–24 pairs and L1
+    /// ones of 2–6 were within noise of these; L2 alone 8 pairs ahead was slower there
+    /// (576×576 10.9–11.0 → 11.2–11.3 µs, 3072×576 41.7–42.6 → 43.5–44.6) and no faster
+    /// on host C (AMD Zen 4, 1×3072×576). Our reading, not measured directly: the L2
+    /// prefetch keeps more lines in flight than the L1's fill buffers hold, and the L1
+    /// one then finds them in L2. Unmeasured on AMD and AVX2 hosts, which take it too.
     #[inline(always)]
     pub(super) const fn for_rows(rows: usize) -> Self {
         if rows >= 4 {
@@ -453,7 +455,7 @@ impl Fetch {
 /// pairs ahead was slower, 16 no different.
 const PREFETCH_PAIRS: usize = 8;
 
-/// [`Fetch::Staged`]'s distance into L2: 4 KiB of Q4_1 codes.
+/// [`Fetch::Staged`]'s distance into L2: 4 KiB of a group's 4-bit codes, 8 of bytes.
 const FAR_PAIRS: usize = 16;
 
 /// [`Fetch::Staged`]'s distance into L1, from the L2.
