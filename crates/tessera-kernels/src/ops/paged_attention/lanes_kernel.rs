@@ -38,7 +38,12 @@ const PREFETCH_AHEAD: usize = 8;
 /// first L2_AHEAD records are asked for together at its start (host C, 2026-12-03, a
 /// noisy hour: `--shape 16x192x9x3x64`, 6 alternated rounds, median 136 against 147
 /// µs, lower in 4; the engine's 16-stream step, 4 alternated runs, attention 4.16–4.75
-/// ms a step against 4.24–5.24, lower in 3).
+/// ms a step against 4.24–5.24, lower in 3). On host H (Intel AVX-512, 2026-12-04,
+/// `--shape 16x192x9x3x64`, 3 alternated rounds, fastest samples): no prefetch at all
+/// 188–191 µs cold against 137–139 (63–64 in cache against 72–75); without the L1
+/// prefetch, or with L2_AHEAD 16 or 64, cold within noise (135–142), in cache 67–70;
+/// blocks in order instead of shuffled 129–130. Cold it sits nearer the sum of its time
+/// in cache and a cold read of its bytes (88 µs, `--peers`) than their maximum.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.

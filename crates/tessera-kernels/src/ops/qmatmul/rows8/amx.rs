@@ -30,6 +30,18 @@
 //! The finish per chunk and activation row is the zmm loop's: `d·(S + init)·d_x +
 //! m·(d_x·Σq_x)` with S exact in i32, so the outputs match it up to the same f32
 //! roundings.
+//!
+//! Where its time goes (host H, Intel AVX-512 + AMX, 2026-12-04, `tessera bench qmatmul
+//! --dtype q4_1 --shape Mx3072x576 --variant avx512-amx-r16 --in-cache --set
+//! threads=1`, 2–3 alternated rounds, fastest samples): a call costs per 8-row panel,
+//! whatever its live rows (M = 4: 71 µs, 8: 76, 16: 129–142, every slot finished), and
+//! on two threads it runs cold as in cache (73–77 µs against 76–77), so DRAM is not
+//! what it waits on. Timing-only builds of M = 16 (wrong outputs): without the finish 95 µs, without
+//! restaging B 131; one 16-row A and C tile per chunk instead of two of 8 rows (half the
+//! `tdpbsud`, `tilezero`, A loads and C stores), with or without an A tile per parity,
+//! 128–132. Finishing each chunk two chunks behind its multiply, from C stored a step
+//! earlier, was within noise. So the finish (about a third) and the tile sequence
+//! itself, not the count of tile instructions, set its rate.
 
 use super::super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::super::packed::{PackedWeights, GROUP_PAIR_BYTES, ROWS8};
