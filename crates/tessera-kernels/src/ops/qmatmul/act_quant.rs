@@ -11,6 +11,14 @@
 //! its codes one ymm (two q registers), and its 4-code sums come from one
 //! `vpmaddubsw`/`vpmaddwd` pair (two `saddlp` steps on NEON).
 //!
+//! Why no zmm instance: one was written and tested bit-exact (two zmm of floats a block,
+//! codes narrowed by `vpmovsdb`), and in `perf record` of the default 16-bit 16-stream
+//! step (host H, Intel AVX-512, 2026-12-04, `tessera bench-serve --requests 32
+//! --concurrency 16 --prompt-tokens 128 --gen-tokens 256`, one run each) the split took
+//! 3.52% of the samples against the ymm split's 3.91%: the float steps halve, but the
+//! sinks' per-block records (scales, sums, start values) and the scale chain stay, so
+//! the ~0.4% was not worth a third x86 instance.
+//!
 //! Bit-exact with the portable loop (tested on every ISA, NEON under qemu): round half
 //! away from zero, as trunc(v + copysign(0.49999997, v)) on AVX2 (exact for |v| < 2²³)
 //! and `fcvtas` on NEON; NaN products give code 0 (the saturating cast's) and ±∞ give

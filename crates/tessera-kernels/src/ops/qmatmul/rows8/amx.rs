@@ -41,7 +41,16 @@
 //! `tdpbsud`, `tilezero`, A loads and C stores), with or without an A tile per parity,
 //! 128–132. Finishing each chunk two chunks behind its multiply, from C stored a step
 //! earlier, was within noise. So the finish (about a third) and the tile sequence
-//! itself, not the count of tile instructions, set its rate.
+//! itself, not the count of tile instructions, set its rate. Removing one kind of tile
+//! instruction at a time (2026-12-04 evening, the same command, 3 rounds alternated with
+//! a base built alike, fastest samples; M = 16 / M = 8): the bases 118–143 / 73–81 µs;
+//! no C stores 112–127 / 62–69; no `tdpbsud` 110–121 / 66–69; A loaded once per call
+//! instead of per chunk 118–126 / 73–76; no tile instruction at all (staging and finish
+//! only, from zeroed C) 80–85 / 46–50. The vector side alone then takes ~81 cycles a
+//! chunk at M = 16 (if the core holds the ~3.5 GHz a scalar loop shows) for ~96 512-bit
+//! operations (32 staging, 64 finish), about 60% of its two ports; the tile
+//! instructions, though the tile unit executes them, add ~50 µs that no one kind of
+//! them accounts for.
 
 use super::super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::super::packed::{PackedWeights, GROUP_PAIR_BYTES, ROWS8};
