@@ -235,6 +235,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         crate::profile_cmd::check_writable(path)?;
     }
     let (model, tok) = load(a.model.clone().large_pages_by_default())?;
+    check_context(&a, model.cfg.context)?;
     let (model, tok) = (Arc::new(model), Arc::new(tok));
     let mut runs = Vec::with_capacity(a.rounds * a.concurrency.len());
     for round in 0..a.rounds {
@@ -256,6 +257,34 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         return Ok(());
     }
     sweep_report(&a, runs)
+}
+
+/// Every request's prompt and its --gen-tokens fit the model's context: past it the
+/// engine ends a generation early (as a server does), and the rates would then count
+/// fewer tokens than the run was asked for.
+fn check_context(a: &BenchServeArgs, context: usize) -> Result<()> {
+    let prompts = [
+        ("--prompt-tokens", Some(a.prompt_tokens)),
+        ("--long-prompt", a.long_prompt),
+    ];
+    fits_context(prompts, a.gen_tokens, context)
+}
+
+/// [`check_context`] on the flags' values: each prompt given, plus `gen_tokens`, at
+/// most `context` positions.
+fn fits_context(
+    prompts: [(&str, Option<usize>); 2],
+    gen_tokens: usize,
+    context: usize,
+) -> Result<()> {
+    for (flag, n) in prompts {
+        if let Some(n) = n.filter(|n| n.saturating_add(gen_tokens) > context) {
+            bail!(
+                "{flag} {n} + --gen-tokens {gen_tokens} exceed the model's {context}-token context"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// One closed-loop run at `concurrency`: its report as JSON.
@@ -597,4 +626,33 @@ pub fn host_label() -> String {
         tessera_core::CpuFeatures::get().summary(),
         tessera_kernels::pool::global().threads()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits_context;
+
+    /// A prompt and its generated tokens may fill the context exactly, not one more; an
+    /// absent long prompt is no constraint, and absurd values do not overflow.
+    #[test]
+    fn lengths_fit_the_context_up_to_its_last_position() {
+        let long = |n| [("--prompt-tokens", Some(16)), ("--long-prompt", n)];
+        assert!(fits_context(long(None), 8176, 8192).is_ok());
+        assert!(fits_context(long(Some(8188)), 4, 8192).is_ok());
+        let err = fits_context(long(None), 8177, 8192)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--prompt-tokens 16 + --gen-tokens 8177 exceed the model's 8192-token context"
+        );
+        let err = fits_context(long(Some(8189)), 4, 8192)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--long-prompt 8189 + --gen-tokens 4"),
+            "{err}"
+        );
+        assert!(fits_context(long(None), usize::MAX, 8192).is_err());
+    }
 }

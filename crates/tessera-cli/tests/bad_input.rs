@@ -1,5 +1,6 @@
 //! The `tessera` binary on bad input: a clear message and a failing exit status, never a
-//! panic, an abort or a silent default. (Cases that need no model file.)
+//! panic, an abort or a silent default. (Cases that need no model file, but for
+//! [`bench_serve_lengths_past_the_context_are_refused`], which loads the default one.)
 
 use std::process::Command;
 
@@ -84,6 +85,37 @@ fn absurd_sizes_are_refused_before_allocating() {
         let (ok, text) = tessera(&args, &[]);
         assert!(!ok, "{args:?} succeeded");
         assert!(text.contains(want), "{args:?}: {text}");
+    }
+}
+
+/// A run whose requests could not generate every --gen-tokens token within the model's
+/// context (8192 positions for the default model) would report rates over fewer tokens
+/// than asked: refused after loading, naming the flags. (The exact boundary is the unit
+/// test `lengths_fit_the_context_up_to_its_last_position`: a run that fills the context
+/// would prefill 8 000 tokens here.)
+#[test]
+fn bench_serve_lengths_past_the_context_are_refused() {
+    let base = ["bench-serve", "--requests", "1", "--concurrency", "1"];
+    for (extra, want) in [
+        (
+            vec!["--prompt-tokens", "16", "--gen-tokens", "8177"],
+            "--prompt-tokens 16 + --gen-tokens 8177 exceed the model's 8192-token context",
+        ),
+        (
+            vec![
+                "--prompt-tokens",
+                "16",
+                "--gen-tokens",
+                "4",
+                "--long-prompt",
+                "8189",
+            ],
+            "--long-prompt 8189 + --gen-tokens 4 exceed the model's 8192-token context",
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra).collect();
+        let (ok, text) = tessera(&args, &[]);
+        assert!(!ok && text.contains(want), "{args:?}: {text}");
     }
 }
 
