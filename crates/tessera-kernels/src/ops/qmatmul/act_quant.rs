@@ -17,7 +17,7 @@
 //! --concurrency 16 --prompt-tokens 128 --gen-tokens 256`, one run each) the split took
 //! 3.52% of the samples against the ymm split's 3.91%: the float steps halve, but the
 //! sinks' per-block records (scales, sums, start values) and the scale chain stay, so
-//! the ~0.4% was not worth a third x86 instance.
+//! the ~0.4% was not worth a second x86 instance.
 //!
 //! Bit-exact with the portable loop (tested on every ISA, NEON under qemu): round half
 //! away from zero, as trunc(v + copysign(0.49999997, v)) on AVX2 (exact for |v| < 2²³)
