@@ -43,7 +43,18 @@ const PREFETCH_AHEAD: usize = 8;
 /// 188–191 µs cold against 137–139 (63–64 in cache against 72–75); without the L1
 /// prefetch, or with L2_AHEAD 16 or 64, cold within noise (135–142), in cache 67–70;
 /// blocks in order instead of shuffled 129–130. Cold it sits nearer the sum of its time
-/// in cache and a cold read of its bytes (88 µs, `--peers`) than their maximum.
+/// in cache and a cold read of its bytes (88 µs, `--peers`) than their maximum. On one
+/// thread (host H, 2026-12-04 evening, `--shape 16x1024x9x3x64 --set threads=1
+/// --peers`) the kernel reads its 12.6 MB at 8.9 GB/s (1.42 ms, median) where a plain
+/// sequential read of as many bytes takes 437 µs (28.8 GB/s: one core can stream the
+/// whole DRAM rate); timing-only builds of 16 × 192 (wrong outputs, 3 alternated
+/// rounds): without the K pass's dots 112–125 µs cold (in cache 55–58), without the
+/// transpose-add 129–130 (62–65), against 127–139 (69–76); an L2 prefetch of each
+/// record's first line only, cold unchanged; that and no K-pass L1 prefetch, 5–8% slower;
+/// the bench's pool partly in 2 MiB pages, unchanged. So less compute barely moves the
+/// cold time: this access pattern (16-token blocks of 6 KiB, scattered) is held to ~9
+/// GB/s a core by how many misses it keeps in flight, and only a pattern the L2
+/// streamer follows further would lift it.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
