@@ -52,9 +52,10 @@ const PREFETCH_AHEAD: usize = 8;
 /// transpose-add 129–130 (62–65), against 127–139 (69–76); an L2 prefetch of each
 /// record's first line only, cold unchanged; that and no K-pass L1 prefetch, 5–8% slower;
 /// the bench's pool partly in 2 MiB pages, unchanged. So less compute barely moves the
-/// cold time: this access pattern (16-token blocks of 6 KiB, scattered) is held to ~9
-/// GB/s a core by how many misses it keeps in flight, and only a pattern the L2
-/// streamer follows further would lift it.
+/// cold time: this access pattern (16-token blocks of 6 KiB, scattered) runs at ~9 GB/s
+/// a core, as a limit on the misses a core keeps in flight would give (an inference:
+/// this guest has no counters); longer sequential runs, which the L2 streamer follows,
+/// are the untried lever.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
