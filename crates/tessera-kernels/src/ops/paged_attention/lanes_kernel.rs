@@ -54,8 +54,13 @@ const PREFETCH_AHEAD: usize = 8;
 /// the bench's pool partly in 2 MiB pages, unchanged. So less compute barely moves the
 /// cold time: this access pattern (16-token blocks of 6 KiB, scattered) runs at ~9 GB/s
 /// a core, as a limit on the misses a core keeps in flight would give (an inference:
-/// this guest has no counters); longer sequential runs, which the L2 streamer follows,
-/// are the untried lever.
+/// this guest has no counters). Longer sequential runs help less than that suggests
+/// (host H, 2026-12-05, timing-only builds, 3 alternated rounds, fastest samples): with
+/// every sequence's blocks consecutive in the pool instead of shuffled, 16 × 1024 on one
+/// thread 1.15–1.19 ms against 1.37–1.39, 16 × 192 on two 123–130 µs against 137–139; one KV
+/// head (`16x3072x3x1x64`, the same bytes, each sequence one run) no faster; and with
+/// the blocks consecutive but no software prefetch, 1.57–1.59 ms and 165–170 µs: the
+/// hardware streamer does not keep up with this loop even on one long run.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.

@@ -440,6 +440,10 @@ impl Fetch {
     /// on host C (AMD Zen 4, 1×3072×576). Our reading, not measured directly: the L2
     /// prefetch keeps more lines in flight than the L1's fill buffers hold, and the L1
     /// one then finds them in L2. Unmeasured on AMD and AVX2 hosts, which take it too.
+    /// Each line needs its own L2 prefetch: asking for every other one (leaving the rest
+    /// to the hardware streamer) was ~20% slower on host H (2026-12-05, the command above,
+    /// 3 alternated rounds: 576×576 12.6–13.0 µs against 10.5–10.8, medians); so was adding
+    /// L2 prefetches of the scales and minima 32 chunks ahead (2–9% by shape, 4 rounds).
     #[inline(always)]
     pub(super) const fn for_rows(rows: usize) -> Self {
         if rows >= 4 {
