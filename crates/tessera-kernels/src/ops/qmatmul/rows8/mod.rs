@@ -443,7 +443,9 @@ impl Fetch {
     /// Each line needs its own L2 prefetch: asking for every other one (leaving the rest
     /// to the hardware streamer) was ~20% slower on host H (2026-12-05, the command above,
     /// 3 alternated rounds: 576×576 12.6–13.0 µs against 10.5–10.8, medians); so was adding
-    /// L2 prefetches of the scales and minima 32 chunks ahead (2–9% by shape, 4 rounds).
+    /// L2 prefetches of the scales and minima 32 chunks ahead (2–9% by shape, 4 rounds),
+    /// or asking for a thread's first 16 pairs at once at its first group (0–10%, 4
+    /// rounds), as paged attention's chunks do: more lines asked for at once is slower.
     #[inline(always)]
     pub(super) const fn for_rows(rows: usize) -> Self {
         if rows >= 4 {
