@@ -18,7 +18,8 @@
 //! reach ±128).
 
 use super::int_path::{quantize_and_run, ActSource};
-use super::packed::{amax_finite, four_sums, BlockSink, PackedWeights, QuantActs};
+use super::packed::PackedWeights;
+use super::quant_acts::{amax_finite, four_sums, BlockSink, QuantActs};
 use super::{int_operands, ActScales, Tiles};
 use crate::multiversion;
 use crate::quant::QK;

@@ -20,9 +20,9 @@
 //! the kernels drop their outputs anyway. The quantizers write the records in place
 //! ([`PanelSlot`]), each thread its own rows.
 
-use super::packed::BlockSink;
+use super::quant_acts::BlockSink;
 #[cfg(doc)]
-use super::packed::QuantActs;
+use super::quant_acts::QuantActs;
 use crate::pool::{self, SharedMut};
 use crate::quant::QK;
 use std::marker::PhantomData;
@@ -211,7 +211,7 @@ impl<'a> PanelRows<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::qmatmul::packed::{quantize_into, QuantActs};
+    use crate::ops::qmatmul::quant_acts::{quantize_into, QuantActs};
     use crate::ops::qmatmul::ActScales;
     use tessera_core::Isa;
 

@@ -25,9 +25,9 @@
 //! ±127 (the portable loop's clamp).
 
 use super::act16::{PLANE_RATIO, SPLIT_RANGE};
-use super::packed::BlockSink;
+use super::quant_acts::BlockSink;
 #[cfg(doc)]
-use super::packed::QuantActs;
+use super::quant_acts::QuantActs;
 use super::ActScales;
 use crate::quant::QK;
 

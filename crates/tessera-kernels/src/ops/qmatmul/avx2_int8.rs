@@ -19,7 +19,8 @@
 //! `vpdpbusd` sums in i32 without saturating, so the VNNI instance takes full 8-bit
 //! codes as they are, with the start value −128·Σq.
 
-use super::packed::{CodeLayout, Meta, PackedWeights, QuantActs};
+use super::packed::{CodeLayout, Meta, PackedWeights};
+use super::quant_acts::QuantActs;
 use super::M_CHUNK;
 use crate::quant::QK;
 use half::f16;

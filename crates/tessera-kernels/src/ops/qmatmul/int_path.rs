@@ -17,7 +17,8 @@ use super::act_panel;
 use super::act_panel::ActPanels;
 #[cfg(target_arch = "x86_64")]
 use super::avx2_int8;
-use super::packed::{self, BlockSink, PackedWeights, QuantActs};
+use super::packed::{self, PackedWeights};
+use super::quant_acts::{BlockSink, QuantActs};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::row_scaled;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -22,6 +22,7 @@ mod int8;
 mod int_kernel;
 mod int_path;
 mod packed;
+mod quant_acts;
 mod spec;
 mod spec_fp8;
 mod spec_int8;
@@ -32,7 +33,7 @@ pub use fp8::qmatmul_fp8;
 pub use int8::{qmatmul_i8, qmatmul_w8a8};
 use int_kernel::{IntKernel, Tiles};
 pub use packed::PackedWeights;
-use packed::QuantActs;
+use quant_acts::QuantActs;
 pub use spec::{QMatmulOp, QMatmulProblem, TOL, TOL_INT8};
 pub use spec_fp8::{Fp8Problem, QMatmulFp8Op};
 pub use spec_int8::{I8Problem, QMatmulI8Op};
@@ -327,9 +328,9 @@ struct Int8Rows<'a> {
 }
 
 impl int_path::ActSource<1> for Int8Rows<'_> {
-    fn quantize<S: packed::BlockSink>(&self, i: usize, [a]: &mut [S; 1]) {
+    fn quantize<S: quant_acts::BlockSink>(&self, i: usize, [a]: &mut [S; 1]) {
         let x = &self.xs[i * self.ld..][..self.k];
-        packed::quantize_into(Isa::best(), x, self.offset, self.act, a)
+        quant_acts::quantize_into(Isa::best(), x, self.offset, self.act, a)
     }
 }
 

@@ -1,8 +1,8 @@
-//! Tests of the packed layouts, activation quantization and the integer kernels that
-//! read them.
+//! Tests of the packed layouts and the integer kernels that read them (the activation
+//! quantizer's own are in `quant_acts`).
 
 use super::*;
-use crate::ops::qmatmul::qmatmul_int8;
+use crate::ops::qmatmul::{qmatmul_int8, ActScales};
 use crate::quant::{BlockQ4_0, BlockQ8K, BlockQ8_0, BLOCK_DTYPES};
 use rand::{Rng, SeedableRng};
 use tessera_core::{Isa, Result, TensorView, TensorViewMut};
@@ -419,91 +419,6 @@ fn byte_codes_at_their_bound_do_not_wrap() {
     assert_eq!(full, 2, "Q8_0 and Q8_K");
 }
 
-/// Activation quantization is compiled per ISA (it runs on one thread before every
-/// integer matmul): each build must give the portable one's codes and metadata bit
-/// for bit, ties (±0.5 steps) rounded away from zero, with a non-finite value making
-/// its block's (or, per row, the row's) scale NaN.
-#[test]
-fn activation_quantization_is_the_same_on_every_isa() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
-    let k = 10 * QK;
-    let mut x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
-    // Block 8 all zeros (d = 0); block 9 so small that 1/d overflows to ∞.
-    x[8 * QK..9 * QK].fill(0.0);
-    for v in &mut x[9 * QK..] {
-        *v = rng.random_range(-1e-38..1e-38);
-    }
-    // Block 1 holds exact ties: amax 127 makes d = 1, so v = n + 0.5 sits on one.
-    for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
-        *v = j as f32 - 15.5;
-    }
-    x[QK] = 127.0;
-    x[3 * QK + 5] = f32::NAN;
-    x[5 * QK + 9] = f32::INFINITY;
-    let bits = |a: &QuantActs| {
-        let f = |v: &[[f32; 8]]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let s = a.block_sums.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        (
-            a.q.clone(),
-            f(&a.d8),
-            a.init.clone(),
-            f(&a.lane_sums),
-            a.block_init.clone(),
-            s,
-            a.half_sums.clone(),
-        )
-    };
-    for act in [ActScales::PerBlock, ActScales::PerRow] {
-        let padded = k / QK;
-        let run = |isa| {
-            let mut a = QuantActs {
-                q: vec![0; k],
-                d8: vec![[0.0; 8]; padded],
-                init: vec![[0; 8]; padded],
-                lane_sums: vec![[0.0; 8]; padded],
-                block_init: vec![0; padded],
-                block_sums: vec![0.0; padded],
-                half_sums: vec![0; padded],
-                row_init: 0,
-            };
-            quantize_into(isa, &x, 8, act, &mut a);
-            a
-        };
-        let portable = run(Isa::Scalar);
-        if act == ActScales::PerBlock {
-            // (Per row, the infinity leaves every scale NaN and every code 0.)
-            let ties = (&portable.q[QK + 1..QK + 4], &portable.q[QK + 16..QK + 19]);
-            assert_eq!(ties, (&[-15, -14, -13][..], &[1, 2, 3][..]), "away from 0");
-        }
-        let nan_blocks: Vec<bool> = portable.d8.iter().map(|d| d[0].is_nan()).collect();
-        let want: Vec<bool> = (0..padded)
-            .map(|b| act == ActScales::PerRow || b == 3 || b == 5)
-            .collect();
-        assert_eq!(nan_blocks, want, "{act:?}");
-        for (b, &h) in portable.half_sums.iter().enumerate() {
-            let sum = |r: std::ops::Range<usize>| portable.q[r].iter().map(|&v| i32::from(v)).sum();
-            let want: (i32, i32) = (sum(b * QK..b * QK + 16), sum(b * QK + 16..(b + 1) * QK));
-            assert_eq!((h as i16 as i32, h >> 16), want, "{act:?} block {b}");
-        }
-        for isa in Isa::available() {
-            assert!(bits(&run(isa)) == bits(&portable), "{isa} {act:?}");
-        }
-    }
-    // Random rows of every magnitude, through `refill` as the matmuls call it.
-    for _ in 0..200 {
-        let k = QK * rng.random_range(1..40);
-        let scale = 10f32.powi(rng.random_range(-6..6));
-        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-scale..scale)).collect();
-        for act in [ActScales::PerBlock, ActScales::PerRow] {
-            let want = bits(&QuantActs::with_scales_on(Isa::Scalar, &x, 128, act));
-            for isa in Isa::available() {
-                let got = bits(&QuantActs::with_scales_on(isa, &x, 128, act));
-                assert!(got == want, "{isa} {act:?} K = {k}, scale {scale}");
-            }
-        }
-    }
-}
-
 /// Full-range 8-bit codes against full-range activations: rows and activation rows
 /// of ±max in several sign patterns, where a plain unsigned×signed multiply would
 /// saturate (2·255·127 > 2¹⁵), must match the portable integer kernel.
@@ -716,52 +631,6 @@ fn mismatched_matrices_do_not_stack() {
         "a padded group inside"
     );
     assert_eq!(PackedWeights::stack(&[&q4(8), &q4(9)]).unwrap().rows(), 17);
-}
-
-/// The activation quantizer against ggml's `quantize_row_q8_0_ref` (data from
-/// scripts/ggml_blocks_reference.c, no Tessera code involved): the same codes, and the
-/// same scale once rounded to the f16 ggml stores (Tessera keeps d_x in f32, which only
-/// makes the product more exact), on every ISA's quantizer this host runs.
-#[test]
-fn activation_codes_match_ggml_q8_0() {
-    let data: serde_json::Value = serde_json::from_str(include_str!(
-        "../../../tests/data/ggml_blocks_reference.json"
-    ))
-    .unwrap();
-    let hex = |s: &str| -> Vec<u8> {
-        (0..s.len() / 2)
-            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
-            .collect()
-    };
-    let mut checked = 0;
-    for case in data["cases"].as_array().unwrap() {
-        if case["format"] != "q8_0" || case["input"].is_null() {
-            continue;
-        }
-        let x: Vec<f32> = case["input"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| f32::from_bits(u32::from_str_radix(h.as_str().unwrap(), 16).unwrap()))
-            .collect();
-        let blocks = hex(case["blocks"].as_str().unwrap());
-        let block_bytes = DType::Q8_0.size_bytes();
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
-            let a = QuantActs::with_scales_on(isa, &x, 0, ActScales::PerBlock);
-            for (b, ggml) in blocks.chunks_exact(block_bytes).enumerate() {
-                let at = format!("{} block {b} on {isa}", case["kind"]);
-                let d = half::f16::from_f32(a.d8[b][0]).to_bits();
-                assert_eq!(d, u16::from_le_bytes([ggml[0], ggml[1]]), "{at}: scale");
-                let codes: Vec<i8> = ggml[2..].iter().map(|&c| c as i8).collect();
-                assert_eq!(a.q[b * QK..(b + 1) * QK], codes[..], "{at}: codes");
-            }
-            checked += 1;
-        }
-    }
-    assert!(
-        checked >= 5,
-        "every input kind on at least one ISA ({checked})"
-    );
 }
 
 /// A batching step over weights larger than a thread's L2 runs all its activation rows

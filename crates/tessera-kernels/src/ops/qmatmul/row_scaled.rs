@@ -31,7 +31,8 @@
 //! VNNI gains 1.1–1.3× over `vpmaddubsw` at 16×3072×576, not 4× (host E, Intel AVX-512,
 //! docs/performance.md's W8A8 row).
 
-use super::packed::{PackedWeights, QuantActs};
+use super::packed::PackedWeights;
+use super::quant_acts::QuantActs;
 use super::{for_weight_rows, RowStore};
 use crate::quant::QK;
 #[cfg(target_arch = "aarch64")]

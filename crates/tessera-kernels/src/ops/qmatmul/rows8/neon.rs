@@ -12,7 +12,8 @@
 //! each is one line of `asm!` in `simd::lanes_neon`.
 
 use super::super::act_panel::PanelRows;
-use super::super::packed::{Meta, PackedWeights, QuantActs, ROWS8};
+use super::super::packed::{Meta, PackedWeights, ROWS8};
+use super::super::quant_acts::QuantActs;
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, RowLanes, Wide8};

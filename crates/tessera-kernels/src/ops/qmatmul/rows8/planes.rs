@@ -23,7 +23,8 @@
 //! half-sum product as the offset term, with mn for sc, exact in i32, and one more
 //! conversion and FMA; its offset is 0, so it skips the offset term.
 
-use super::super::packed::{CodeLayout, PackedWeights, QuantActs, SplitI8, GROUP_PAIR_BYTES};
+use super::super::packed::{CodeLayout, PackedWeights, SplitI8, GROUP_PAIR_BYTES};
+use super::super::quant_acts::QuantActs;
 use super::{prefetch_pair, Fetch, RowLanes, ROWS8};
 use crate::quant::QK;
 use half::f16;

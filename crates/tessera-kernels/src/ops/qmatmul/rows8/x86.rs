@@ -6,7 +6,8 @@
 
 use super::super::act_panel::PanelRows;
 use super::super::avx2_int8::MetaElem;
-use super::super::packed::{Meta, PackedWeights, QuantActs, ROWS8};
+use super::super::packed::{Meta, PackedWeights, ROWS8};
+use super::super::quant_acts::QuantActs;
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
 use super::{dots_with, ChunkMeta, Codes, RowLanes, Wide8};
