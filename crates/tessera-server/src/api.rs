@@ -149,20 +149,26 @@ fn boolean(m: &Map<String, Value>, k: &str) -> ApiResult<bool> {
 pub fn check_model(m: &Map<String, Value>, served: &str) -> ApiResult<()> {
     match present(m, "model") {
         Some(Value::String(s)) if s == served => Ok(()),
-        Some(Value::String(s)) => Err(ApiError {
-            code: Some("model_not_found"),
-            param: Some("model".into()),
-            ..ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                format!("the model '{s}' does not exist; this server serves '{served}'"),
-            )
-        }),
+        Some(Value::String(s)) => Err(model_not_found(s, served)),
         Some(v) => Err(ApiError::invalid(
             "model",
             format!("model must be a string, got {v}"),
         )),
         None => Err(ApiError::invalid("model", "model is required")),
+    }
+}
+
+/// The 404 for a model this server does not serve (a request's `model`, or
+/// `/v1/models/{model}`), as OpenAI answers it.
+pub fn model_not_found(asked: &str, served: &str) -> ApiError {
+    ApiError {
+        code: Some("model_not_found"),
+        param: Some("model".into()),
+        ..ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model '{asked}' does not exist; this server serves '{served}'"),
+        )
     }
 }
 

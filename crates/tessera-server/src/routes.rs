@@ -1,27 +1,27 @@
-//! The HTTP endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//! `/health`, `/metrics`. Handlers parse and check a request ([`crate::api`]), hand its
-//! sequences to the engine thread and turn the events that come back into OpenAI's
-//! response or its SSE chunk stream. Every accepted request ends in its completion or an
-//! error body; nothing is dropped silently.
+//! The HTTP endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/models` (and
+//! `/v1/models/{model}`), `/health`, `/metrics`. Handlers parse and check a request
+//! ([`crate::api`]), hand its sequences to the engine thread and turn the events that
+//! come back into OpenAI's response or its SSE chunk stream (`sse`). Every accepted
+//! request ends in its completion or an error body; nothing is dropped silently.
 
 use crate::api::{self, ApiError, ApiResult, Common, Prompt};
 use crate::engine::{EngineHandle, EventRx, Refusal};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
-use std::convert::Infallible;
+use sse::stream_response;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tessera_engine::chat::ChatTemplate;
 use tessera_engine::scheduler::{Event, FinishReason, GenRequest, TokenLogprob, Usage};
 use tessera_engine::tokenizer::Tokenizer;
+
+mod sse;
 
 /// Everything a handler needs.
 #[derive(Clone, Debug)]
@@ -48,6 +48,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*model}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -68,7 +69,7 @@ async fn not_found() -> Response {
     error_response(&ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)",
+        "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models[/{id}], /health, /metrics)",
     ))
 }
 
@@ -105,16 +106,46 @@ fn body_of(body: Result<Bytes, BytesRejection>, limit_hint: &str) -> ApiResult<M
     }
 }
 
+/// The served model as OpenAI's model object.
+fn model_object(st: &AppState) -> Value {
+    json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "tessera"})
+}
+
 async fn models(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        st.engine.metrics.request("models", e.status.as_u16());
-        return error_response(&e);
+    model_listing(&st, &headers, || {
+        Ok(json!({"object": "list", "data": [model_object(&st)]}))
+    })
+}
+
+/// `GET /v1/models/{model}` (the client's `models.retrieve`): the served model, 404 for
+/// any other name. Names may hold slashes (`HuggingFaceTB/SmolLM2-135M-Instruct`).
+async fn model(
+    State(st): State<AppState>,
+    Path(asked): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    model_listing(&st, &headers, || match asked == st.model_name {
+        true => Ok(model_object(&st)),
+        false => Err(api::model_not_found(&asked, &st.model_name)),
+    })
+}
+
+/// Authorizes, then answers `body` (both model endpoints), counting the outcome.
+fn model_listing(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: impl FnOnce() -> ApiResult<Value>,
+) -> Response {
+    match authorize(st, headers).and_then(|()| body()) {
+        Ok(v) => {
+            st.engine.metrics.request("models", 200);
+            Json(v).into_response()
+        }
+        Err(e) => {
+            st.engine.metrics.request("models", e.status.as_u16());
+            error_response(&e)
+        }
     }
-    st.engine.metrics.request("models", 200);
-    Json(json!({"object": "list", "data": [{
-        "id": st.model_name, "object": "model", "created": st.created, "owned_by": "tessera",
-    }]}))
-    .into_response()
 }
 
 async fn health(State(st): State<AppState>) -> Response {
@@ -632,185 +663,4 @@ async fn collect(
         json!({"id": job.id, "object": object, "created": job.created, "model": job.model,
               "choices": choices, "usage": usage_json(job, &usages)}),
     )
-}
-
-/// One choice's events, tagged with its index (`None`: its channel closed early).
-type ChoiceEvents = std::pin::Pin<Box<dyn Stream<Item = (usize, Option<Event>)> + Send>>;
-
-/// State of one streamed response.
-struct StreamState {
-    tok: Arc<Tokenizer>,
-    job: Job,
-    events: stream::SelectAll<ChoiceEvents>,
-    usages: Vec<Option<Usage>>,
-    offsets: Vec<usize>,
-    left: usize,
-    done: bool,
-}
-
-impl StreamState {
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> SseEvent {
-        let object = match self.job.kind {
-            Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
-        };
-        let mut j = json!({"id": self.job.id, "object": object, "created": self.job.created,
-                           "model": self.job.model, "choices": choices});
-        if self.job.common.include_usage {
-            j["usage"] = usage.unwrap_or(Value::Null);
-        }
-        SseEvent::default().data(j.to_string())
-    }
-
-    fn choice(
-        &self,
-        index: usize,
-        text: Option<&str>,
-        logprobs: Value,
-        finish: Option<&str>,
-    ) -> Value {
-        match self.job.kind {
-            Kind::Chat => {
-                let delta = match text {
-                    Some(t) => json!({"content": t}),
-                    None => json!({}),
-                };
-                json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
-            }
-            Kind::Completion => {
-                json!([{"index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}])
-            }
-        }
-    }
-
-    /// The SSE events for one engine event of choice `index`.
-    fn on_event(&mut self, index: usize, ev: Option<Event>) -> Vec<SseEvent> {
-        match ev {
-            Some(Event::Token {
-                token,
-                text,
-                logprob,
-                ..
-            }) => {
-                if text.is_empty() && logprob.is_none() {
-                    return Vec::new();
-                }
-                let lps = match &logprob {
-                    None => Value::Null,
-                    Some(lp) => {
-                        let e =
-                            logprob_json(&self.tok, self.job.kind, token, lp, self.offsets[index]);
-                        match self.job.kind {
-                            Kind::Chat => json!({"content": [e]}),
-                            Kind::Completion => completion_logprobs(&[e]),
-                        }
-                    }
-                };
-                self.offsets[index] += text.len();
-                vec![self.chunk(self.choice(index, Some(&text), lps, None), None)]
-            }
-            Some(Event::Finished {
-                reason,
-                tail,
-                usage,
-                ..
-            }) => {
-                let mut out = Vec::new();
-                if !tail.is_empty() {
-                    out.push(self.chunk(self.choice(index, Some(&tail), Value::Null, None), None));
-                }
-                let finish = finish_reason(reason);
-                let none = match self.job.kind {
-                    Kind::Chat => None,
-                    Kind::Completion => Some(""),
-                };
-                out.push(self.chunk(self.choice(index, none, Value::Null, Some(finish)), None));
-                self.usages[index] = Some(usage);
-                self.left -= 1;
-                out
-            }
-            Some(Event::Failed { error, .. }) => self.fail(index, &error),
-            None => self.fail(index, "the engine stopped"),
-        }
-    }
-
-    fn fail(&mut self, index: usize, error: &str) -> Vec<SseEvent> {
-        self.left = self.left.saturating_sub(1);
-        self.usages[index] = Some(Usage::default());
-        let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", error);
-        vec![SseEvent::default().data(e.body().to_string())]
-    }
-
-    /// What follows the last choice: the usage chunk when asked for, then `[DONE]`.
-    fn closing(&self) -> Vec<SseEvent> {
-        let mut out = Vec::new();
-        if self.job.common.include_usage {
-            let u: Vec<Usage> = self.usages.iter().map(|u| u.unwrap_or_default()).collect();
-            out.push(self.chunk(json!([]), Some(usage_json(&self.job, &u))));
-        }
-        out.push(SseEvent::default().data("[DONE]"));
-        out
-    }
-}
-
-fn stream_response(tok: Arc<Tokenizer>, job: Job, rxs: Vec<EventRx>) -> Response {
-    let n = rxs.len();
-    let events = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
-        // Each receiver ends with one `None` (the channel closed) after its last event.
-        let s = stream::unfold(Some(rx), move |rx| async move {
-            let mut rx = rx?;
-            match rx.recv().await {
-                Some(e @ Event::Token { .. }) => Some(((i, Some(e)), Some(rx))),
-                Some(e) => Some(((i, Some(e)), None)),
-                None => Some(((i, None), None)),
-            }
-        });
-        Box::pin(s) as ChoiceEvents
-    }));
-    let st = StreamState {
-        tok,
-        job,
-        events,
-        usages: vec![None; n],
-        offsets: vec![0; n],
-        left: n,
-        done: false,
-    };
-    // Chat streams open every choice with the assistant role.
-    let opening: Vec<SseEvent> = match st.job.kind {
-        Kind::Chat => (0..n)
-            .map(|i| {
-                let c = json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-                st.chunk(c, None)
-            })
-            .collect(),
-        Kind::Completion => Vec::new(),
-    };
-    let body = stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        if st.left == 0 {
-            st.done = true;
-            let closing = st.closing();
-            return Some((closing, st));
-        }
-        match st.events.next().await {
-            Some((i, ev)) => {
-                let out = st.on_event(i, ev);
-                Some((out, st))
-            }
-            None => {
-                st.done = true;
-                let closing = st.closing();
-                Some((closing, st))
-            }
-        }
-    });
-    let all = stream::iter(opening)
-        .chain(body.flat_map(stream::iter))
-        .map(Ok::<_, Infallible>);
-    Sse::new(all)
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }

@@ -26,6 +26,25 @@ fn endpoints_streams_and_bad_input() {
     let (s, _, b) = http(a, "GET", "/v1/models", &[], b"");
     let m: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!((s, m["data"][0]["id"].as_str()), (200, Some(MODEL)));
+    let (s, _, b) = http(a, "GET", &format!("/v1/models/{MODEL}"), &[], b"");
+    let m: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (s, m["id"].as_str(), m["object"].as_str()),
+        (200, Some(MODEL), Some("model"))
+    );
+    for other in ["gpt-9", "HuggingFaceTB/SmolLM2-135M-Instruct"] {
+        let (s, _, b) = http(a, "GET", &format!("/v1/models/{other}"), &[], b"");
+        let e: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            (s, e["error"]["code"].as_str()),
+            (404, Some("model_not_found")),
+            "{other}"
+        );
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(other),
+            "{e}"
+        );
+    }
     assert_eq!(http(a, "GET", "/health", &[], b"").0, 200);
     // A chat completion, then the same streamed: same text, OpenAI's chunk format.
     let (s, full) = post(
