@@ -69,7 +69,7 @@ async fn not_found() -> Response {
     error_response(&ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models[/{id}], /health, /metrics)",
+        "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models[/{model}], /health, /metrics)",
     ))
 }
 
