@@ -60,7 +60,14 @@ const PREFETCH_AHEAD: usize = 8;
 /// thread 1.15–1.19 ms against 1.37–1.39, 16 × 192 on two 123–130 µs against 137–139; one KV
 /// head (`16x3072x3x1x64`, the same bytes, each sequence one run) no faster; and with
 /// the blocks consecutive but no software prefetch, 1.57–1.59 ms and 165–170 µs: the
-/// hardware streamer does not keep up with this loop even on one long run.
+/// hardware streamer does not keep up with this loop even on one long run. Nor do the
+/// matmuls before it have misses to spare (host H, 2026-12-05, timing-only build of the
+/// engine: after each layer's attention, the next layer's K and V blocks prefetched into
+/// L2, k lines per chunk pair of the AMX kernel, between its own work; `bench-serve
+/// --requests 16 --concurrency 16 --prompt-tokens 128 --gen-tokens 128 --acts int8
+/// --profile F`, 3 alternated rounds): attention per layer 174–209 µs → 140–165 at k = 8
+/// to 10 (100 with its blocks all in cache: the call run twice), but the matmuls slowed
+/// as much (gate/up 78–96 → 91–130 µs), decode 995–1034 tok/s against 901–1041.
 const L2_AHEAD: usize = 32;
 
 /// Heads whose V sums one register pass keeps.
