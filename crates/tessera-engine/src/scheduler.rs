@@ -22,7 +22,7 @@
 
 use crate::block_manager::{BlockManager, BlockStats};
 use crate::generate::{sample, Sampling, TextStream};
-use crate::kv_cache::{KvDtype, KvStore, BLOCK};
+use crate::kv_cache::{KvStore, BLOCK};
 use crate::llama::{Llama, LogitRows, SeqInput};
 use crate::structured::{Constraint, Grammar, Grammars};
 use crate::tokenizer::Detok;
@@ -32,99 +32,11 @@ use rand::SeedableRng;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+mod config;
+pub use config::{physical_memory, SchedulerConfig, DEFAULT_KV_FRACTION};
+
 /// Most alternatives a request may ask for per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
-
-/// Limits of a scheduler.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SchedulerConfig {
-    /// Most sequences running at once.
-    pub max_seqs: usize,
-    /// Most tokens in one step (decode tokens plus prompt chunks).
-    pub max_batch_tokens: usize,
-    /// KV blocks of [`BLOCK`] positions in the pool.
-    pub kv_blocks: usize,
-    /// How the KV pool stores keys and values.
-    pub kv_dtype: KvDtype,
-    /// Reuse cached blocks of identical prompt prefixes.
-    pub prefix_caching: bool,
-}
-
-/// Fraction of physical memory the KV pool takes when no budget is given.
-pub const DEFAULT_KV_FRACTION: f64 = 0.25;
-
-impl SchedulerConfig {
-    /// Limits with a KV pool of `kv_bytes` (whole blocks; at least one).
-    pub fn with_memory(
-        model: &crate::llama::Config,
-        max_seqs: usize,
-        max_batch_tokens: usize,
-        kv_bytes: u64,
-        kv_dtype: KvDtype,
-    ) -> Self {
-        let per = KvStore::block_bytes(model, kv_dtype) as u64;
-        SchedulerConfig {
-            max_seqs,
-            max_batch_tokens,
-            kv_blocks: (kv_bytes / per.max(1)).min(usize::MAX as u64) as usize,
-            kv_dtype,
-            prefix_caching: true,
-        }
-    }
-
-    /// The default KV budget: [`DEFAULT_KV_FRACTION`] of physical memory, but no more
-    /// than `max_seqs` full contexts need.
-    pub fn default_kv_bytes(model: &crate::llama::Config, max_seqs: usize, dtype: KvDtype) -> u64 {
-        let per_seq =
-            model.context.div_ceil(BLOCK) as u64 * KvStore::block_bytes(model, dtype) as u64;
-        let ram = physical_memory().unwrap_or(8 << 30);
-        ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
-    }
-
-    /// Checks the limits (what [`Scheduler::new`] checks first), so a front end can
-    /// report a bad one before it announces the pool. The KV size is checked against
-    /// `model`'s block size.
-    pub fn validate(&self, model: &crate::llama::Config) -> Result<()> {
-        if self.max_seqs == 0 || self.max_seqs > 1 << 16 {
-            return Err(Error::Model(format!(
-                "max-seqs {} must be in 1..=65536",
-                self.max_seqs
-            )));
-        }
-        if self.max_batch_tokens == 0 || self.max_batch_tokens > 1 << 20 {
-            return Err(Error::Model(format!(
-                "max-batch-tokens {} must be in 1..=1048576",
-                self.max_batch_tokens
-            )));
-        }
-        if self.kv_blocks == 0 {
-            return Err(Error::Model(format!(
-                "the KV budget holds no block of {BLOCK} positions"
-            )));
-        }
-        let block = KvStore::block_bytes(model, self.kv_dtype);
-        if self
-            .kv_blocks
-            .checked_mul(block)
-            .is_none_or(|b| b > crate::kv_cache::MAX_BYTES)
-        {
-            return Err(Error::Model(format!(
-                "a KV pool of {} blocks of {BLOCK} positions is too large (over {} GiB)",
-                self.kv_blocks,
-                crate::kv_cache::MAX_BYTES >> 30
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Physical memory in bytes (Linux `/proc/meminfo`), if known.
-pub fn physical_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
 
 /// One generation request.
 #[derive(Clone, Debug, Default, PartialEq)]
