@@ -51,6 +51,18 @@ pub struct BatchArgs {
 }
 
 impl BatchArgs {
+    /// Checks what needs no model (the limits with `default_seqs` standing for an
+    /// unset --max-seqs, and --kv-memory's spelling), so a bad flag is reported before
+    /// a model is loaded or pulled.
+    pub fn check(&self, default_seqs: usize) -> Result<()> {
+        let max_seqs = self.max_seqs.unwrap_or(default_seqs);
+        SchedulerConfig::check_limits(max_seqs, self.max_batch_tokens)?;
+        if let Some(s) = &self.kv_memory {
+            parse_size(s)?;
+        }
+        Ok(())
+    }
+
     /// The scheduler configuration for `model`, with the KV pool printed to stderr.
     pub fn config(&self, model: &Config, default_seqs: usize) -> Result<SchedulerConfig> {
         let max_seqs = self.max_seqs.unwrap_or(default_seqs);
@@ -233,6 +245,9 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             bail!("--profile records one run: give one --concurrency and --rounds 1");
         }
         crate::profile_cmd::check_writable(path)?;
+    }
+    for &c in &a.concurrency {
+        a.batch.check(c)?;
     }
     let (model, tok) = load(a.model.clone().large_pages_by_default())?;
     check_context(&a, model.cfg.context)?;

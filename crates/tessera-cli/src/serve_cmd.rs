@@ -38,6 +38,9 @@ pub struct ServeArgs {
     shutdown_grace: u64,
 }
 
+/// Sequences `serve` runs at once unless --max-seqs says otherwise.
+const DEFAULT_MAX_SEQS: usize = 16;
+
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.max_queue == 0 || a.max_body == 0 {
         anyhow::bail!("--max-queue and --max-body must be at least 1");
@@ -50,8 +53,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into()),
         (None, None) => tessera_engine::pull::DEFAULT_MODEL.name.to_string(),
     };
+    a.batch.check(DEFAULT_MAX_SEQS)?;
     let (model, tok) = load(a.model.clone().large_pages_by_default())?;
-    let cfg = a.batch.config(&model.cfg, 16)?;
+    let cfg = a.batch.config(&model.cfg, DEFAULT_MAX_SEQS)?;
     let sched = Scheduler::new(Arc::new(model), Arc::new(tok), cfg)?;
     let opts = ServerOptions {
         host: a.host.clone(),

@@ -17,6 +17,10 @@ fn tessera(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// A model path that does not exist: a check that runs before loading reports its own
+/// error, not this file's.
+const NO_MODEL: &str = "/nonexistent-dir/model.gguf";
+
 #[test]
 fn absurd_sizes_are_refused_before_allocating() {
     for (args, want) in [
@@ -80,6 +84,42 @@ fn absurd_sizes_are_refused_before_allocating() {
                 "8",
             ],
             "must exceed",
+        ),
+        // The scheduler's limits are checked before the model is loaded (or pulled):
+        // the model named here does not exist, so only an early check gives these.
+        (
+            vec!["serve", "--model", NO_MODEL, "--max-seqs", "0"],
+            "max-seqs 0 must be in 1..=65536",
+        ),
+        (
+            vec!["serve", "--model", NO_MODEL, "--max-batch-tokens", "0"],
+            "max-batch-tokens 0 must be in 1..=1048576",
+        ),
+        (
+            vec!["serve", "--model", NO_MODEL, "--kv-memory", "2 parsecs"],
+            "2 parsecs",
+        ),
+        (
+            vec![
+                "bench-serve",
+                "--model",
+                NO_MODEL,
+                "--max-batch-tokens",
+                "2000000",
+            ],
+            "max-batch-tokens 2000000 must be in 1..=1048576",
+        ),
+        (
+            vec![
+                "bench-serve",
+                "--model",
+                NO_MODEL,
+                "--concurrency",
+                "1,70000",
+                "--requests",
+                "70000",
+            ],
+            "max-seqs 70000 must be in 1..=65536",
         ),
     ] {
         let (ok, text) = tessera(&args, &[]);

@@ -53,22 +53,28 @@ impl SchedulerConfig {
         ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
     }
 
+    /// Checks the limits that need no model: sequences at once and tokens per step.
+    /// [`SchedulerConfig::validate`] starts with it; a front end calls it before it
+    /// loads (or downloads) a model, so a bad flag costs no wait.
+    pub fn check_limits(max_seqs: usize, max_batch_tokens: usize) -> Result<()> {
+        if max_seqs == 0 || max_seqs > 1 << 16 {
+            return Err(Error::Model(format!(
+                "max-seqs {max_seqs} must be in 1..=65536"
+            )));
+        }
+        if max_batch_tokens == 0 || max_batch_tokens > 1 << 20 {
+            return Err(Error::Model(format!(
+                "max-batch-tokens {max_batch_tokens} must be in 1..=1048576"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the limits (what [`Scheduler::new`] checks first), so a front end can
     /// report a bad one before it announces the pool. The KV size is checked against
     /// `model`'s block size.
     pub fn validate(&self, model: &crate::llama::Config) -> Result<()> {
-        if self.max_seqs == 0 || self.max_seqs > 1 << 16 {
-            return Err(Error::Model(format!(
-                "max-seqs {} must be in 1..=65536",
-                self.max_seqs
-            )));
-        }
-        if self.max_batch_tokens == 0 || self.max_batch_tokens > 1 << 20 {
-            return Err(Error::Model(format!(
-                "max-batch-tokens {} must be in 1..=1048576",
-                self.max_batch_tokens
-            )));
-        }
+        Self::check_limits(self.max_seqs, self.max_batch_tokens)?;
         if self.kv_blocks == 0 {
             return Err(Error::Model(format!(
                 "the KV budget holds no block of {BLOCK} positions"
