@@ -1,6 +1,7 @@
-//! A scheduler's limits ([`SchedulerConfig`]) and the KV budget they start from: what a
-//! front end (the CLI, the server, the Python package) builds and checks before it
-//! loads anything, apart from the scheduler's running state.
+//! A scheduler's limits ([`SchedulerConfig`]) and the KV budget they start from, apart
+//! from the scheduler's running state: what a front end (`tessera serve` and
+//! `bench-serve`) builds from its flags and checks, the model-free limits
+//! ([`SchedulerConfig::check_limits`]) before it loads a model.
 
 #[cfg(doc)]
 use super::Scheduler;
