@@ -21,7 +21,7 @@ pub struct Ceilings {
     /// bf16 pair-dot (`vdpbf16ps`), GFLOP/s; equals `fma_gflops` where absent.
     pub bf16_gflops: f64,
     /// 8-bit integer dots, GOP/s (a multiply-add is 2 ops): `vpdpbusd` with
-    /// AVX512_VNNI, else AVX2's `vpmaddubsw` step; equals `fma_gflops` elsewhere.
+    /// AVX512_VNNI, else AVX2's `vpmaddubsw` + `vpaddw` step; equals `fma_gflops` elsewhere.
     #[serde(default)]
     pub int8_gops: f64,
     /// DRAM read bandwidth, GB/s.
@@ -144,10 +144,14 @@ fn int8_dot_avx512(iters: usize) -> i32 {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2_CHAINS: usize = 6;
 
-/// AVX2's 8-bit dot step, as the integer kernels run it: `vpmaddubsw` (32 u8×i8
-/// products into 16 i16 pair sums), `vpmaddwd` against ones (8 i32), `vpaddd`. The
-/// signed operand changes every iteration (one add shared by all chains), or the
-/// compiler would hoist the loop-invariant products out of the loop.
+/// AVX2's 8-bit dot step, as the interleaved kernel (`rows8`) runs it: `vpmaddubsw`
+/// (32 u8×i8 products into 16 i16 pair sums) added into an i16 running sum with
+/// `vpaddw`; that kernel widens with `vpmaddwd` once per 8 steps, so a probe that
+/// widened every step (as this one did until 2026-12-05) ran at half its rate: on
+/// Zen 3 `vpmaddwd` shares `vpmaddubsw`'s two pipes, and the 16-stream step's
+/// matmuls measured 109–122% of that ceiling. The signed operand changes every
+/// iteration (one add shared by all chains), or the compiler would hoist the
+/// loop-invariant products out of the loop; the sums wrap, a checksum only.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn int8_dot_avx2(iters: usize) -> i32 {
@@ -158,20 +162,18 @@ fn int8_dot_avx2(iters: usize) -> i32 {
     }
     let step = std::hint::black_box(_mm256_set1_epi8(3));
     let mut b = std::hint::black_box(_mm256_set1_epi8(-1));
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_si256(); AVX2_CHAINS];
     for _ in 0..iters {
         b = _mm256_add_epi8(b, step);
         for (x, &w) in acc.iter_mut().zip(&a) {
-            let pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, b), ones);
-            *x = _mm256_add_epi32(*x, pairs);
+            *x = _mm256_add_epi16(*x, _mm256_maddubs_epi16(w, b));
         }
     }
     let mut sum = _mm256_setzero_si256();
     for x in acc {
-        sum = _mm256_add_epi32(sum, x);
+        sum = _mm256_add_epi16(sum, x);
     }
-    _mm256_extract_epi32::<0>(sum)
+    _mm256_extract_epi16::<0>(sum)
 }
 
 /// One calibration kernel run: (its checksum, FLOPs or OPs it did per iteration).

@@ -22,8 +22,8 @@ pub struct Roofline {
     pub fma_gflops: f64,
     /// bf16 pair-dot peak (`vdpbf16ps`), GFLOP/s; 0 without AVX512_BF16.
     pub bf16_gflops: f64,
-    /// `vpdpbusd` with AVX512_VNNI, else AVX2's `vpmaddubsw` + `vpmaddwd` + `vpaddd`
-    /// (the integer kernels' inner step); 0 on other CPUs.
+    /// `vpdpbusd` with AVX512_VNNI, else AVX2's `vpmaddubsw` + `vpaddw` (the
+    /// interleaved integer kernel's inner step); 0 on other CPUs.
     pub int8_gops: f64,
     /// DRAM read bandwidth, GB/s.
     pub dram_gbps: f64,
