@@ -20,10 +20,11 @@ use std::arch::x86_64::*;
 ///
 /// Four rows a pass leave each chunk's float finish (a ~14-cycle chain) exposed: a
 /// stand-alone copy of this loop took 12.0 cycles per chunk and row on Zen 3 against
-/// 8.2–8.5 at 8 rows, but this generic loop at 8 rows compiled to scalar loads, GPR
-/// broadcasts and spills and ran slower (Q4_1 16×3072×576 in cache 413 → 583 µs,
-/// 2026-12-05, docs/performance.md host B): a next attempt keeps each step's
-/// activation broadcast a memory operand.
+/// 8.2–8.5 at 8 rows, but this generic loop at 8 rows ran slower (Q4_1 16×3072×576 in
+/// cache 400–413 → 583 µs, 2026-12-05, docs/performance.md host B): LLVM hoists a
+/// chunk's activation words, codes and metadata to its start and spills them, and
+/// forcing each step's broadcast to a memory operand (inline asm) left it at 551–553.
+/// A next attempt needs a loop shaped like the stand-alone copy.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w.layout.interleaved()`, not `Meta::SplitI8` metadata; r0 a
