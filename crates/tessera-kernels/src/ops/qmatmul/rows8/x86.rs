@@ -18,10 +18,14 @@ use std::arch::x86_64::*;
 /// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with
 /// `vpmaddubsw`.
 ///
-/// Four rows a pass leave each chunk's float finish (a ~14-cycle chain) exposed: a
-/// stand-alone copy of this loop took 12.0 cycles per chunk and row on Zen 3 against
-/// 8.2–8.5 at 8 rows, but this generic loop at 8 rows ran slower (Q4_1 16×3072×576 in
-/// cache 400–413 → 583 µs, 2026-12-05, docs/performance.md host B): LLVM hoists a
+/// On Zen 3 (inline-assembly probes, 2026-12-05, not in the repository) `vpmaddubsw`
+/// and `vpmaddwd` share two pipes, 2 a cycle together; `vpaddw` runs 4 a cycle, vector
+/// loads and broadcasts 2. This loop takes 11.5–11.9 cycles per chunk and row (16 rows
+/// in cache, one thread) where its 8 `vpmaddubsw` + `vpaddw` steps need ~5.6: four rows
+/// a pass leave each chunk's float finish (a ~14-cycle chain) exposed. A stand-alone
+/// copy (not in the repository) took 12.0 cycles per chunk and row, 6.5 without the
+/// finish, and 8.2–8.5 at 8 rows a pass; but this generic loop at 8 rows ran slower
+/// (Q4_1 16×3072×576 in cache 400–413 → 583 µs, 2026-12-05, host B): LLVM hoists a
 /// chunk's activation words, codes and metadata to its start and spills them, and
 /// forcing each step's broadcast to a memory operand (inline asm) left it at 551–553.
 /// A next attempt needs a loop shaped like the stand-alone copy.
