@@ -194,6 +194,17 @@ impl<'a> PanelRows<'a> {
         self.panels.chunks
     }
 
+    /// The first `n` rows and the rest (1 ≤ n < live), each a pass of its own.
+    pub(super) fn split(self, n: usize) -> (Self, Self) {
+        assert!(n >= 1 && n < self.live, "split {n} of {} rows", self.live);
+        let rest = PanelRows {
+            slot: self.slot + n,
+            live: self.live - n,
+            ..self
+        };
+        (PanelRows { live: n, ..self }, rest)
+    }
+
     /// This pass's first record (chunk 0) as bytes, and the byte offset of its first
     /// slot within a record. A pass of M rows reads slots `slot..slot + M` of each
     /// record; the kernel's M may exceed `live` as long as `slot + M ≤ PANEL_SLOTS`.

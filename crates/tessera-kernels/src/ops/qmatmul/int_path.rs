@@ -139,12 +139,13 @@ fn run_int8(
     // and lane sums at 32 bytes per 32-column block each), all re-read for every weight
     // row: a block stays in L1. Measured at 512×1536×576 Q4_0 on AVX2: 256 KiB (L2)
     // 20.2 ms, 24 KiB 15.5 ms, 12 KiB no different.
-    // The VNNI interleaved kernel takes 8 rows per pass (`rows8::VNNI_M`): its blocks
-    // hold at least that many.
+    // The interleaved kernels take 8 rows per pass (`rows8::VNNI_M`, `rows8::AVX2_M`)
+    // and AMX 16 (`rows8::AMX_M`): their blocks hold at least that many.
     #[cfg(target_arch = "x86_64")]
     let pass = match kernel {
         IntKernel::VnniRows8 => rows8::VNNI_M,
         IntKernel::AmxRows16 => rows8::AMX_M,
+        IntKernel::Avx2Rows8 => rows8::AVX2_M,
         _ => M_CHUNK,
     };
     #[cfg(not(target_arch = "x86_64"))]
@@ -291,15 +292,14 @@ fn run_panels(
         }
         #[cfg(target_arch = "x86_64")]
         IntKernel::Avx2Rows8 => {
-            for_weight_rows::<M_CHUNK, { packed::ROWS8 }>(
+            for_weight_rows::<{ rows8::AVX2_M }, { packed::ROWS8 }>(
                 threads,
                 shape,
                 store,
                 y,
                 |r, m0, mc, out| {
                     // SAFETY: as for VnniRows8, on an AVX2 CPU (`for_isa`), r a multiple of
-                    // 8, out 8·mc long, passes at multiples of M_CHUNK (a divisor of the
-                    // panel's 8 slots).
+                    // 8, out 8·mc long, passes at multiples of AVX2_M (the panel's 8 slots).
                     unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
                 },
             )

@@ -395,7 +395,7 @@ fn byte_codes_at_their_bound_do_not_wrap() {
             panic!("{dtype}: no data put the codes at {top}");
         };
         for sign in [1.0f32, -1.0] {
-            for m in [1, 3, 4] {
+            for m in [1, 3, 4, 5, 8, 9] {
                 let x = vec![sign; m * k];
                 let want = apply(&x, (m, k, rows), |x, y| {
                     qmatmul_int8(Isa::Scalar, 1, &row_major, x, y)

@@ -25,7 +25,8 @@
 //! the partial sums add in i16 (`vpaddw`, which wraps, unlike `vpmaddubsw`), two
 //! running sums of 4 steps each: |q_x| ≤ 127 bounds a pair sum by 2·31·127 = 7874 for
 //! 5-bit codes, and 4·7874 = 31496 < 2¹⁵, so each running sum widens to i32 on its own;
-//! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first. A full byte
+//! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first, or keep one sum of
+//! all 8 steps where enough rows hide its latency ([`RowLanes::I16_SUMS`]). A full byte
 //! would saturate `vpmaddubsw` (2·255·127 > 2¹⁵), so AVX2 splits it, u = 16·h + l, and
 //! adds each plane against the same activation bytes into its own running sum, each
 //! then obeying the nibbles' 8-step bound; the high sum is weighed by 16 as it widens
@@ -42,10 +43,12 @@
 use super::act_panel::{PanelRows, DX_AT, INIT_AT, PANEL_SLOTS, RECORD_BYTES, SUMS_AT};
 use super::packed::{CodeLayout, Meta, PackedWeights, GROUP_PAIR_BYTES, ROWS8};
 use crate::quant::QK;
+use fetch::{prefetch_pair, Fetch};
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+mod fetch;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod planes;
@@ -57,7 +60,7 @@ pub(super) use amx::{begin_matmul, dots_amx16, AMX_M};
 #[cfg(target_arch = "aarch64")]
 pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, ROWS16, VNNI_M};
+pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, AVX2_M, ROWS16, VNNI_M};
 
 /// The body of every instance (`x86::dots`, `x86::dots_vnni16` on ymm and zmm,
 /// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target
@@ -180,9 +183,18 @@ trait RowLanes {
     /// high one by 16): `vpmaddubsw` would saturate on whole bytes (2·255·127 > 2¹⁵).
     const NIBBLE_PLANES: bool = false;
     /// Activation rows from which each keeps one running sum per chunk instead of two
-    /// (enough independent dot products to hide the instruction's latency); never
-    /// reached on AVX2, whose i16 sums rely on two ([`Codes`]).
+    /// (enough independent dot products to hide the instruction's latency).
     const ONE_CHAIN_FROM: usize = 8;
+    /// Whether the running sums are i16 (`vpmaddubsw` + `vpaddw`): then 5-bit codes
+    /// keep two sums of 4 steps each at any row count, as only those fit i16 (the module
+    /// docs), and nibbles' one sum of 8 steps fits.
+    const I16_SUMS: bool = false;
+    /// Activation rows from which a chunk's 8 steps run as a loop instead of unrolled.
+    /// Unrolled at 8 rows on AVX2, LLVM hoisted a chunk's 64 activation words ahead of
+    /// its steps and spilled them and the codes (`perf annotate`): Q4_1 16×3072×576 in
+    /// cache took 567–569 µs at 8 rows a pass against 396–403 at 4; kept a loop, 331–340
+    /// (AMD Zen 3, 2026-12-05, one thread).
+    const ROLLED_FROM: usize = usize::MAX;
     /// i32 lanes: codes and running sums.
     type I: Copy;
     /// f32 lanes: the rows' running dots.
@@ -405,139 +417,46 @@ impl ChunkMeta for Factored8 {
     }
 }
 
-/// Where and how far ahead a pass asks for the codes it reads next ([`prefetch_pair`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Fetch {
-    /// Into L1, [`PREFETCH_PAIRS`] ahead.
-    L1,
-    /// Into L2 (x86; L1 on Arm), [`PREFETCH_PAIRS`] ahead.
-    L2,
-    /// Into L2 [`FAR_PAIRS`] ahead and on into L1 [`NEAR_PAIRS`] ahead (x86; on Arm as
-    /// [`Fetch::L1`], untimed there).
-    Staged,
-}
-
-impl Fetch {
-    /// How a pass of `rows` activation rows fetches its codes.
-    ///
-    /// A batch pass (4 or more rows) reads each group twice or more from L1 beside its
-    /// activation records (~13 KiB for 16 rows at K = 576), and the next group's codes
-    /// fetched into L1 as well filled a 32 KiB L1D: the Q8_0 LM head of a 16-stream step,
-    /// whose weights stream from DRAM, took 2.09–2.37 ms (min of each round's samples)
-    /// against 1.85–1.88 with L2 prefetches (host C, AMD Zen 4, 2026-12-03, `tessera bench
-    /// qmatmul --dtype q8_0 --shape 16x49152x576 --variant avx512-vnni-r8`, 3 alternated
-    /// rounds): [`Fetch::L2`].
-    ///
-    /// One and two rows (decode, whose codes are read once) stage them. Host H (Intel,
-    /// 2026-12-04, `tessera bench qmatmul --dtype D --shape S --variant avx512-vnni-a16
-    /// --json`, cold medians, 3 alternated rounds), against the one L1 prefetch 8 pairs
-    /// ahead: Q4_1 1×576×576 11.0–11.3 → 10.5–10.8 µs, 1×960×576 15.0–15.4 → 14.5–15.1,
-    /// 1×3072×576 42.6–45.6 → 40.8–42.0, 1×576×1536 26.3–28.2 → 25.0–25.2, the Q8_0 LM
-    /// head 1163–1179 → 1077–1142; `tessera bench-model --prompt-tokens 64 --gen-tokens
-    /// 128 --runs 3` decode 278–290 → 297–319 tok/s. L2 distances of 12–24 pairs and L1
-    /// ones of 2–6 were within noise of these; L2 alone 8 pairs ahead was slower there
-    /// (576×576 10.9–11.0 → 11.2–11.3 µs, 3072×576 41.7–42.6 → 43.5–44.6) and no faster
-    /// on host C (AMD Zen 4, 1×3072×576). Our reading, not measured directly: the L2
-    /// prefetch keeps more lines in flight than the L1's fill buffers hold, and the L1
-    /// one then finds them in L2. Unmeasured on AMD and AVX2 hosts, which take it too.
-    /// Each line needs its own L2 prefetch: asking for every other one (leaving the rest
-    /// to the hardware streamer) was ~20% slower on host H (2026-12-05, the command above,
-    /// 3 alternated rounds: 576×576 12.6–13.0 µs against 10.5–10.8, medians); so was adding
-    /// L2 prefetches of the scales and minima 32 chunks ahead (2–9% by shape, 4 rounds),
-    /// or asking for a thread's first 16 pairs at once at its first group (0–10%, 4
-    /// rounds), as paged attention's chunks do: more lines asked for at once is slower.
-    #[inline(always)]
-    pub(super) const fn for_rows(rows: usize) -> Self {
-        if rows >= 4 {
-            Fetch::L2
-        } else {
-            Fetch::Staged
-        }
-    }
-}
-
-/// Chunk pairs the codes are prefetched ahead: 2–3 KiB. The hardware prefetcher alone
-/// left decode up at 0.80× and the LM head at 0.87× of this (docs/performance.md); 4
-/// pairs ahead was slower, 16 no different.
-const PREFETCH_PAIRS: usize = 8;
-
-/// [`Fetch::Staged`]'s distance into L2: 4 KiB of a group's 4-bit codes, 8 of bytes.
-const FAR_PAIRS: usize = 16;
-
-/// [`Fetch::Staged`]'s distance into L1, from the L2.
-const NEAR_PAIRS: usize = 2;
-
-/// Prefetches chunk pair `pair + D` of a group whose codes start at `codes`
-/// (`pair_bytes` a pair, `group_bytes` the group) for each distance D `fetch` asks for:
-/// every cache line of it, as the kernel reads all of them. Past the group's end it
-/// follows the rows' next call, which starts `groups` groups on (the call's count; a
-/// constant once inlined). Groups lie one after another, and a call covering two (zmm)
-/// next reads the two after them: running into its own second group instead left the
-/// next call's second group to demand misses (Q4_1 16×3072×576 cold 118–120 µs against
-/// 107–110, host H).
-#[inline(always)]
-pub(super) fn prefetch_pair(
-    codes: *const u8,
-    pair: usize,
-    (pair_bytes, group_bytes): (usize, usize),
-    groups: usize,
-    fetch: Fetch,
-) {
-    let at = |ahead: usize| {
-        let mut ahead = (pair + ahead) * pair_bytes;
-        if groups > 1 && ahead >= group_bytes {
-            ahead += (groups - 1) * group_bytes * (ahead / group_bytes);
-        }
-        // Past the last rows this reads past the allocation, which a prefetch may do:
-        // it never faults, and `wrapping_add` keeps the address arithmetic defined.
-        codes.wrapping_add(ahead)
-    };
-    let lines = |p: *const u8, to_l2: bool| {
-        for line in (0..pair_bytes).step_by(64) {
-            prefetch_line(p.wrapping_add(line), to_l2);
-        }
-    };
-    match fetch {
-        Fetch::L1 => lines(at(PREFETCH_PAIRS), false),
-        Fetch::L2 => lines(at(PREFETCH_PAIRS), true),
-        // Arm asks for L1 either way: no Arm timing exists to choose otherwise.
-        Fetch::Staged if cfg!(target_arch = "aarch64") => lines(at(PREFETCH_PAIRS), false),
-        Fetch::Staged => {
-            lines(at(FAR_PAIRS), true);
-            lines(at(NEAR_PAIRS), false);
-        }
-    }
-}
-
-/// Asks for the line holding `p`: into L2 when `to_l2` on x86, else (and always on Arm)
-/// into L1. Any address: a prefetch never faults.
-#[inline(always)]
-fn prefetch_line(p: *const u8, to_l2: bool) {
-    // SAFETY: a prefetch only hints the cache; SSE is baseline on x86-64.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        if to_l2 {
-            _mm_prefetch::<{ _MM_HINT_T1 }>(p.cast())
-        } else {
-            _mm_prefetch::<{ _MM_HINT_T0 }>(p.cast())
-        }
-    };
-    #[cfg(target_arch = "aarch64")]
-    let _ = to_l2;
-    // SAFETY: PRFM never faults and touches no register but its address operand.
-    #[cfg(target_arch = "aarch64")]
-    unsafe {
-        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p,
-            options(nostack, readonly, preserves_flags))
-    };
-}
-
 /// One monomorphized loop per code kind ([`Codes`]), minimum / no minimum and
 /// activation-row count: 1 to 4 exactly, more (up to MC) as MC with the last row
 /// repeated and its extra outputs dropped.
+///
+/// On i16 sums ([`RowLanes::I16_SUMS`], AVX2) a pass of more than 4 rows runs as two,
+/// of 4 rows and the rest, for 5-bit codes and for 5 rows. 5-bit codes keep two running
+/// sums a row, and 8 rows' would not fit the 16 ymm registers: at 8 rows a pass Q5_0
+/// 16×3072×576 took 229 µs against 194–202 at 4, where nibbles and full bytes (one sum
+/// a row, a plane each) were faster (Q4_1 −15%, the Q8_0 LM head −17%). 5 rows in a
+/// pass of 8 waste 3: Q4_1 5×3072×576 85–87 µs against 73 as 4 + 1; 6 rows broke even.
+/// AMD Zen 3, 2026-12-05, `tessera bench qmatmul --variant avx2-int8-r8`, cold, 2
+/// threads, 2 alternated rounds.
 #[inline(always)]
 unsafe fn by_rows<L: RowLanes, C: ChunkMeta, const MC: usize>(
+    w: &PackedWeights,
+    meta: [C; 2],
+    min: bool,
+    r0: usize,
+    acts: PanelRows<'_>,
+    (out, ld): (&mut [f32], usize),
+) {
+    const HALF: usize = 4;
+    let live = acts.live();
+    if L::I16_SUMS && live > HALF && (Codes::of(w) == Codes::FIVE_BIT || live == HALF + 1) {
+        let (first, rest) = acts.split(HALF);
+        let (out_first, out_rest) = out.split_at_mut(HALF * ld);
+        // SAFETY: forwarded contract; the rest start HALF slots on, in the same pass.
+        unsafe {
+            by_count::<L, C, MC>(w, meta, min, r0, first, (out_first, ld));
+            by_count::<L, C, MC>(w, meta, min, r0, rest, (out_rest, ld));
+        }
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { by_count::<L, C, MC>(w, meta, min, r0, acts, (out, ld)) }
+    }
+}
+
+/// [`by_rows`]' loop for one pass's row count.
+#[inline(always)]
+unsafe fn by_count<L: RowLanes, C: ChunkMeta, const MC: usize>(
     w: &PackedWeights,
     meta: [C; 2],
     min: bool,
@@ -725,25 +644,22 @@ unsafe fn chunk<
         for i in 0..M {
             sums[i][0] = L::start(init(i));
         }
-        for t in 0..QK / 4 {
-            let v = L::codes(base.add(QK * t), g.group_bytes);
-            if CODES == Codes::FULL && L::NIBBLE_PLANES {
-                let (lo, hi) = (L::nibbles::<false>(v), L::nibbles::<true>(v));
-                for i in 0..M {
-                    let x = rows.four(c, i, t);
-                    sums[i][0] = L::add(sums[i][0], lo, x);
-                    sums[i][1] = L::add(sums[i][1], hi, x);
-                }
-                continue;
+        let steps = Steps {
+            base,
+            group_bytes: g.group_bytes,
+            rows,
+            c,
+        };
+        if M >= L::ROLLED_FROM {
+            // An opaque trip count keeps LLVM from unrolling the 8 steps (see
+            // `RowLanes::ROLLED_FROM`); two steps an iteration keep the parity constant.
+            for t2 in 0..std::hint::black_box(QK / 8) {
+                steps.add::<L, CODES, HI, M>(2 * t2, 0, &mut sums);
+                steps.add::<L, CODES, HI, M>(2 * t2 + 1, 1, &mut sums);
             }
-            let u = match CODES {
-                Codes::FULL => L::full_bytes(v),
-                Codes::FIVE_BIT => v,
-                _ => L::nibbles::<HI>(v),
-            };
-            for i in 0..M {
-                let k = if M >= L::ONE_CHAIN_FROM { 0 } else { t % 2 };
-                sums[i][k] = L::add(sums[i][k], u, rows.four(c, i, t));
+        } else {
+            for t in 0..QK / 4 {
+                steps.add::<L, CODES, HI, M>(t, t % 2, &mut sums);
             }
         }
         let d = L::meta::<C, false>(&g.meta, c);
@@ -757,6 +673,57 @@ unsafe fn chunk<
             acc[i] = L::scale_add(s, d, rows.meta::<f32>(c, DX_AT, i), acc[i]);
             if MIN {
                 acc[i] = L::min_add(m, rows.meta::<f32>(c, SUMS_AT, i), acc[i]);
+            }
+        }
+    }
+}
+
+/// Where a chunk's steps read: its codes at `base` (the next group's `group_bytes` on)
+/// and activation records `rows` at chunk `c`.
+#[derive(Clone, Copy)]
+struct Steps {
+    base: *const u8,
+    group_bytes: usize,
+    rows: ActRecords,
+    c: usize,
+}
+
+impl Steps {
+    /// Adds step t (of QK/4) to each row's running sum `k` (the step's parity; 0 where
+    /// one sum a row suffices, and both planes of full bytes in nibble planes).
+    ///
+    /// # Safety
+    /// As [`chunk`], t < QK/4.
+    #[inline(always)]
+    unsafe fn add<L: RowLanes, const CODES: u8, const HI: bool, const M: usize>(
+        self,
+        t: usize,
+        k: usize,
+        sums: &mut [[L::I; 2]; M],
+    ) {
+        // SAFETY: per the contract.
+        unsafe {
+            let (c, rows) = (self.c, self.rows);
+            let v = L::codes(self.base.add(QK * t), self.group_bytes);
+            if CODES == Codes::FULL && L::NIBBLE_PLANES {
+                let (lo, hi) = (L::nibbles::<false>(v), L::nibbles::<true>(v));
+                for i in 0..M {
+                    let x = rows.four(c, i, t);
+                    sums[i][0] = L::add(sums[i][0], lo, x);
+                    sums[i][1] = L::add(sums[i][1], hi, x);
+                }
+                return;
+            }
+            let u = match CODES {
+                Codes::FULL => L::full_bytes(v),
+                Codes::FIVE_BIT => v,
+                _ => L::nibbles::<HI>(v),
+            };
+            // One running sum a row where M rows hide the latency, but 5-bit codes in i16.
+            let one_chain = M >= L::ONE_CHAIN_FROM && !(L::I16_SUMS && CODES == Codes::FIVE_BIT);
+            let k = if one_chain { 0 } else { k };
+            for i in 0..M {
+                sums[i][k] = L::add(sums[i][k], u, rows.four(c, i, t));
             }
         }
     }

@@ -15,25 +15,24 @@ use half::f16;
 use std::arch::x86_64::*;
 
 /// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
-/// (rows past `w.rows` are zero padding) and up to M_CHUNK activation rows, with
+/// (rows past `w.rows` are zero padding) and up to [`AVX2_M`] activation rows, with
 /// `vpmaddubsw`.
 ///
 /// On Zen 3 (inline-assembly probes, 2026-12-05, not in the repository) `vpmaddubsw`
 /// and `vpmaddwd` share two pipes, 2 a cycle together; `vpaddw` runs 4 a cycle, vector
-/// loads and broadcasts 2. This loop takes 11.5–11.9 cycles per chunk and row (16 rows
-/// in cache, one thread) where its 8 `vpmaddubsw` + `vpaddw` steps need ~5.6: four rows
-/// a pass leave each chunk's float finish (a ~14-cycle chain) exposed. A stand-alone
-/// copy (not in the repository) took 12.0 cycles per chunk and row, 6.5 without the
-/// finish, and 8.2–8.5 at 8 rows a pass; but this generic loop at 8 rows ran slower
-/// (Q4_1 16×3072×576 in cache 400–413 → 583 µs, 2026-12-05, host B): LLVM hoists a
-/// chunk's activation words, codes and metadata to its start and spills them, and
-/// forcing each step's broadcast to a memory operand (inline asm) left it at 551–553.
-/// A next attempt needs a loop shaped like the stand-alone copy.
+/// loads and broadcasts 2. At 4 rows a pass this loop took 11.5–11.9 cycles per chunk
+/// and row (16 rows in cache, one thread) where its 8 `vpmaddubsw` + `vpaddw` steps need
+/// ~5.6: each chunk's float finish (a ~14-cycle chain) was exposed. A stand-alone copy
+/// (not in the repository) took 12.0 cycles at 4 rows, 6.5 without the finish, and
+/// 8.6–9.1 at 8 rows a pass. This loop at 8 rows reaches it only with the chunk's steps
+/// kept a loop ([`super::RowLanes::ROLLED_FROM`]): 9.6 cycles (Q4_1 16×3072×576 in cache
+/// 331–340 µs against 396–404 at 4 rows, 2026-12-05, host B class); unrolled, LLVM
+/// hoisted the chunk's activation words and spilled them (567–569 µs).
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w.layout.interleaved()`, not `Meta::SplitI8` metadata; r0 a
-/// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ M_CHUNK, the rows quantized for
-/// `w.cols` columns and `w`'s offset, starting at a slot that leaves M_CHUNK slots in
+/// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ AVX2_M, the rows quantized for
+/// `w.cols` columns and `w`'s offset, starting at a slot that leaves AVX2_M slots in
 /// the panel; out.len() ≥ 8·acts.live().
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in super::super) unsafe fn dots(
@@ -43,14 +42,22 @@ pub(in super::super) unsafe fn dots(
     out: &mut [f32],
 ) {
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Ymm<Maddubs>, M_CHUNK>(w, r0, acts, (out, ROWS8)) }
+    unsafe { dots_with::<Ymm<Maddubs>, AVX2_M>(w, r0, acts, (out, ROWS8)) }
 }
 
+/// Activation rows the AVX2 kernel ([`dots`]) takes per pass over a group's codes: 8
+/// rows' one running sum each (nibbles, or a plane of full bytes) and accumulators
+/// fill the 16 ymm registers, and each chunk's float finish then overlaps 8 rows' steps
+/// instead of 4 (Q4_1 16×3072×576, 2 threads: 170–172 µs against 201–202 at
+/// [`M_CHUNK`]; the Q8_0 LM head 16×49152×576 4667–4693 against 5604–5664; AMD Zen 3,
+/// 2026-12-05, `tessera bench qmatmul --variant avx2-int8-r8`, 2 alternated rounds).
+/// 5-bit codes, two sums a row, run such a pass as two of 4 (`super::by_rows`).
+pub(in super::super) const AVX2_M: usize = 8;
+
 /// Activation rows the VNNI kernel ([`dots_vnni16`]) takes per pass over a group's
-/// codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and accumulators
-/// where AVX2's 16 hold 4 ([`M_CHUNK`]); each pass expands the codes once and finishes
-/// each chunk's 8 rows with one load of their scales, so a 16-row batch expands every
-/// code twice instead of four times.
+/// codes. AVX-512VL's 32 ymm registers hold 8 rows' two running sums and accumulators;
+/// each pass expands the codes once and finishes each chunk's 8 rows with one load of
+/// their scales, so a 16-row batch expands every code twice instead of four times.
 pub(in super::super) const VNNI_M: usize = 8;
 
 /// The ymm pass of [`dots_vnni16`] for one group, row i's 8 outputs at `out[ld·i..]`.
@@ -128,6 +135,10 @@ trait Dot4 {
     /// As [`RowLanes::NIBBLE_PLANES`]: stated by each instance (no default), as its
     /// `finish` must weigh the high plane exactly when it is true.
     const NIBBLE_PLANES: bool;
+    /// As [`RowLanes::I16_SUMS`], stated by each instance as its `finish` relies on it.
+    const I16_SUMS: bool;
+    /// As [`RowLanes::ROLLED_FROM`].
+    const ROLLED_FROM: usize;
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn start(init: i32) -> Self::Sum;
@@ -152,6 +163,8 @@ struct Maddubs;
 impl Dot4 for Maddubs {
     type Sum = __m256i;
     const NIBBLE_PLANES: bool = true;
+    const I16_SUMS: bool = true;
+    const ROLLED_FROM: usize = 5;
     #[inline(always)]
     unsafe fn start(_: i32) -> __m256i {
         // SAFETY: AVX per the contract.
@@ -190,6 +203,8 @@ struct Vnni;
 impl Dot4 for Vnni {
     type Sum = __m256i;
     const NIBBLE_PLANES: bool = false;
+    const I16_SUMS: bool = false;
+    const ROLLED_FROM: usize = usize::MAX;
     #[inline(always)]
     unsafe fn start(init: i32) -> __m256i {
         // SAFETY: AVX per the contract.
@@ -213,6 +228,8 @@ struct Ymm<D>(std::marker::PhantomData<D>);
 impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
     const GROUPS: usize = 1;
     const NIBBLE_PLANES: bool = D::NIBBLE_PLANES;
+    const I16_SUMS: bool = D::I16_SUMS;
+    const ROLLED_FROM: usize = D::ROLLED_FROM;
     type I = __m256i;
     type F = __m256;
     #[inline(always)]
