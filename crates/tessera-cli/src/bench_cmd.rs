@@ -50,6 +50,7 @@ fn write_trace(path: &std::path::Path, results: &[bench::BenchResult]) -> Result
                 dur_us: dur * 1e6,
                 flops: r.flops,
                 bytes: r.bytes,
+                unit: r.unit,
             });
         }
     }
@@ -246,6 +247,7 @@ mod tests {
             roofline_pct: 0.0,
             dram_gbps: 1.0,
             peak_gflops: 1.0,
+            unit: tessera_kernels::registry::ComputeUnit::Fma,
             bound: "memory",
             rotation: 1,
             cold_read_s: None,

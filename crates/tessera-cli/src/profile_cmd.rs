@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use std::path::Path;
 use tessera_engine::profile::{self, OpEvent};
+use tessera_kernels::registry::ComputeUnit;
 use tessera_perf::calibrate;
 use tessera_perf::report::table;
 
@@ -23,9 +24,14 @@ pub fn report(events: &[OpEvent], path: &Path) -> Result<()> {
         let ops: Vec<_> = summary.iter().filter(|s| s.phase == phase).collect();
         let total: f64 = ops.iter().map(|s| s.total_us).sum();
         for s in ops {
-            // The op's floor: its bytes at DRAM speed or its FLOPs at FMA peak.
-            let floor_us = (s.bytes / dram / 1e3).max(s.flops / peaks.fma_gflops / 1e3);
-            let bound = if s.bytes / dram > s.flops / peaks.fma_gflops {
+            // The op's floor: its bytes at DRAM speed or its FLOPs at the peak of the
+            // arithmetic each call ran on (8-bit dots for integer-activation matmuls).
+            let (memory_us, compute_us) = (
+                s.bytes / dram / 1e3,
+                s.compute_floor_us(|u| peaks.peak_gflops(u)),
+            );
+            let floor_us = memory_us.max(compute_us);
+            let bound = if memory_us > compute_us {
                 "memory"
             } else {
                 "compute"
@@ -45,10 +51,11 @@ pub fn report(events: &[OpEvent], path: &Path) -> Result<()> {
         }
     }
     eprintln!(
-        "per-op profile ({} events, trace in {}); ceilings: DRAM {dram:.1} GB/s, f32 FMA {:.0} GFLOP/s, {threads} threads\n{}",
+        "per-op profile ({} events, trace in {}); ceilings: DRAM {dram:.1} GB/s, f32 FMA {:.0} GFLOP/s, int8 dot {:.0} GOP/s (integer-activation matmuls; 16-bit activations are two 8-bit planes, so at most half of it), {threads} threads; bytes count at DRAM speed, so an op whose data stay in cache (a step's activations) can pass 100%\n{}",
         events.len(),
         path.display(),
         peaks.fma_gflops,
+        peaks.peak_gflops(ComputeUnit::Int8Dot),
         table(
             &[
                 "phase", "op", "calls", "total ms", "share", "avg µs", "GB/s", "GFLOP/s",

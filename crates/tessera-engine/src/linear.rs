@@ -6,9 +6,11 @@ use crate::{Error, Result};
 use tessera_core::{DType, Isa, TensorView, TensorViewMut};
 use tessera_kernels::ops::gemm::{gemm_with, tuned_blocking, GemmParams};
 use tessera_kernels::ops::qmatmul::{
-    qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_packed, qmatmul_packed_a16, PackedWeights,
+    packed_compute_unit, qmatmul, qmatmul_fp8, qmatmul_i8, qmatmul_packed, qmatmul_packed_a16,
+    PackedWeights,
 };
 use tessera_kernels::quant::{blocks_from_bytes, BlockFormat, Fp8Matrix, Int8Matrix, QuantMatrix};
+use tessera_kernels::registry::ComputeUnit;
 use tessera_kernels::with_block_format;
 
 /// A weight matrix `W [out, in]` applied as `y [m, out] = x [m, in]·Wᵀ`. (`Any`, so
@@ -20,6 +22,11 @@ pub trait Linear: std::any::Any + Send + Sync + std::fmt::Debug {
     fn out_features(&self) -> usize;
     /// `y = x·Wᵀ` for `x [n, in]`, `y [n, out]`.
     fn forward(&self, x: &TensorView<'_, f32>, y: &mut TensorViewMut<'_, f32>) -> Result<()>;
+    /// The arithmetic [`Linear::forward`] over `n` rows is bounded by (what a profile
+    /// measures the call against): f32 FMAs unless the layer runs integer dots.
+    fn compute_unit(&self, _n: usize) -> ComputeUnit {
+        ComputeUnit::Fma
+    }
     /// Row `r` of W as f32 (embedding lookups through a tied output matrix).
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()>;
     /// The weights' storage format.
@@ -159,6 +166,14 @@ impl<B: BlockFormat> Linear for QuantLinear<B> {
             }
             _ => self.matrix().matmul(threads, x, y),
         }?)
+    }
+    fn compute_unit(&self, n: usize) -> ComputeUnit {
+        match &self.w {
+            Stored::Blocks(_) => ComputeUnit::Fma,
+            Stored::Packed(w, acts) => {
+                packed_compute_unit(Isa::best(), w, n, *acts == Activations::A16)
+            }
+        }
     }
     /// Packs the weights for an integer mode. Packing drops the blocks, so a packed layer
     /// switches only between the integer modes (the loader sets the mode once).
@@ -433,6 +448,9 @@ impl Linear for Biased {
     fn set_activations(&mut self, a: Activations) {
         self.inner.set_activations(a)
     }
+    fn compute_unit(&self, n: usize) -> ComputeUnit {
+        self.inner.compute_unit(n)
+    }
     fn ggml_blocks(&self) -> Option<(DType, &[u8])> {
         self.inner.ggml_blocks()
     }
@@ -492,4 +510,58 @@ pub fn widen(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
         d => return Err(Error::Model(format!("expected a float tensor, got {d}"))),
     };
     Ok(bytes.chunks_exact(dtype.size_bytes()).map(conv).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_kernels::ops::qmatmul::INT8_BATCH_M;
+    use tessera_kernels::quant::BlockQ4_1;
+
+    /// What a profile judges a layer's matmul against: f32 FMAs for f32 activations,
+    /// 8-bit dots wherever the integer kernels run (a batching step's rows, in both
+    /// integer modes), through a bias wrapper too; and each answer is the path that
+    /// `forward` takes.
+    #[test]
+    fn compute_unit_follows_the_activation_mode() {
+        let (rows, cols) = (16, 64);
+        let data: Vec<f32> = (0..rows * cols).map(|i| (i % 13) as f32 - 6.0).collect();
+        let layer = |acts| {
+            let mut l =
+                QuantLinear::new(QuantMatrix::<BlockQ4_1>::quantize(rows, cols, &data).unwrap());
+            l.set_activations(acts);
+            Biased {
+                inner: Box::new(l),
+                bias: vec![0.5; rows],
+            }
+        };
+        for m in [1, 16, INT8_BATCH_M] {
+            assert_eq!(layer(Activations::F32).compute_unit(m), ComputeUnit::Fma);
+            for acts in [Activations::A16, Activations::Int8] {
+                assert_eq!(
+                    layer(acts).compute_unit(m),
+                    ComputeUnit::Int8Dot,
+                    "{acts:?} m {m}"
+                );
+            }
+        }
+        // Past a batching step's rows, whichever path the kernels pick, the unit names it.
+        let big = INT8_BATCH_M + 1;
+        for acts in [Activations::A16, Activations::Int8] {
+            let l = layer(acts);
+            let Some(inner) =
+                (l.inner.as_ref() as &dyn std::any::Any).downcast_ref::<QuantLinear<BlockQ4_1>>()
+            else {
+                panic!("a quantized layer");
+            };
+            let Stored::Packed(w, _) = &inner.w else {
+                panic!("packed for {acts:?}");
+            };
+            let a16 = acts == Activations::A16;
+            assert_eq!(
+                l.compute_unit(big),
+                packed_compute_unit(Isa::best(), w, big, a16)
+            );
+        }
+    }
 }

@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
+use tessera_kernels::registry::ComputeUnit;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static EVENTS: Mutex<Vec<OpEvent>> = Mutex::new(Vec::new());
@@ -42,6 +43,8 @@ pub struct OpEvent {
     pub flops: f64,
     /// Minimum bytes the op must move (weights, inputs, outputs once each).
     pub bytes: f64,
+    /// The arithmetic the call's FLOPs ran on (which peak bounds them).
+    pub unit: ComputeUnit,
 }
 
 /// What an op costs, computed only while profiling.
@@ -53,6 +56,9 @@ pub struct OpCost {
     pub flops: f64,
     /// Minimum bytes the call must move.
     pub bytes: f64,
+    /// The arithmetic its FLOPs run on: a matmul over integer activations is bounded by
+    /// the 8-bit dot peak, not the f32 FMA one (against which it read 130–150%).
+    pub unit: ComputeUnit,
 }
 
 /// Turns recording on or off (events recorded so far are kept).
@@ -90,6 +96,7 @@ pub fn record<T>(op: &'static str, cost: impl FnOnce() -> OpCost, f: impl FnOnce
         dur_us: at(end) - at(start),
         flops: c.flops,
         bytes: c.bytes,
+        unit: c.unit,
     };
     EVENTS.lock().unwrap_or_else(|p| p.into_inner()).push(event);
     out
@@ -118,9 +125,20 @@ pub struct OpSummary {
     pub flops: f64,
     /// Minimum bytes over all calls.
     pub bytes: f64,
+    /// The FLOPs per arithmetic they ran on (an op's calls can differ: a prefill
+    /// matmul takes the integer path for a short chunk and f32 GEMM for a long one).
+    pub flops_by_unit: Vec<(ComputeUnit, f64)>,
 }
 
 impl OpSummary {
+    /// The least time the FLOPs need, in µs, each unit's at its `peak` (GFLOP/s, or
+    /// GOP/s for integer dots).
+    pub fn compute_floor_us(&self, peak: impl Fn(ComputeUnit) -> f64) -> f64 {
+        self.flops_by_unit
+            .iter()
+            .map(|&(unit, flops)| flops / peak(unit) / 1e3)
+            .sum()
+    }
     /// Achieved GB/s over the recorded time.
     pub fn gbps(&self) -> f64 {
         self.bytes / self.total_us / 1e3
@@ -141,6 +159,10 @@ pub fn summarize(events: &[OpEvent]) -> Vec<OpSummary> {
                 s.total_us += e.dur_us;
                 s.flops += e.flops;
                 s.bytes += e.bytes;
+                match s.flops_by_unit.iter_mut().find(|(u, _)| *u == e.unit) {
+                    Some((_, f)) => *f += e.flops,
+                    None => s.flops_by_unit.push((e.unit, e.flops)),
+                }
             }
             None => out.push(OpSummary {
                 op: e.op,
@@ -149,6 +171,7 @@ pub fn summarize(events: &[OpEvent]) -> Vec<OpSummary> {
                 total_us: e.dur_us,
                 flops: e.flops,
                 bytes: e.bytes,
+                flops_by_unit: vec![(e.unit, e.flops)],
             }),
         }
     }
@@ -165,7 +188,10 @@ pub fn chrome_trace(events: &[OpEvent]) -> String {
             serde_json::json!({
                 "name": e.op, "cat": e.phase, "ph": "X", "pid": 1, "tid": 1,
                 "ts": e.start_us, "dur": e.dur_us,
-                "args": {"shape": e.shape, "flops": e.flops, "bytes": e.bytes},
+                "args": {
+                    "shape": e.shape, "flops": e.flops, "bytes": e.bytes,
+                    "unit": format!("{:?}", e.unit),
+                },
             })
         })
         .collect();
@@ -185,7 +211,26 @@ mod tests {
             dur_us,
             flops: 2.0 * bytes,
             bytes,
+            unit: ComputeUnit::Fma,
         }
+    }
+
+    #[test]
+    fn summary_keeps_each_units_flops_apart() {
+        let int8 = |dur_us, bytes| OpEvent {
+            unit: ComputeUnit::Int8Dot,
+            ..ev("a", dur_us, bytes)
+        };
+        let s = summarize(&[ev("a", 1.0, 10.0), int8(2.0, 100.0), int8(3.0, 50.0)]);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].flops, 320.0);
+        assert_eq!(
+            s[0].flops_by_unit,
+            vec![(ComputeUnit::Fma, 20.0), (ComputeUnit::Int8Dot, 300.0)]
+        );
+        // 20 FLOPs at 10 GFLOP/s (2 ns) and 300 ops at 100 GOP/s (3 ns).
+        let peak = |u| if u == ComputeUnit::Fma { 10.0 } else { 100.0 };
+        assert!((s[0].compute_floor_us(peak) - 5e-3).abs() < 1e-12);
     }
 
     #[test]

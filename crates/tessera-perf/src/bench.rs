@@ -124,6 +124,9 @@ pub struct BenchResult {
     /// The compute peak the roofline used: for compute-bound runs, measured just before
     /// and after this benchmark (mean of the two); else the run's calibration.
     pub peak_gflops: f64,
+    /// The arithmetic that peak belongs to (the variant's).
+    #[serde(skip)]
+    pub unit: ComputeUnit,
     /// `"memory"` or `"compute"`: which roofline leg bounds this intensity.
     pub bound: &'static str,
     /// Instances rotated (1 when compute-bound).
@@ -315,6 +318,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
             },
         dram_gbps: dram,
         peak_gflops: peak,
+        unit: spec.unit,
         bound: if mem_bound { "memory" } else { "compute" },
         rotation: instances.len(),
         cold_read_s,

@@ -24,7 +24,7 @@ use tessera_kernels::ops::rope::{rope, Rope, RopeDesc, RopeStyle};
 use tessera_kernels::ops::rowwise::RowProblem;
 use tessera_kernels::ops::swiglu::{swiglu, SwiGlu};
 use tessera_kernels::ops::varlen_attention::{VarlenParams, VarlenProblem};
-use tessera_kernels::registry::ProblemCase;
+use tessera_kernels::registry::{ComputeUnit, ProblemCase};
 
 /// Which logits a sequence of a step wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -361,6 +361,7 @@ fn cost(shape: String, flops: usize, bytes: usize) -> OpCost {
         shape,
         flops: flops as f64,
         bytes: bytes as f64,
+        unit: ComputeUnit::Fma,
     }
 }
 
@@ -372,6 +373,7 @@ fn registry_cost(shape: String, problem: &dyn ProblemCase, dtype: DType) -> OpCo
         shape,
         flops: c.flops,
         bytes: c.bytes,
+        unit: ComputeUnit::Fma,
     }
 }
 
@@ -386,7 +388,10 @@ pub(super) fn linear(
     let (i, o) = (l.in_features(), l.out_features());
     let c = || {
         let bytes = l.weight_bytes() + 4 * n * (i + o);
-        cost(format!("{n}x{o}x{i} {}", l.dtype()), 2 * n * o * i, bytes)
+        OpCost {
+            unit: l.compute_unit(n),
+            ..cost(format!("{n}x{o}x{i} {}", l.dtype()), 2 * n * o * i, bytes)
+        }
     };
     profile::record(op, c, || {
         l.forward(

@@ -55,9 +55,10 @@ pub struct Tolerance {
 
 /// The arithmetic a compute-bound variant is bounded by: which measured peak its
 /// GFLOP/s (or GOP/s) are a percentage of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ComputeUnit {
-    /// f32 fused multiply-adds.
+    /// f32 fused multiply-adds (the default: every op without a dot-product path).
+    #[default]
     Fma,
     /// bf16 pair dots (`vdpbf16ps`); on a CUDA device, its tensor cores' bf16 `mma.sync`.
     Bf16Dot,

@@ -42,6 +42,7 @@ use super::gemm::{gemm_bt_rows, gemm_bt_weight_rows, WeightRows};
 use crate::multiversion;
 use crate::pool::{self, SharedMut};
 use crate::quant::{BlockFormat, QuantMatrix, QK, QK_K};
+use crate::registry::ComputeUnit;
 use tessera_core::CacheSizes;
 #[cfg(target_arch = "x86_64")]
 use tessera_core::CpuFeatures;
@@ -146,7 +147,7 @@ pub fn qmatmul_packed(
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
     let (m, _) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m <= INT8_BATCH_M || int8_prefill_pays(isa, w) {
+    if packed_integer_path(isa, w, m, false) {
         return qmatmul_int8(engine_int8_isa(isa, w), threads, w, x, y);
     }
     packed_f32(isa, threads, w, x, y)
@@ -164,10 +165,33 @@ pub fn qmatmul_packed_a16(
     y: &mut TensorViewMut<'_, f32>,
 ) -> Result<()> {
     let (m, _) = check_shapes(x, y, w.rows(), w.cols())?;
-    if m <= INT8_BATCH_M || a16_prefill_pays(isa, w) {
+    if packed_integer_path(isa, w, m, true) {
         return qmatmul_a16(engine_int8_isa(isa, w), threads, w, x, y);
     }
     packed_f32(isa, threads, w, x, y)
+}
+
+/// Whether [`qmatmul_packed`] (`a16` false) or [`qmatmul_packed_a16`] (true) takes the
+/// integer path for `m` activation rows over `w`, rather than dequantize + f32 GEMM.
+fn packed_integer_path(isa: Isa, w: &PackedWeights, m: usize, a16: bool) -> bool {
+    m <= INT8_BATCH_M
+        || if a16 {
+            a16_prefill_pays(isa, w)
+        } else {
+            int8_prefill_pays(isa, w)
+        }
+}
+
+/// The arithmetic a [`qmatmul_packed`] (`a16` false) or [`qmatmul_packed_a16`] (true)
+/// call of `m` activation rows over `w` is bounded by: 8-bit integer dots on the integer
+/// path (16-bit activations as two such planes, so twice the dots per FLOP counted), f32
+/// FMAs through dequantize + GEMM. What a profile measures the call against.
+pub fn packed_compute_unit(isa: Isa, w: &PackedWeights, m: usize, a16: bool) -> ComputeUnit {
+    if packed_integer_path(isa, w, m, a16) {
+        ComputeUnit::Int8Dot
+    } else {
+        ComputeUnit::Fma
+    }
 }
 
 /// Whether a prefill over `w` is faster with 16-bit activations on AMX tiles than
