@@ -162,8 +162,14 @@ struct ByRows<'a, 'o, L, const MC: usize> {
 impl<L: RowLanes, const MC: usize> MetaLoop for ByRows<'_, '_, L, MC> {
     #[inline(always)]
     unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
+        let pass = GroupPass {
+            w: self.w,
+            meta,
+            min,
+            r0: self.r0,
+        };
         // SAFETY: forwarded contract.
-        unsafe { by_rows::<L, C, MC>(self.w, meta, min, self.r0, self.acts, self.out) }
+        unsafe { by_rows::<L, C, MC>(pass, self.acts, self.out) }
     }
 }
 
@@ -431,36 +437,40 @@ impl ChunkMeta for Factored8 {
 /// threads, 2 alternated rounds.
 #[inline(always)]
 unsafe fn by_rows<L: RowLanes, C: ChunkMeta, const MC: usize>(
-    w: &PackedWeights,
-    meta: [C; 2],
-    min: bool,
-    r0: usize,
+    pass: GroupPass<'_, C>,
     acts: PanelRows<'_>,
     (out, ld): (&mut [f32], usize),
 ) {
     const HALF: usize = 4;
     let live = acts.live();
-    if L::I16_SUMS && live > HALF && (Codes::of(w) == Codes::FIVE_BIT || live == HALF + 1) {
+    if L::I16_SUMS && live > HALF && (Codes::of(pass.w) == Codes::FIVE_BIT || live == HALF + 1) {
         let (first, rest) = acts.split(HALF);
         let (out_first, out_rest) = out.split_at_mut(HALF * ld);
         // SAFETY: forwarded contract; the rest start HALF slots on, in the same pass.
         unsafe {
-            by_count::<L, C, MC>(w, meta, min, r0, first, (out_first, ld));
-            by_count::<L, C, MC>(w, meta, min, r0, rest, (out_rest, ld));
+            by_count::<L, C, MC>(pass, first, (out_first, ld));
+            by_count::<L, C, MC>(pass, rest, (out_rest, ld));
         }
     } else {
         // SAFETY: forwarded contract.
-        unsafe { by_count::<L, C, MC>(w, meta, min, r0, acts, (out, ld)) }
+        unsafe { by_count::<L, C, MC>(pass, acts, (out, ld)) }
     }
+}
+
+/// What every pass over a call's groups shares: the weights, the groups' metadata,
+/// whether the format has minima, and the first group's first row.
+#[derive(Clone, Copy)]
+struct GroupPass<'a, C> {
+    w: &'a PackedWeights,
+    meta: [C; 2],
+    min: bool,
+    r0: usize,
 }
 
 /// [`by_rows`]' loop for one pass's row count.
 #[inline(always)]
 unsafe fn by_count<L: RowLanes, C: ChunkMeta, const MC: usize>(
-    w: &PackedWeights,
-    meta: [C; 2],
-    min: bool,
-    r0: usize,
+    GroupPass { w, meta, min, r0 }: GroupPass<'_, C>,
     acts: PanelRows<'_>,
     out: (&mut [f32], usize),
 ) {
