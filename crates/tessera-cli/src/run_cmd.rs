@@ -33,8 +33,8 @@ pub struct ModelArgs {
     /// planes (default-model decode 312–326 against f32's 131–148 tok/s on an Intel
     /// AVX-512 host, docs/performance.md); the second plane doubles the integer work,
     /// which a batch of many streams no longer hides behind weight reads (16 streams
-    /// on an AVX2 host: 213–227 tok/s against int8's 360–410); f32 is exact; int8 is
-    /// --int8-acts [default: a16]
+    /// on an AMD Zen 3 AVX2 host: 374–415 tok/s against int8's 585–667,
+    /// docs/performance.md); f32 is exact; int8 is --int8-acts [default: a16]
     #[arg(long, value_parser = ["a16", "f32", "int8"])]
     acts: Option<String>,
     /// --acts int8: 8-bit activations and integer dot products, as llama.cpp does, also
