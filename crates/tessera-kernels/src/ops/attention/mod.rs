@@ -12,6 +12,7 @@ mod spec;
 
 pub use spec::{AttentionOp, AttentionProblem, TOL_BF16, TOL_F32};
 
+use crate::ops::paged_attention::PagedKvCache;
 use crate::pool::{self, SharedMut};
 use flash::{PackedKv, QueryBlock, BR};
 use tessera_core::{AlignedVec, Element, Error, Isa, Result, TensorView, TensorViewMut};
@@ -84,6 +85,13 @@ fn check<T: Element>(
             format!("Q {qd:?}, K {kd:?}, V {:?}, O {:?}", v.dims(), o.dims()),
         ));
     }
+    check_dims(dims, p)?;
+    Ok(dims)
+}
+
+/// The checks that do not depend on where K and V live.
+fn check_dims(dims: Dims, p: &AttentionParams) -> Result<()> {
+    const OP: &str = "attention";
     if dims.kv_heads == 0 || !dims.heads.is_multiple_of(dims.kv_heads) {
         return Err(Error::shape(
             OP,
@@ -111,7 +119,7 @@ fn check<T: Element>(
             format!("scale {} is not finite", p.scale),
         ));
     }
-    Ok(dims)
+    Ok(())
 }
 
 /// Attention on the best ISA.
@@ -149,17 +157,69 @@ thread_local! {
     static REUSED_KV: std::cell::RefCell<Option<KvScratch>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Where [`pack_kv`] reads the keys and values: token j's record, every KV head.
+trait KvRows: Sync {
+    /// Token j's keys and values of every KV head into `k` and `v` (`kv_heads·d` floats
+    /// each, head-major, widened to f32).
+    fn record(&self, isa: Isa, j: usize, k: &mut [f32], v: &mut [f32]);
+}
+
+/// K and V as `[kv_len, kv_heads, d]` views, any strides.
+struct ViewRows<'v, 'a, T> {
+    k: &'v TensorView<'a, T>,
+    v: &'v TensorView<'a, T>,
+}
+
+impl<T: Element> KvRows for ViewRows<'_, '_, T> {
+    fn record(&self, isa: Isa, j: usize, k: &mut [f32], v: &mut [f32]) {
+        for (view, dst) in [(self.k, k), (self.v, v)] {
+            let (l, d) = (view.layout(), view.dims()[2]);
+            for (h, row) in dst.chunks_exact_mut(d).enumerate() {
+                let base = l.offset() + j * l.stride(0) + h * l.stride(1);
+                gather_row(isa, view.data(), base, l.stride(2), 1.0, row);
+            }
+        }
+    }
+}
+
+/// One sequence's keys and values in place in a paged KV cache: its block table
+/// (validated by the caller: every block a token reads is in the pool).
+struct PagedRows<'c, 'a, T> {
+    cache: &'c PagedKvCache<'a, T>,
+    table: &'c [u32],
+}
+
+impl<T: Element> KvRows for PagedRows<'_, '_, T> {
+    fn record(&self, isa: Isa, j: usize, k: &mut [f32], v: &mut [f32]) {
+        let c = self.cache;
+        let (bs, d) = (c.block_size, c.d);
+        let at = (self.table[j / bs] as usize * bs + j % bs) * c.kv_heads * d;
+        for (data, scales, dst) in [(c.k, c.k_scales, k), (c.v, c.v_scales, v)] {
+            if !c.is_scaled() {
+                // A float record is one run: one widening call for every head.
+                gather_row(isa, data, at, 1, 1.0, dst);
+                continue;
+            }
+            for (h, row) in dst.chunks_exact_mut(d).enumerate() {
+                let r = at + h * d;
+                gather_row(isa, data, r, 1, c.row_scale(scales, r, d), row);
+            }
+        }
+    }
+}
+
+/// Keys per packing task (a multiple of [`flash::BC`], so tasks own whole packed
+/// blocks). A task reads its keys' records whole and in order, every KV head: tasks per
+/// head read a third of each 384-byte record (3 KV heads, f16, d 64), a gapped stream
+/// that ran slower from DRAM than one thread copying records out whole.
+const PACK_SPAN: usize = 2 * flash::BC;
+
 /// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads)
-/// into `s`, each head `kv_pad·d` floats, the keys past `kv_len` zero.
-fn pack_kv<T: Element>(
-    isa: Isa,
-    k: &TensorView<'_, T>,
-    v: &TensorView<'_, T>,
-    dm: Dims,
-    threads: usize,
-    s: &mut KvScratch,
-) -> Result<()> {
-    let (kv_pad, per_head) = (dm.kv_pad(), dm.packed_head());
+/// into `s`, each head `kv_pad·d` floats, the keys past `kv_len` zero; tasks of
+/// [`PACK_SPAN`] keys.
+fn pack_kv(isa: Isa, src: &impl KvRows, dm: Dims, threads: usize, s: &mut KvScratch) -> Result<()> {
+    const { assert!(PACK_SPAN.is_multiple_of(flash::BC)) };
+    let (kv_pad, per_head, d) = (dm.kv_pad(), dm.packed_head(), dm.d);
     let len = dm
         .kv_heads
         .checked_mul(per_head)
@@ -170,34 +230,46 @@ fn pack_kv<T: Element>(
         }
     }
     let (ktp, vvp) = (SharedMut(s.kt.as_mut_ptr()), SharedMut(s.vv.as_mut_ptr()));
-    let (kl, vl) = (k.layout(), v.layout());
-    pool::global().run(dm.kv_heads, threads, |h| {
-        // SAFETY: task h writes only head h's disjoint `per_head` slice of each buffer,
-        // both at least kv_heads·per_head long.
-        let (kt, vv) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(ktp.get().add(h * per_head), per_head),
-                std::slice::from_raw_parts_mut(vvp.get().add(h * per_head), per_head),
-            )
-        };
-        let (k_cs, v_cs) = (kl.stride(2), vl.stride(2));
-        for j in 0..dm.kv_len {
-            let (kb, vb) = (kl.index_of(&[j, h, 0]), vl.index_of(&[j, h, 0]));
-            let kt0 = PackedKv::kt_index(dm.d, j, 0);
-            for p in 0..dm.d {
-                // Kᵀ's column j: one value per BC-wide row of the block.
-                kt[kt0 + p * flash::BC] = k.data()[kb + p * k_cs].to_f32();
+    let rec = dm.kv_heads * d;
+    pool::global().run(kv_pad.div_ceil(PACK_SPAN), threads, |t| {
+        let j0 = t * PACK_SPAN;
+        let j1 = (j0 + PACK_SPAN).min(kv_pad);
+        // SAFETY: keys j0..j1 of head h (j0 and j1 multiples of BC) are floats
+        // [j0·d, j1·d) of the head's `per_head` in both layouts (Kᵀ block-major, V
+        // row-major): disjoint between tasks and heads, inside buffers kv_heads·per_head
+        // long.
+        let mut heads: Vec<(&mut [f32], &mut [f32])> = (0..dm.kv_heads)
+            .map(|h| unsafe {
+                let at = h * per_head + j0 * d;
+                (
+                    std::slice::from_raw_parts_mut(ktp.get().add(at), (j1 - j0) * d),
+                    std::slice::from_raw_parts_mut(vvp.get().add(at), (j1 - j0) * d),
+                )
+            })
+            .collect();
+        let (mut krec, mut vrec) = (vec![0f32; rec], vec![0f32; rec]);
+        for j in j0..j1.min(dm.kv_len) {
+            src.record(isa, j, &mut krec, &mut vrec);
+            let (kt0, v0) = (PackedKv::kt_index(d, j - j0, 0), (j - j0) * d);
+            let recs = krec.chunks_exact(d).zip(vrec.chunks_exact(d));
+            for ((kt, vv), (kr, vr)) in heads.iter_mut().zip(recs) {
+                for (p, &x) in kr.iter().enumerate() {
+                    // Kᵀ's column j: one value per BC-wide row of the block.
+                    kt[kt0 + p * flash::BC] = x;
+                }
+                vv[v0..v0 + d].copy_from_slice(vr);
             }
-            gather_row(isa, v.data(), vb, v_cs, 1.0, &mut vv[j * dm.d..][..dm.d]);
         }
         // Padded keys: zero scores' inputs and zero values (their weight is zeroed too,
         // but 0 × a stale NaN would not be 0).
-        for j in dm.kv_len..kv_pad {
-            for p in 0..dm.d {
-                kt[PackedKv::kt_index(dm.d, j, p)] = 0.0;
+        for (kt, vv) in &mut heads {
+            for j in dm.kv_len.max(j0)..j1 {
+                for p in 0..d {
+                    kt[PackedKv::kt_index(d, j - j0, p)] = 0.0;
+                }
+                vv[(j - j0) * d..][..d].fill(0.0);
             }
         }
-        vv[dm.kv_len * dm.d..].fill(0.0);
     });
     Ok(())
 }
@@ -217,6 +289,57 @@ pub fn attention_with<T: Element>(
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
     let dm = check(q, k, v, o, &p)?;
+    attend(isa, threads, (q, o), dm, p, &ViewRows { k, v })
+}
+
+/// Causal or windowed attention of `q` (`[q_len, heads, d]`) over the first `kv_len`
+/// positions of one sequence in a paged KV cache, read in place through its block
+/// `table`: a prefill chunk of a batching step. The caller has checked that every block
+/// the positions fall in is inside the pool; copying the positions out first (f32
+/// `[kv_len, kv_heads, d]`) and packing that was twice the memory traffic, and the
+/// copy's fresh buffers faulted in every call.
+pub(crate) fn attention_paged<T: Element>(
+    isa: Isa,
+    threads: usize,
+    (q, o): (&TensorView<'_, f32>, &mut TensorViewMut<'_, f32>),
+    (cache, table, kv_len): (&PagedKvCache<'_, T>, &[u32], usize),
+    p: AttentionParams,
+) -> Result<()> {
+    if !isa.is_available() {
+        return Err(Error::Unsupported(format!("ISA {isa}")));
+    }
+    let qd = q.dims();
+    if q.rank() != 3 || o.dims() != qd || qd[2] != cache.d {
+        return Err(Error::shape(
+            "attention",
+            format!(
+                "Q {qd:?} and O {:?} must both be [tokens, heads, {}]",
+                o.dims(),
+                cache.d
+            ),
+        ));
+    }
+    let dm = Dims {
+        q_len: qd[0],
+        kv_len,
+        heads: qd[1],
+        kv_heads: cache.kv_heads,
+        d: qd[2],
+    };
+    check_dims(dm, &p)?;
+    attend(isa, threads, (q, o), dm, p, &PagedRows { cache, table })
+}
+
+/// Packs the keys and values `kv` reads, then runs the flash body on every (query
+/// head, query block).
+fn attend<T: Element>(
+    isa: Isa,
+    threads: usize,
+    (q, o): (&TensorView<'_, T>, &mut TensorViewMut<'_, f32>),
+    dm: Dims,
+    p: AttentionParams,
+    kv: &impl KvRows,
+) -> Result<()> {
     if dm.q_len == 0 || dm.heads == 0 || dm.d == 0 {
         return Ok(());
     }
@@ -234,7 +357,7 @@ pub fn attention_with<T: Element>(
             Some(s) => s,
             None => slot.insert(KvScratch::empty()?),
         };
-        pack_kv(isa, k, v, dm, threads, scratch)?;
+        pack_kv(isa, kv, dm, threads, scratch)?;
         let (kt, vv) = (&scratch.kt, &scratch.vv);
         let per_head = dm.packed_head();
         let group = dm.heads / dm.kv_heads;

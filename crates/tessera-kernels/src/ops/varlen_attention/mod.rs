@@ -10,17 +10,18 @@
 //! attention backends do: the decode rows of all sequences go to one
 //! [`paged_attention`] call (bandwidth-bound, reads each block in place, GQA heads share
 //! every K/V read, long contexts split across threads); each prefill chunk gathers its
-//! sequence's keys and values into one contiguous run and goes to the flash kernel
-//! ([`attention_with`], compute-bound, causal mask bottom-right aligned so a chunk that
-//! extends a cached prefix works unchanged). The gather costs `2·context·kv_dim`
-//! element copies against the chunk's `4·q_len·context·heads·d` FLOPs, a small share
-//! whenever the chunk has more than a few rows.
+//! goes to the flash kernel (compute-bound, causal mask bottom-right aligned so a chunk
+//! that extends a cached prefix works unchanged), whose packing of Kᵀ and V reads the
+//! sequence's blocks in place (`attention_paged`). The packing costs `2·context·kv_dim`
+//! element copies against the chunk's `4·q_len·context·heads·d` FLOPs: most of a
+//! 16-row chunk's time before it read the blocks in place rather than copying them out
+//! and packing the copy.
 
 mod spec;
 
 pub use spec::{VarlenAttentionOp, VarlenProblem, TOL_F32, TOL_HALF};
 
-use crate::ops::attention::{attention_with, AttentionParams};
+use crate::ops::attention::{attention_paged, AttentionParams};
 use crate::ops::paged_attention::{paged_attention, PagedKvCache, PagedParams, PagedSeqs};
 use tessera_core::{Element, Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
@@ -102,7 +103,6 @@ pub fn varlen_attention<T: Element>(
         return Err(Error::Unsupported(format!("ISA {isa}")));
     }
     check(q, seqs, o)?;
-    let d = q.dims()[2];
     let starts: Vec<usize> = seqs
         .q_lens
         .iter()
@@ -118,21 +118,19 @@ pub fn varlen_attention<T: Element>(
     if !decodes.is_empty() {
         decode_rows(isa, q, cache, seqs, o, p, (&decodes, &starts))?;
     }
-    let (mut kc, mut vc) = (Vec::new(), Vec::new());
-    let row_len = cache.kv_heads * d;
     for s in (0..seqs.q_lens.len()).filter(|&s| seqs.q_lens[s] > 1) {
         let (len, rows) = (seqs.context_lens[s], seqs.q_lens[s]);
-        gather(cache, table(s), len, (&mut kc, &mut vc))?;
-        let dims = [len, cache.kv_heads, d];
+        check_table(cache, table(s), len)?;
         let qs = rows_of(q.layout(), starts[s], rows)?;
         let os = rows_of(o.layout(), starts[s], rows)?;
-        attention_with(
+        attention_paged(
             isa,
             p.threads,
-            &TensorView::new(q.data(), qs)?,
-            &TensorView::contiguous(&kc[..len * row_len], &dims)?,
-            &TensorView::contiguous(&vc[..len * row_len], &dims)?,
-            &mut TensorViewMut::new(o.data_mut(), os)?,
+            (
+                &TensorView::new(q.data(), qs)?,
+                &mut TensorViewMut::new(o.data_mut(), os)?,
+            ),
+            (cache, table(s), len),
             AttentionParams {
                 causal: true,
                 scale: p.scale,
@@ -213,14 +211,9 @@ fn rows_of(l: &Layout, start: usize, rows: usize) -> Result<Layout> {
     Layout::strided(&dims, l.strides(), l.offset() + start * l.stride(0))
 }
 
-/// Copies positions `0..len` of one sequence into contiguous f32 `[len, kv_heads, d]`
-/// buffers, checking its block ids against the pool.
-fn gather<T: Element>(
-    c: &PagedKvCache<'_, T>,
-    table: &[u32],
-    len: usize,
-    (k, v): (&mut Vec<f32>, &mut Vec<f32>),
-) -> Result<()> {
+/// Checks that positions `0..len` of one sequence lie in blocks of the pool, and the
+/// cache's buffers match its stated shape, before the flash kernel reads them in place.
+fn check_table<T: Element>(c: &PagedKvCache<'_, T>, table: &[u32], len: usize) -> Result<()> {
     let row = c.kv_heads * c.d;
     let blocks = len.div_ceil(c.block_size.max(1));
     let need = c.num_blocks * c.block_size * row;
@@ -248,31 +241,77 @@ fn gather<T: Element>(
             ),
         ));
     }
-    k.resize(len * row, 0.0);
-    v.resize(len * row, 0.0);
-    for (bi, &b) in table[..blocks].iter().enumerate() {
-        if b as usize >= c.num_blocks {
-            return Err(Error::invalid(
-                "varlen_attention",
-                format!("block id {b} ≥ {} blocks", c.num_blocks),
-            ));
-        }
-        let t0 = bi * c.block_size;
-        let n = c.block_size.min(len - t0) * row;
-        let src_at = b as usize * c.block_size * row;
-        // Each d-wide row widens times its pool row's scale (an i8 cache; a float
-        // cache has none and copies as it is).
-        let widen = |dst: &mut [f32], src: &[T], scales: &[f32]| {
-            let rows = dst.chunks_exact_mut(c.d).zip(src.chunks_exact(c.d));
-            for (r, (dr, sr)) in rows.enumerate() {
-                let sc = scales.get(src_at / c.d + r).copied().unwrap_or(1.0);
-                dr.iter_mut()
-                    .zip(sr)
-                    .for_each(|(d, s)| *d = s.to_f32() * sc);
-            }
-        };
-        widen(&mut k[t0 * row..][..n], &c.k[src_at..][..n], c.k_scales);
-        widen(&mut v[t0 * row..][..n], &c.v[src_at..][..n], c.v_scales);
+    match table[..blocks]
+        .iter()
+        .find(|&&b| b as usize >= c.num_blocks)
+    {
+        Some(b) => Err(Error::invalid(
+            "varlen_attention",
+            format!("block id {b} ≥ {} blocks", c.num_blocks),
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::paged_attention::NO_SCALES;
+
+    /// A prefill chunk's blocks are read in place, so a block table that points past
+    /// the pool or ends before the context, and a query head width that is not the
+    /// cache's, must each be an error before anything is read (an index past the pool
+    /// would panic), on every ISA; the same call with a good table runs.
+    #[test]
+    fn bad_chunk_tables_and_shapes_are_errors() {
+        let (blocks, bs, kv_heads, heads, d) = (4, 4, 1, 2, 8);
+        let pool = vec![0.5f32; blocks * bs * kv_heads * d];
+        let cache = PagedKvCache {
+            k: &pool,
+            v: &pool,
+            k_scales: NO_SCALES,
+            v_scales: NO_SCALES,
+            num_blocks: blocks,
+            block_size: bs,
+            kv_heads,
+            d,
+        };
+        let params = VarlenParams {
+            scale: 0.35,
+            threads: 2,
+        };
+        let run = |isa: Isa, table: &[u32], len: usize, qd: usize| {
+            let q = vec![0.25f32; 3 * heads * qd];
+            let mut o = vec![f32::NAN; q.len()];
+            let seqs = VarlenSeqs {
+                block_tables: table,
+                max_blocks: table.len(),
+                context_lens: &[len],
+                q_lens: &[3],
+            };
+            let dims = [3, heads, qd];
+            varlen_attention(
+                isa,
+                &TensorView::contiguous(&q, &dims).expect("q"),
+                &cache,
+                &seqs,
+                &mut TensorViewMut::contiguous(&mut o, &dims).expect("o"),
+                params,
+            )
+            .map(|()| o)
+        };
+        for isa in Isa::available() {
+            // Equal keys: every output is the mean of the values, 0.5.
+            let o = run(isa, &[2, 0, 3], 10, d).expect("a good table");
+            assert!(o.iter().all(|&x| (x - 0.5).abs() < 1e-6), "{isa}: {o:?}");
+            let err = run(isa, &[2, 4, 3], 10, d).expect_err("block 4 of 4");
+            assert!(err.to_string().contains("block id 4"), "{isa}: {err}");
+            let err = run(isa, &[2, 0], 10, d).expect_err("2 blocks for 10 positions");
+            assert!(err.to_string().contains("table entries"), "{isa}: {err}");
+            assert!(
+                run(isa, &[2, 0, 3], 10, d + 1).is_err(),
+                "{isa}: head width"
+            );
+        }
+    }
 }
