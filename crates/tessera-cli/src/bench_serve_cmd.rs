@@ -29,7 +29,8 @@ use tessera_perf::stats::quantile;
 /// The scheduler's limits, shared by every command that batches.
 #[derive(Args, Debug, Clone)]
 pub struct BatchArgs {
-    /// Most sequences running at once (default: --concurrency for bench-serve, 16 else).
+    /// Most sequences running at once (default: --concurrency for bench-serve, one more
+    /// with --long-prompt; 16 else).
     #[arg(long)]
     pub max_seqs: Option<usize>,
     /// Most tokens per step (decode tokens plus prompt chunks; `serve` scores an echoed
@@ -152,7 +153,9 @@ pub struct BenchServeArgs {
     #[arg(long, default_value_t = 0)]
     shared_prefix: usize,
     /// One more request with a prompt this long, added once every other running stream
-    /// has its first token; its latencies are reported apart from the streams'.
+    /// has its first token, with a seat of its own (the default --max-seqs is one more
+    /// than --concurrency) so it prefills beside them; its latencies are reported apart
+    /// from the streams'.
     #[arg(long)]
     long_prompt: Option<usize>,
     /// Print one JSON object instead of the text report.
@@ -247,7 +250,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         crate::profile_cmd::check_writable(path)?;
     }
     for &c in &a.concurrency {
-        a.batch.check(c)?;
+        a.batch.check(seats(&a, c))?;
     }
     let (model, tok) = load(a.model.clone().large_pages_by_default())?;
     check_context(&a, model.cfg.context)?;
@@ -302,6 +305,14 @@ fn fits_context(
     Ok(())
 }
 
+/// The default --max-seqs of a run at `concurrency`: one more seat for the long prompt,
+/// so it runs beside the streams. With exactly `concurrency` seats it waited in the
+/// queue until a stream finished, and a 2,048-token prompt "arriving while 8 streams
+/// decode" prefilled beside the last few tokens of 7 of them instead.
+fn seats(a: &BenchServeArgs, concurrency: usize) -> usize {
+    concurrency + usize::from(a.long_prompt.is_some())
+}
+
 /// One closed-loop run at `concurrency`: its report as JSON.
 fn run_level(
     a: &BenchServeArgs,
@@ -309,7 +320,7 @@ fn run_level(
     concurrency: usize,
 ) -> Result<serde_json::Value> {
     let requests = a.requests.unwrap_or(4 * concurrency);
-    let cfg = a.batch.config(&model.cfg, concurrency)?;
+    let cfg = a.batch.config(&model.cfg, seats(a, concurrency))?;
     let mut s = Scheduler::new(model.clone(), tok.clone(), cfg)?;
     let prompts = Prompts::new(tok, a)?;
     let req = |prompt: Vec<u32>| GenRequest {
