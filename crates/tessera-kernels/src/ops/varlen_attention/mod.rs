@@ -112,13 +112,19 @@ pub fn varlen_attention<T: Element>(
         })
         .collect();
     let table = |s: usize| &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks];
-    let decodes: Vec<usize> = (0..seqs.q_lens.len())
-        .filter(|&s| seqs.q_lens[s] == 1)
+    // (query row, sequence, keys it sees): every decode row, and each row of a short
+    // chunk with its causal context.
+    let decodes: Vec<(usize, usize, usize)> = (0..seqs.q_lens.len())
+        .filter(|&s| seqs.q_lens[s] <= CHUNK_AS_DECODE_ROWS)
+        .flat_map(|s| {
+            let (rows, len, start) = (seqs.q_lens[s], seqs.context_lens[s], starts[s]);
+            (0..rows).map(move |i| (start + i, s, len - rows + i + 1))
+        })
         .collect();
     if !decodes.is_empty() {
-        decode_rows(isa, q, cache, seqs, o, p, (&decodes, &starts))?;
+        decode_rows(isa, q, cache, seqs, o, p, &decodes)?;
     }
-    for s in (0..seqs.q_lens.len()).filter(|&s| seqs.q_lens[s] > 1) {
+    for s in (0..seqs.q_lens.len()).filter(|&s| seqs.q_lens[s] > CHUNK_AS_DECODE_ROWS) {
         let (len, rows) = (seqs.context_lens[s], seqs.q_lens[s]);
         check_table(cache, table(s), len)?;
         let qs = rows_of(q.layout(), starts[s], rows)?;
@@ -141,7 +147,16 @@ pub fn varlen_attention<T: Element>(
     Ok(())
 }
 
-/// The decode rows through one paged call: compacted when other rows sit between them.
+/// Prefill chunks of at most this many rows run as decode rows of the paged kernel
+/// (row i of a chunk over a context of `len` as one query over the first `len − rows +
+/// i + 1` positions): it reads the blocks in place, where the flash kernel first packs
+/// the whole context, so an 8-row chunk over 2,048 cached keys cost about what a
+/// 24-row one does.
+pub const CHUNK_AS_DECODE_ROWS: usize = 8;
+
+/// The decode rows, `(query row, sequence, keys it sees)`, through one paged call:
+/// compacted when other rows sit between them or a row sees fewer keys than its
+/// sequence holds.
 fn decode_rows<T: Element>(
     isa: Isa,
     q: &TensorView<'_, f32>,
@@ -149,7 +164,7 @@ fn decode_rows<T: Element>(
     seqs: &VarlenSeqs<'_>,
     o: &mut TensorViewMut<'_, f32>,
     p: VarlenParams,
-    (decodes, starts): (&[usize], &[usize]),
+    decodes: &[(usize, usize, usize)],
 ) -> Result<()> {
     let (heads, d) = (q.dims()[1], q.dims()[2]);
     let params = PagedParams {
@@ -157,7 +172,7 @@ fn decode_rows<T: Element>(
         chunk: 0,
         threads: p.threads,
     };
-    if decodes.len() == seqs.q_lens.len() {
+    if seqs.q_lens.iter().all(|&l| l == 1) {
         let all = PagedSeqs {
             block_tables: seqs.block_tables,
             max_blocks: seqs.max_blocks,
@@ -169,14 +184,14 @@ fn decode_rows<T: Element>(
     let mut qd = vec![0f32; decodes.len() * heads * d];
     let mut tables = Vec::with_capacity(decodes.len() * mb);
     let mut lens = Vec::with_capacity(decodes.len());
-    for (i, &s) in decodes.iter().enumerate() {
+    for (i, &(row, s, len)) in decodes.iter().enumerate() {
         for h in 0..heads {
             for x in 0..d {
-                qd[(i * heads + h) * d + x] = q.data()[q.layout().index_of(&[starts[s], h, x])];
+                qd[(i * heads + h) * d + x] = q.data()[q.layout().index_of(&[row, h, x])];
             }
         }
         tables.extend_from_slice(&seqs.block_tables[s * mb..][..mb]);
-        lens.push(seqs.context_lens[s]);
+        lens.push(len);
     }
     let dims = [decodes.len(), heads, d];
     let mut od = vec![0f32; qd.len()];
@@ -195,10 +210,10 @@ fn decode_rows<T: Element>(
     )?;
     let ol = *o.layout();
     let out = o.data_mut();
-    for (i, &s) in decodes.iter().enumerate() {
+    for (i, &(row, _, _)) in decodes.iter().enumerate() {
         for h in 0..heads {
             for x in 0..d {
-                out[ol.index_of(&[starts[s], h, x])] = od[(i * heads + h) * d + x];
+                out[ol.index_of(&[row, h, x])] = od[(i * heads + h) * d + x];
             }
         }
     }
