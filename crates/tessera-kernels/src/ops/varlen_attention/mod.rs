@@ -9,13 +9,12 @@
 //! The two states have different bottlenecks, so the call splits them, as vLLM's
 //! attention backends do: the decode rows of all sequences go to one
 //! [`paged_attention`] call (bandwidth-bound, reads each block in place, GQA heads share
-//! every K/V read, long contexts split across threads); each prefill chunk gathers its
-//! goes to the flash kernel (compute-bound, causal mask bottom-right aligned so a chunk
-//! that extends a cached prefix works unchanged), whose packing of Kᵀ and V reads the
-//! sequence's blocks in place (`attention_paged`). The packing costs `2·context·kv_dim`
-//! element copies against the chunk's `4·q_len·context·heads·d` FLOPs: most of a
-//! 16-row chunk's time before it read the blocks in place rather than copying them out
-//! and packing the copy.
+//! every K/V read, long contexts split across threads); each prefill chunk goes to the
+//! flash kernel (compute-bound, causal mask bottom-right aligned so a chunk that extends
+//! a cached prefix works unchanged), whose packing of Kᵀ and V reads the sequence's
+//! blocks in place (`attention_paged`). The packing costs `2·context·kv_dim` element
+//! copies whatever the chunk's rows, so a short chunk (up to [`CHUNK_AS_DECODE_ROWS`]
+//! rows) joins the decode rows instead, one paged query per row over its causal prefix.
 
 mod spec;
 
