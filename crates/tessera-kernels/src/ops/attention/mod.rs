@@ -209,9 +209,11 @@ impl<T: Element> KvRows for PagedRows<'_, '_, T> {
 }
 
 /// Keys per packing task (a multiple of [`flash::BC`], so tasks own whole packed
-/// blocks). A task reads its keys' records whole and in order, every KV head: tasks per
-/// head read a third of each 384-byte record (3 KV heads, f16, d 64), a gapped stream
-/// that ran slower from DRAM than one thread copying records out whole.
+/// blocks). A task reads its keys' records whole and in order, every KV head. Tasks per
+/// head read a third of each 384-byte record (3 KV heads, f16, d 64), a gapped stream:
+/// in the engine's long-context chunks (`bench-serve --profile` traces, host B, AMD Zen
+/// 3) they were no faster than the old copy-then-pack (24 rows over 1,977 keys: 1.99
+/// ms against its 1.58 and 1.89 in two runs); record-wise tasks took 1.26.
 const PACK_SPAN: usize = 2 * flash::BC;
 
 /// Packs Kᵀ and V of every KV head to f32 (once per call, shared by all query heads)
@@ -296,8 +298,9 @@ pub fn attention_with<T: Element>(
 /// positions of one sequence in a paged KV cache, read in place through its block
 /// `table`: a prefill chunk of a batching step. The caller has checked that every block
 /// the positions fall in is inside the pool; copying the positions out first (f32
-/// `[kv_len, kv_heads, d]`) and packing that was twice the memory traffic, and the
-/// copy's fresh buffers faulted in every call.
+/// `[kv_len, kv_heads, d]`) and packing that was twice the memory traffic, and in
+/// `tessera bench varlen_attention` the copy's fresh buffers page-faulted in every call
+/// (perf).
 pub(crate) fn attention_paged<T: Element>(
     isa: Isa,
     threads: usize,
