@@ -272,10 +272,11 @@ mod tests {
     use super::*;
     use crate::ops::paged_attention::NO_SCALES;
 
-    /// A prefill chunk's blocks are read in place, so a block table that points past
-    /// the pool or ends before the context, and a query head width that is not the
-    /// cache's, must each be an error before anything is read (an index past the pool
-    /// would panic), on every ISA; the same call with a good table runs.
+    /// A prefill chunk's blocks are read in place, by the flash path's packing or, for a
+    /// short chunk, by the paged decode kernel, so a block table that points past the
+    /// pool or ends before the context, and a query head width that is not the cache's,
+    /// must each be an error before anything is read (an index past the pool would
+    /// panic), on every ISA and either route; the same calls with good tables run.
     #[test]
     fn bad_chunk_tables_and_shapes_are_errors() {
         let (blocks, bs, kv_heads, heads, d) = (4, 4, 1, 2, 8);
@@ -294,16 +295,16 @@ mod tests {
             scale: 0.35,
             threads: 2,
         };
-        let run = |isa: Isa, table: &[u32], len: usize, qd: usize| {
-            let q = vec![0.25f32; 3 * heads * qd];
+        let run = |isa: Isa, table: &[u32], (rows, len): (usize, usize), qd: usize| {
+            let q = vec![0.25f32; rows * heads * qd];
             let mut o = vec![f32::NAN; q.len()];
             let seqs = VarlenSeqs {
                 block_tables: table,
                 max_blocks: table.len(),
                 context_lens: &[len],
-                q_lens: &[3],
+                q_lens: &[rows],
             };
-            let dims = [3, heads, qd];
+            let dims = [rows, heads, qd];
             varlen_attention(
                 isa,
                 &TensorView::contiguous(&q, &dims).expect("q"),
@@ -314,18 +315,25 @@ mod tests {
             )
             .map(|()| o)
         };
+        // A chunk the decode kernel takes, and one the flash path takes.
+        const { assert!(3 <= CHUNK_AS_DECODE_ROWS && 12 > CHUNK_AS_DECODE_ROWS) };
+        let chunks: [(usize, usize, [u32; 4]); 2] = [(3, 10, [2, 0, 3, 1]), (12, 14, [2, 0, 3, 1])];
         for isa in Isa::available() {
-            // Equal keys: every output is the mean of the values, 0.5.
-            let o = run(isa, &[2, 0, 3], 10, d).expect("a good table");
-            assert!(o.iter().all(|&x| (x - 0.5).abs() < 1e-6), "{isa}: {o:?}");
-            let err = run(isa, &[2, 4, 3], 10, d).expect_err("block 4 of 4");
-            assert!(err.to_string().contains("block id 4"), "{isa}: {err}");
-            let err = run(isa, &[2, 0], 10, d).expect_err("2 blocks for 10 positions");
-            assert!(err.to_string().contains("table entries"), "{isa}: {err}");
-            assert!(
-                run(isa, &[2, 0, 3], 10, d + 1).is_err(),
-                "{isa}: head width"
-            );
+            for (rows, len, good) in chunks {
+                let used = len.div_ceil(bs);
+                let what = format!("{isa}, {rows} rows over {len}");
+                // Equal keys: every output is the mean of the values, 0.5.
+                let o = run(isa, &good[..used], (rows, len), d).expect("a good table");
+                assert!(o.iter().all(|&x| (x - 0.5).abs() < 1e-6), "{what}: {o:?}");
+                let mut past = good;
+                past[1] = blocks as u32;
+                let err = run(isa, &past[..used], (rows, len), d).expect_err("block 4 of 4");
+                assert!(err.to_string().contains("block"), "{what}: {err}");
+                let short = run(isa, &good[..used - 1], (rows, len), d);
+                assert!(short.is_err(), "{what}: a table one block short");
+                let wide = run(isa, &good[..used], (rows, len), d + 1);
+                assert!(wide.is_err(), "{what}: head width");
+            }
         }
     }
 }
