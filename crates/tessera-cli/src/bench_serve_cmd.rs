@@ -38,6 +38,13 @@ pub struct BatchArgs {
     /// prompts arrive, larger prefills faster.
     #[arg(long, default_value_t = 256)]
     pub max_batch_tokens: usize,
+    /// Pace prompt chunks beside decoding streams: a step takes at most F times a
+    /// decode-only step (measured as it runs), with at least one prompt token; a prompt
+    /// with no stream beside it still takes --max-batch-tokens a step. Smooth streams
+    /// for slower prefill of what arrives beside them (docs/performance.md, host B:
+    /// 1.5). Off by default.
+    #[arg(long, value_name = "F")]
+    pub itl_factor: Option<f64>,
     /// KV cache pool size, e.g. 2GiB or 512M (default: a quarter of RAM, at most what
     /// max-seqs full contexts need).
     #[arg(long)]
@@ -57,7 +64,7 @@ impl BatchArgs {
     /// a model is loaded or pulled.
     pub fn check(&self, default_seqs: usize) -> Result<()> {
         let max_seqs = self.max_seqs.unwrap_or(default_seqs);
-        SchedulerConfig::check_limits(max_seqs, self.max_batch_tokens)?;
+        SchedulerConfig::check_limits(max_seqs, self.max_batch_tokens, self.itl_factor)?;
         if let Some(s) = &self.kv_memory {
             parse_size(s)?;
         }
@@ -79,6 +86,7 @@ impl BatchArgs {
             self.kv_cache,
         );
         c.prefix_caching = !self.no_prefix_cache;
+        c.itl_factor = self.itl_factor;
         let block = KvStore::block_bytes(model, self.kv_cache);
         if c.kv_blocks == 0 {
             bail!(
@@ -89,14 +97,18 @@ impl BatchArgs {
         c.validate(model)?;
         eprintln!(
             "tessera: KV cache {:.1} MiB ({} blocks of {} positions, {}; {} positions), \
-             max {} sequences, {} tokens per step",
+             max {} sequences, {} tokens per step{}",
             (c.kv_blocks * block) as f64 / (1 << 20) as f64,
             c.kv_blocks,
             tessera_engine::kv_cache::BLOCK,
             format!("{:?}", c.kv_dtype).to_lowercase(),
             c.kv_blocks * tessera_engine::kv_cache::BLOCK,
             c.max_seqs,
-            c.max_batch_tokens
+            c.max_batch_tokens,
+            match c.itl_factor {
+                Some(f) => format!(" (prompt chunks paced to {f}× a decode step)"),
+                None => String::new(),
+            }
         );
         Ok(c)
     }
@@ -486,6 +498,7 @@ fn summary(
         "shared_prefix": a.shared_prefix,
         "max_seqs": s.config().max_seqs,
         "max_batch_tokens": s.config().max_batch_tokens,
+        "itl_factor": s.config().itl_factor,
         "kv_blocks": s.config().kv_blocks,
         "wall_s": wall,
         "output_tok_s": generated as f64 / wall,

@@ -96,6 +96,14 @@ fn absurd_sizes_are_refused_before_allocating() {
             "max-batch-tokens 0 must be in 1..=1048576",
         ),
         (
+            vec!["serve", "--model", NO_MODEL, "--itl-factor", "1"],
+            "itl-factor 1 must be above 1",
+        ),
+        (
+            vec!["bench-serve", "--model", NO_MODEL, "--itl-factor", "inf"],
+            "itl-factor inf must be above 1",
+        ),
+        (
             vec!["serve", "--model", NO_MODEL, "--kv-memory", "2 parsecs"],
             "2 parsecs",
         ),

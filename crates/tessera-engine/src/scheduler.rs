@@ -6,8 +6,10 @@
 //! chunks for sequences still prefilling, then new sequences admitted from the queue.
 //! Long prompts are thereby split into chunks that share steps with running decodes
 //! (chunked prefill), so one long prompt delays each stream by a chunk, not by a
-//! prompt. Sequences join and leave between steps; a finished or cancelled sequence
-//! frees its blocks at once.
+//! prompt. Optionally ([`SchedulerConfig::itl_factor`]) the chunks are also paced while
+//! sequences decode (`pacing`): a step takes at most that many times a decode-only
+//! step, measured as the scheduler runs. Sequences join and leave between steps; a
+//! finished or cancelled sequence frees its blocks at once.
 //!
 //! KV memory is a fixed pool of blocks (`BlockManager` over a [`KvStore`]). When a
 //! decoding sequence needs a block and none is left, the newest running sequence is
@@ -31,9 +33,12 @@ use crate::{Error, Result};
 use rand::SeedableRng;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 mod config;
-pub use config::{physical_memory, SchedulerConfig, DEFAULT_KV_FRACTION};
+mod pacing;
+pub use config::{physical_memory, SchedulerConfig, DEFAULT_KV_FRACTION, MAX_ITL_FACTOR};
+use pacing::Pacer;
 
 /// Most alternatives a request may ask for per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -197,6 +202,8 @@ pub struct Scheduler {
     grammars: std::sync::OnceLock<Grammars>,
     /// The last step's logits, kept so the next step reuses the allocation.
     logits: Vec<f32>,
+    /// Sizes prompt chunks beside decodes (`None`: `cfg.itl_factor` is off).
+    pacer: Option<Pacer>,
 }
 
 impl Scheduler {
@@ -209,13 +216,14 @@ impl Scheduler {
             store,
             model,
             tok,
-            cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
             stats: SchedulerStats::default(),
             grammars: std::sync::OnceLock::new(),
             logits: Vec::new(),
+            pacer: cfg.itl_factor.map(Pacer::new),
+            cfg,
         })
     }
 
@@ -392,6 +400,8 @@ impl Scheduler {
             return Ok(Vec::new());
         }
         self.stats.steps += 1;
+        let decodes = plan.iter().filter(|&&(i, n)| self.is_decode(i, n)).count();
+        let prompt_tokens = plan.iter().map(|p| p.1).sum::<usize>() - decodes;
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .map(|&(i, n)| {
@@ -407,9 +417,13 @@ impl Scheduler {
                 }
             })
             .collect();
+        let started = Instant::now();
         let result = self
             .model
             .forward_batch_into(&mut self.store, &inputs, &mut self.logits);
+        if let Some(p) = &mut self.pacer {
+            p.record(decodes, prompt_tokens, started.elapsed().as_secs_f64());
+        }
         let logits = match result {
             Ok(()) => std::mem::take(&mut self.logits),
             Err(e) => {
@@ -436,8 +450,8 @@ impl Scheduler {
         let mut done: Vec<(SeqId, Option<FinishReason>)> = Vec::new();
         let mut row = 0;
         for &(i, n) in &plan {
+            let decode = self.is_decode(i, n);
             let s = &mut self.running[i];
-            let decode = n == 1 && s.computed + 1 == s.tokens.len() && !s.generated().is_empty();
             s.computed += n;
             match decode {
                 true => self.stats.decode_tokens += 1,
@@ -481,6 +495,13 @@ impl Scheduler {
         Ok(events)
     }
 
+    /// Whether `n` tokens of running sequence `i` are a decode (its one newest
+    /// generated token), not a prompt chunk.
+    fn is_decode(&self, i: usize, n: usize) -> bool {
+        let s = &self.running[i];
+        n == 1 && s.computed + 1 == s.tokens.len() && !s.generated().is_empty()
+    }
+
     fn release(&mut self, seq: &Seq) {
         self.blocks.release(&seq.table);
     }
@@ -521,7 +542,9 @@ impl Scheduler {
     fn try_schedule(&mut self) -> Vec<(usize, usize)> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut plan: Vec<(SeqId, usize)> = Vec::new();
-        // 1. One token for each decoding sequence, oldest first.
+        let mut decodes = 0;
+        // 1. One token for each decoding sequence (and each prompt down to its last
+        // token by the prefix cache), oldest first.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let s = &self.running[i];
@@ -529,10 +552,11 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let id = s.id;
+            let (id, decode) = (s.id, !s.generated().is_empty());
             if self.grow(i, s.computed + 1) {
                 plan.push((id, 1));
                 budget -= 1;
+                decodes += usize::from(decode);
                 i += 1;
                 continue;
             }
@@ -542,7 +566,11 @@ impl Scheduler {
             }
             // `i` still points at this sequence unless it was the one preempted.
         }
-        // 2. Prompt chunks of running sequences, then 3. new sequences, oldest first.
+        // 2. Prompt chunks of running sequences, then 3. new sequences, oldest first,
+        // paced beside the decodes.
+        if let Some(p) = &self.pacer {
+            budget = budget.min(p.allowance(decodes));
+        }
         for i in 0..self.running.len() {
             let s = &self.running[i];
             let pending = s.tokens.len() - s.computed;

@@ -59,6 +59,7 @@ fn config(kv_blocks: usize, max_batch_tokens: usize) -> SchedulerConfig {
         kv_blocks,
         kv_dtype: KvDtype::F32,
         prefix_caching: true,
+        itl_factor: None,
     }
 }
 
@@ -242,14 +243,20 @@ fn batched_requests_get_their_single_stream_tokens() {
     let f = fixture();
     let ps = prompts(&f.tok);
     assert_eq!(ps.len(), 16);
-    // Joining at different steps, 48-token steps (the long prompt runs in chunks beside
-    // the decodes), prefix hits on the shared system prompt.
+    // Joining at different steps, steps of at most 48 tokens (the long prompt runs in
+    // chunks beside the decodes), prefix hits on the shared system prompt.
     let arrivals: Vec<(usize, GenRequest)> = ps
         .iter()
         .enumerate()
         .map(|(i, p)| ((i / 4) * 3, greedy(p.clone(), 10 + i % 5 * 3)))
         .collect();
-    let mut s = Scheduler::new(f.model.clone(), f.tok.clone(), config(512, 48)).unwrap();
+    // Prompt chunks paced beside the decodes, sized by wall time: any chunking must
+    // give the single-stream tokens.
+    let paced = SchedulerConfig {
+        itl_factor: Some(1.5),
+        ..config(512, 48)
+    };
+    let mut s = Scheduler::new(f.model.clone(), f.tok.clone(), paced).unwrap();
     let outs = run(&mut s, arrivals);
     let st = s.stats();
     assert!(
@@ -447,6 +454,20 @@ fn bad_limits_and_requests_are_clear_errors() {
             "max-batch-tokens",
         ),
         (config(0, 8), "no block"),
+        (
+            SchedulerConfig {
+                itl_factor: Some(1.0),
+                ..config(8, 8)
+            },
+            "itl-factor",
+        ),
+        (
+            SchedulerConfig {
+                itl_factor: Some(f64::NAN),
+                ..config(8, 8)
+            },
+            "itl-factor",
+        ),
         (
             SchedulerConfig {
                 kv_blocks: usize::MAX / 2,

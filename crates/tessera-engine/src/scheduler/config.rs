@@ -21,13 +21,24 @@ pub struct SchedulerConfig {
     pub kv_dtype: KvDtype,
     /// Reuse cached blocks of identical prompt prefixes.
     pub prefix_caching: bool,
+    /// While sequences decode, size the steps' prompt chunks so a step takes at most
+    /// this many times a decode-only step, as measured while running (`pacing`'s
+    /// docs): the decoding streams' inter-token latency against the prefill rate of
+    /// prompts that arrive beside them. `None` (the default): only `max_batch_tokens`
+    /// bounds a step, and the schedule does not depend on timing.
+    pub itl_factor: Option<f64>,
 }
+
+/// Most an [`SchedulerConfig::itl_factor`] may be (beyond it, pacing would not bound
+/// anything a token budget does not).
+pub const MAX_ITL_FACTOR: f64 = 1000.0;
 
 /// Fraction of physical memory the KV pool takes when no budget is given.
 pub const DEFAULT_KV_FRACTION: f64 = 0.25;
 
 impl SchedulerConfig {
-    /// Limits with a KV pool of `kv_bytes` (whole blocks; at least one).
+    /// Limits with a KV pool of `kv_bytes` (whole blocks; at least one), prefix caching
+    /// on and no pacing.
     pub fn with_memory(
         model: &crate::llama::Config,
         max_seqs: usize,
@@ -42,6 +53,7 @@ impl SchedulerConfig {
             kv_blocks: (kv_bytes / per.max(1)).min(usize::MAX as u64) as usize,
             kv_dtype,
             prefix_caching: true,
+            itl_factor: None,
         }
     }
 
@@ -54,10 +66,14 @@ impl SchedulerConfig {
         ((ram as f64 * DEFAULT_KV_FRACTION) as u64).min(per_seq.saturating_mul(max_seqs as u64))
     }
 
-    /// Checks the limits that need no model: sequences at once and tokens per step.
-    /// [`SchedulerConfig::validate`] starts with it; a front end calls it before it
-    /// loads (or downloads) a model, so a bad flag costs no wait.
-    pub fn check_limits(max_seqs: usize, max_batch_tokens: usize) -> Result<()> {
+    /// Checks the limits that need no model: sequences at once, tokens per step and the
+    /// pacing factor. [`SchedulerConfig::validate`] starts with it; a front end calls it
+    /// before it loads (or downloads) a model, so a bad flag costs no wait.
+    pub fn check_limits(
+        max_seqs: usize,
+        max_batch_tokens: usize,
+        itl_factor: Option<f64>,
+    ) -> Result<()> {
         if max_seqs == 0 || max_seqs > 1 << 16 {
             return Err(Error::Model(format!(
                 "max-seqs {max_seqs} must be in 1..=65536"
@@ -68,6 +84,13 @@ impl SchedulerConfig {
                 "max-batch-tokens {max_batch_tokens} must be in 1..=1048576"
             )));
         }
+        if let Some(f) = itl_factor {
+            if !(f > 1.0 && f <= MAX_ITL_FACTOR) {
+                return Err(Error::Model(format!(
+                    "itl-factor {f} must be above 1 and at most {MAX_ITL_FACTOR} (or off)"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -75,7 +98,7 @@ impl SchedulerConfig {
     /// report a bad one before it announces the pool. The KV size is checked against
     /// `model`'s block size.
     pub fn validate(&self, model: &crate::llama::Config) -> Result<()> {
-        Self::check_limits(self.max_seqs, self.max_batch_tokens)?;
+        Self::check_limits(self.max_seqs, self.max_batch_tokens, self.itl_factor)?;
         if self.kv_blocks == 0 {
             return Err(Error::Model(format!(
                 "the KV budget holds no block of {BLOCK} positions"

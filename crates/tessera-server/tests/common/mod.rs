@@ -32,6 +32,7 @@ pub fn server(opts: ServerOptions, kv_blocks: usize) -> RunningServer {
         kv_blocks,
         kv_dtype: KvDtype::F32,
         prefix_caching: true,
+        itl_factor: None,
     };
     let s = Scheduler::new(Arc::new(model), Arc::new(tok), cfg).expect("scheduler");
     let opts = ServerOptions {

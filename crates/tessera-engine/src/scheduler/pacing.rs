@@ -1,0 +1,187 @@
+//! Prefill pacing: how many prompt tokens a step may carry beside running decodes.
+//!
+//! A fixed token budget cannot serve both ends of chunked prefill. A large one prefills
+//! a long prompt quickly but stalls every decoding stream for each whole chunk (host B,
+//! 8 streams, a 2,048-token prompt at the default 256 tokens a step: p99 inter-token
+//! latency 24× the median); a small one keeps the streams smooth but starves a prompt
+//! that arrives alone. What a prompt token costs beside the decodes depends on the host,
+//! the activations' width, how many rows the matmul kernels already run and the chunk's
+//! context (its attention), so the pacer does not model it: it measures it.
+//!
+//! It keeps the time of recent decode-only steps per number of decode rows (the
+//! baseline), and from every step that adds prompt tokens to decodes, the extra time per
+//! prompt token. The next such step gets as many prompt tokens as keep it within
+//! `factor` × the baseline, at least one. A decode count without a baseline first gets
+//! one step of decodes alone, which measures it: while prompts keep every step mixed
+//! nothing else would, and another count's baseline is no estimate (a step of 16
+//! decodes is not one of 4). Counts are at most `max_seqs` and baselines are kept, so
+//! these probe steps are few and a prompt always progresses. With no decoding sequence
+//! a step is not paced: the token budget alone bounds it. Estimates are exponential
+//! averages, so they follow a prompt whose attention grows chunk by chunk and forget a
+//! step slowed by something else.
+//!
+//! Pacing is opt-in ([`SchedulerConfig::itl_factor`]): it makes step composition depend
+//! on wall time (outputs do not, beyond rounding: batch invariance holds for any
+//! chunking), and it slows every prompt that arrives beside streams, a burst of them
+//! too (docs/performance.md, host B).
+//!
+//! [`SchedulerConfig::itl_factor`]: super::SchedulerConfig::itl_factor
+
+use std::collections::BTreeMap;
+
+/// Weight of the newest measurement in the running averages: about the last four steps
+/// count, so a prompt's growing attention is followed within a few chunks.
+const NEWEST_WEIGHT: f64 = 0.25;
+
+/// Paces prompt chunks beside decodes ([module docs](self)).
+#[derive(Clone, Debug)]
+pub(crate) struct Pacer {
+    factor: f64,
+    /// Decode rows → averaged seconds of a step with only those decode rows.
+    baseline: BTreeMap<usize, f64>,
+    /// Averaged extra seconds per prompt token in steps that also decode.
+    per_prompt_token: Option<f64>,
+}
+
+impl Pacer {
+    /// A pacer keeping mixed steps within `factor` (> 1) × a decode-only step.
+    pub(crate) fn new(factor: f64) -> Self {
+        Pacer {
+            factor,
+            baseline: BTreeMap::new(),
+            per_prompt_token: None,
+        }
+    }
+
+    /// Prompt tokens a step with `decodes` decode rows may add: unbounded with no
+    /// decodes, none while their count has no baseline (the step measures it), else at
+    /// least 1.
+    pub(crate) fn allowance(&self, decodes: usize) -> usize {
+        if decodes == 0 {
+            return usize::MAX;
+        }
+        let Some(&base) = self.baseline.get(&decodes) else {
+            return 0;
+        };
+        let spare = self.factor - 1.0;
+        let tokens = match self.per_prompt_token {
+            Some(per) if per > 0.0 => spare * base / per,
+            // Nothing measured yet: half of "prompt rows cost what decode rows cost",
+            // which is the case on hosts where the step is bound by its matmuls'
+            // instructions; the first measurement corrects it either way.
+            _ => spare * decodes as f64 / 2.0,
+        };
+        // `as` saturates: a huge ratio (free prompt tokens) is no limit.
+        (tokens.floor() as usize).max(1)
+    }
+
+    /// Records a step's time: `decodes` decode rows and `prompt` prompt tokens.
+    pub(crate) fn record(&mut self, decodes: usize, prompt: usize, secs: f64) {
+        if decodes == 0 || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        if prompt == 0 {
+            let b = self.baseline.entry(decodes).or_insert(secs);
+            *b += NEWEST_WEIGHT * (secs - *b);
+            return;
+        }
+        let Some(&base) = self.baseline.get(&decodes) else {
+            return;
+        };
+        let per = (secs - base).max(0.0) / prompt as f64;
+        let p = self.per_prompt_token.get_or_insert(per);
+        *p += NEWEST_WEIGHT * (per - *p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_decodes_no_limit_a_probe_step_then_a_guess() {
+        let mut p = Pacer::new(2.0);
+        assert_eq!(p.allowance(0), usize::MAX);
+        assert_eq!(p.allowance(8), 0, "a step of decodes alone measures them");
+        p.record(8, 0, 0.02);
+        p.record(1, 0, 0.01);
+        assert_eq!(p.allowance(8), 4, "no prompt token measured yet");
+        assert_eq!(p.allowance(1), 1, "at least one token");
+    }
+
+    #[test]
+    fn allowance_keeps_a_linear_step_within_the_factor() {
+        // A made-up host, in powers of two so the arithmetic is exact: 2⁻⁸ s a decode
+        // row, 2⁻⁹ s a prompt token, 2⁻⁷ s fixed; 8 decode rows take 39 ms.
+        let step = |decodes: usize, prompt: usize| {
+            decodes as f64 / 256.0 + prompt as f64 / 512.0 + 1.0 / 128.0
+        };
+        let mut p = Pacer::new(2.0);
+        p.record(8, 0, step(8, 0));
+        let mut chunk = p.allowance(8);
+        for _ in 0..20 {
+            p.record(8, chunk, step(8, chunk));
+            chunk = p.allowance(8);
+        }
+        // (2 − 1) × 39 ms / 1.95 ms = 20 tokens: the step takes exactly 2× the baseline.
+        assert_eq!(chunk, 20);
+        assert_eq!(step(8, chunk), 2.0 * step(8, 0));
+        // A 3× factor doubles the spare time.
+        let mut wide = Pacer::new(3.0);
+        wide.record(8, 0, step(8, 0));
+        wide.record(8, 4, step(8, 4));
+        assert_eq!(wide.allowance(8), 40);
+    }
+
+    #[test]
+    fn a_growing_cost_shrinks_the_chunks_and_a_falling_one_grows_them() {
+        let mut p = Pacer::new(2.0);
+        p.record(4, 0, 0.010);
+        // Attention over a growing context: each prompt token costs more.
+        let mut last = usize::MAX;
+        for cost in [0.001, 0.002, 0.004, 0.008] {
+            for _ in 0..30 {
+                let c = p.allowance(4);
+                p.record(4, c, 0.010 + cost * c as f64);
+            }
+            let c = p.allowance(4);
+            assert!(c < last, "{c} tokens at {cost} s each, {last} before");
+            assert!(c as f64 * cost <= 0.010 * 1.05, "{c} × {cost}");
+            last = c;
+        }
+        for _ in 0..30 {
+            let c = p.allowance(4);
+            p.record(4, c, 0.010 + 0.0005 * c as f64);
+        }
+        assert!(p.allowance(4) >= 19, "{}", p.allowance(4));
+        // Prompt tokens that cost nothing beside the decodes are not limited.
+        for _ in 0..80 {
+            let c = p.allowance(4).min(1 << 20);
+            p.record(4, c, 0.010);
+        }
+        assert!(p.allowance(4) > 1 << 20);
+    }
+
+    #[test]
+    fn baselines_are_per_decode_count_and_bad_times_are_ignored() {
+        // Powers of two again: 2⁻⁸ s per prompt token.
+        let per = 1.0 / 256.0;
+        let mut p = Pacer::new(2.0);
+        p.record(8, 0, 8.0 * per);
+        p.record(2, 0, 3.0 * per);
+        p.record(8, 4, 12.0 * per);
+        assert_eq!(p.allowance(8), 8);
+        assert_eq!(p.allowance(2), 3);
+        assert_eq!(p.allowance(5), 0, "another count's baseline is not used");
+        p.record(5, 2, 1.0); // nor is a mixed step without a baseline
+        assert_eq!(p.allowance(8), 8);
+        p.record(8, 4, f64::NAN);
+        p.record(8, 0, -1.0);
+        p.record(0, 4, 5.0);
+        assert_eq!(p.allowance(8), 8);
+        // A mixed step faster than its baseline (noise) means cheaper prompt tokens,
+        // not a negative cost.
+        p.record(2, 3, 2.0 * per);
+        assert_eq!(p.allowance(2), 4);
+    }
+}
