@@ -423,7 +423,7 @@ fn attend<T: Element>(
 /// `dst[c] = data[base + c·stride]·scale` widened to f32: one head's row of Q or V. A
 /// contiguous row (the models' layout) takes the ISA's vector loop: the per-element
 /// index walk cost ~1/6 of the tile work at 512 tokens, d = 64 (AVX2, host B).
-fn gather_row<T: Element>(
+pub(crate) fn gather_row<T: Element>(
     isa: Isa,
     data: &[T],
     base: usize,

@@ -20,7 +20,7 @@ mod spec;
 
 pub use spec::{VarlenAttentionOp, VarlenProblem, TOL_F32, TOL_HALF};
 
-use crate::ops::attention::{attention_paged, AttentionParams};
+use crate::ops::attention::{attention_paged, gather_row, AttentionParams};
 use crate::ops::paged_attention::{paged_attention, PagedKvCache, PagedParams, PagedSeqs};
 use tessera_core::{Element, Error, Isa, Layout, Result, TensorView, TensorViewMut};
 
@@ -183,11 +183,10 @@ fn decode_rows<T: Element>(
     let mut qd = vec![0f32; decodes.len() * heads * d];
     let mut tables = Vec::with_capacity(decodes.len() * mb);
     let mut lens = Vec::with_capacity(decodes.len());
-    for (i, &(row, s, len)) in decodes.iter().enumerate() {
-        for h in 0..heads {
-            for x in 0..d {
-                qd[(i * heads + h) * d + x] = q.data()[q.layout().index_of(&[row, h, x])];
-            }
+    let (ql, x_stride) = (q.layout(), q.layout().stride(2));
+    for (&(row, s, len), dst) in decodes.iter().zip(qd.chunks_exact_mut(heads * d)) {
+        for (h, dst) in dst.chunks_exact_mut(d).enumerate() {
+            gather_row(isa, q.data(), ql.index_of(&[row, h, 0]), x_stride, 1.0, dst);
         }
         tables.extend_from_slice(&seqs.block_tables[s * mb..][..mb]);
         lens.push(len);
@@ -209,10 +208,15 @@ fn decode_rows<T: Element>(
     )?;
     let ol = *o.layout();
     let out = o.data_mut();
-    for (i, &(row, _, _)) in decodes.iter().enumerate() {
-        for h in 0..heads {
-            for x in 0..d {
-                out[ol.index_of(&[row, h, x])] = od[(i * heads + h) * d + x];
+    for (&(row, _, _), src) in decodes.iter().zip(od.chunks_exact(heads * d)) {
+        for (h, src) in src.chunks_exact(d).enumerate() {
+            let base = ol.index_of(&[row, h, 0]);
+            match ol.stride(2) {
+                1 => out[base..][..d].copy_from_slice(src),
+                st => src
+                    .iter()
+                    .enumerate()
+                    .for_each(|(x, &v)| out[base + x * st] = v),
             }
         }
     }
@@ -333,6 +337,101 @@ mod tests {
                 assert!(short.is_err(), "{what}: a table one block short");
                 let wide = run(isa, &good[..used], (rows, len), d + 1);
                 assert!(wide.is_err(), "{what}: head width");
+            }
+        }
+    }
+
+    /// Q and O views whose head rows are not contiguous (heads innermost) give what a
+    /// float64 reference gives, on every ISA and both routes: the decode route copies
+    /// rows out and back, the flash route gathers them, each with a strided fallback
+    /// beside the contiguous copy the models use.
+    #[test]
+    fn strided_head_rows_match_the_float64_reference() {
+        use rand::{Rng as _, SeedableRng};
+        let seed: u64 = rand::random();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (blocks, bs, kv_heads, heads, d) = (6, 4, 2, 4, 8);
+        let mut uniform =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let (k, v) = (
+            uniform(blocks * bs * kv_heads * d),
+            uniform(blocks * bs * kv_heads * d),
+        );
+        let cache = PagedKvCache {
+            k: &k,
+            v: &v,
+            k_scales: NO_SCALES,
+            v_scales: NO_SCALES,
+            num_blocks: blocks,
+            block_size: bs,
+            kv_heads,
+            d,
+        };
+        let table = [3u32, 0, 5, 1, 4];
+        let params = VarlenParams {
+            scale: 0.35,
+            threads: 2,
+        };
+        // Values lie in [-1, 1], so the registry's relative f32 tolerance is absolute here.
+        let tol = spec::TOL_F32.rel;
+        const { assert!(3 <= CHUNK_AS_DECODE_ROWS && 12 > CHUNK_AS_DECODE_ROWS) };
+        for (rows, len) in [(3usize, 10usize), (12, 17)] {
+            // Stored [rows, d, heads]: element (r, h, x) at r·heads·d + x·heads + h.
+            let at = |r: usize, h: usize, x: usize| (r * d + x) * heads + h;
+            let layout = Layout::strided(&[rows, heads, d], &[heads * d, 1, heads], 0).unwrap();
+            let q = uniform(rows * heads * d);
+            let cached = |src: &[f32], j: usize, kvh: usize, x: usize| {
+                let slot = table[j / bs] as usize * bs + j % bs;
+                f64::from(src[(slot * kv_heads + kvh) * d + x])
+            };
+            let mut want = vec![0f64; q.len()];
+            for r in 0..rows {
+                let keys = len - rows + r + 1;
+                for h in 0..heads {
+                    let kvh = h / (heads / kv_heads);
+                    let scores: Vec<f64> = (0..keys)
+                        .map(|j| {
+                            let dot: f64 = (0..d)
+                                .map(|x| f64::from(q[at(r, h, x)]) * cached(&k, j, kvh, x))
+                                .sum();
+                            dot * f64::from(params.scale)
+                        })
+                        .collect();
+                    let top = scores.iter().copied().fold(f64::MIN, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for x in 0..d {
+                        want[at(r, h, x)] =
+                            (0..keys).map(|j| w[j] * cached(&v, j, kvh, x)).sum::<f64>() / z;
+                    }
+                }
+            }
+            let seqs = VarlenSeqs {
+                block_tables: &table,
+                max_blocks: table.len(),
+                context_lens: &[len],
+                q_lens: &[rows],
+            };
+            for isa in Isa::available() {
+                let mut o = vec![f32::NAN; q.len()];
+                varlen_attention(
+                    isa,
+                    &TensorView::new(&q, layout).unwrap(),
+                    &cache,
+                    &seqs,
+                    &mut TensorViewMut::new(&mut o, layout).unwrap(),
+                    params,
+                )
+                .unwrap();
+                let worst = o
+                    .iter()
+                    .zip(&want)
+                    .map(|(&g, w)| (f64::from(g) - w).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    worst <= tol,
+                    "{isa}, {rows} rows over {len}, seed {seed}: error {worst:e}"
+                );
             }
         }
     }
