@@ -204,6 +204,8 @@ pub struct Scheduler {
     logits: Vec<f32>,
     /// Sizes prompt chunks beside decodes (`None`: `cfg.itl_factor` is off).
     pacer: Option<Pacer>,
+    /// The last step's (decode rows, prompt tokens), for [`Scheduler::prompt_room`].
+    last_step: (usize, usize),
 }
 
 impl Scheduler {
@@ -223,6 +225,7 @@ impl Scheduler {
             grammars: std::sync::OnceLock::new(),
             logits: Vec::new(),
             pacer: cfg.itl_factor.map(Pacer::new),
+            last_step: (0, 0),
             cfg,
         })
     }
@@ -240,6 +243,21 @@ impl Scheduler {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tok
+    }
+
+    /// Prompt positions the last step left room for: what remains of `max_batch_tokens`
+    /// and, when paced, of the step's allowance beside its decodes (none while their
+    /// count has no baseline). A caller that runs other prompt work between steps (the
+    /// server's prompt scoring) takes this much, so it delays the streams as a prompt
+    /// chunk would; a scored position also computes its logits, so it costs somewhat
+    /// more than the chunk token the allowance was measured on.
+    pub fn prompt_room(&self) -> usize {
+        let (decodes, prompt) = self.last_step;
+        let left = self.cfg.max_batch_tokens.saturating_sub(decodes + prompt);
+        match &self.pacer {
+            Some(p) => left.min(p.allowance(decodes).saturating_sub(prompt)),
+            None => left,
+        }
     }
 
     /// Checks a request as [`Scheduler::add`] would, without queueing it.
@@ -396,12 +414,14 @@ impl Scheduler {
     /// every request it touched (empty when there is nothing to do).
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let plan = self.schedule();
+        self.last_step = (0, 0);
         if plan.is_empty() {
             return Ok(Vec::new());
         }
         self.stats.steps += 1;
         let decodes = plan.iter().filter(|&&(i, n)| self.is_decode(i, n)).count();
         let prompt_tokens = plan.iter().map(|p| p.1).sum::<usize>() - decodes;
+        self.last_step = (decodes, prompt_tokens);
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .map(|&(i, n)| {

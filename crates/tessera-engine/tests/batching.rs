@@ -434,6 +434,29 @@ fn cancelled_requests_free_their_blocks_at_once() {
     assert!(s.step().unwrap().is_empty());
 }
 
+/// What a step leaves for prompt work run between steps (the server's scoring): the
+/// token budget's rest, and when paced, nothing beyond the allowance. A count of decodes
+/// with a baseline but no prompt token measured yet gets half of (F − 1) × decodes,
+/// at least one: a deterministic case of the time-driven pacer.
+#[test]
+fn prompt_room_is_what_a_step_left() {
+    let f = fixture();
+    for (pacing, after_decodes) in [(None, 64 - 2), (Some(1.5), 1)] {
+        let c = SchedulerConfig {
+            itl_factor: pacing,
+            ..config(64, 64)
+        };
+        let mut s = Scheduler::new(f.model.clone(), f.tok.clone(), c).unwrap();
+        assert_eq!(s.prompt_room(), 64, "{pacing:?}: no step yet");
+        s.add(greedy(vec![1, 2, 3], 4)).unwrap();
+        s.add(greedy(vec![4, 5, 6], 4)).unwrap();
+        s.step().unwrap(); // both prompts, no decodes: not paced
+        assert_eq!(s.prompt_room(), 64 - 6, "{pacing:?}");
+        s.step().unwrap(); // two decodes
+        assert_eq!(s.prompt_room(), after_decodes, "{pacing:?}");
+    }
+}
+
 #[test]
 fn bad_limits_and_requests_are_clear_errors() {
     let f = fixture();

@@ -10,9 +10,10 @@
 //!
 //! Prompt scoring (`echo` with log-probabilities) runs on the same thread, one scoring at
 //! a time in arrival order, after each step with what the step left of `max_batch_tokens`
-//! (one position at least): a long prompt to score delays the streams in flight by one
-//! slice per step, as a chunked prefill does, not by its whole length. A scoring whose
-//! client went away is dropped before its next slice.
+//! and, with `--itl-factor`, of the paced allowance beside its decodes
+//! ([`Scheduler::prompt_room`]; one position at least): a long prompt to score delays the
+//! streams in flight by one slice per step, as a chunked prefill does, not by its whole
+//! length. A scoring whose client went away is dropped before its next slice.
 
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
@@ -331,12 +332,10 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
         }
         let after = s.stats();
         metrics.record_step(&before, &after);
-        // A scoring takes what the step left of the token budget (one position at least),
-        // after the step's events are on their way.
-        let used = (after.prompt_tokens_computed + after.decode_tokens)
-            - (before.prompt_tokens_computed + before.decode_tokens);
-        let budget = s.config().max_batch_tokens.saturating_sub(used as usize);
-        let scored = score_slice(&mut scoring, &s, &shared, budget.max(1));
+        // A scoring takes what the step left of the token budget, paced beside decodes
+        // with --itl-factor (one position at least), after the step's events are on
+        // their way.
+        let scored = score_slice(&mut scoring, &s, &shared, s.prompt_room().max(1));
         metrics.record_scoring(scoring.len(), scored);
     }
     metrics.record_step(&s.stats(), &s.stats());
