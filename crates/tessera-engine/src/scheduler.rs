@@ -249,8 +249,10 @@ impl Scheduler {
     /// and, when paced, of the step's allowance beside its decodes (none while their
     /// count has no baseline). A caller that runs other prompt work between steps (the
     /// server's prompt scoring) takes this much, so it delays the streams as a prompt
-    /// chunk would; a scored position also computes its logits, so it costs somewhat
-    /// more than the chunk token the allowance was measured on.
+    /// chunk would. The pacer measures chunks only: a scored position also computes its
+    /// logits and costs several chunk tokens (docs/performance.md, host B: echo gaps
+    /// 3.9× the median at a factor of 1.5), and with no chunk measured yet the
+    /// allowance is its first guess.
     pub fn prompt_room(&self) -> usize {
         let (decodes, prompt) = self.last_step;
         let left = self.cfg.max_batch_tokens.saturating_sub(decodes + prompt);
