@@ -29,8 +29,8 @@ pub struct SchedulerConfig {
     pub itl_factor: Option<f64>,
 }
 
-/// Most an [`SchedulerConfig::itl_factor`] may be (beyond it, pacing would not bound
-/// anything a token budget does not).
+/// Most an [`SchedulerConfig::itl_factor`] may be: a larger one is a typo, refused like
+/// the other absurd limits.
 pub const MAX_ITL_FACTOR: f64 = 1000.0;
 
 /// Fraction of physical memory the KV pool takes when no budget is given.
@@ -87,7 +87,8 @@ impl SchedulerConfig {
         if let Some(f) = itl_factor {
             if !(f > 1.0 && f <= MAX_ITL_FACTOR) {
                 return Err(Error::Model(format!(
-                    "itl-factor {f} must be above 1 and at most {MAX_ITL_FACTOR} (or off)"
+                    "itl-factor {f} must be above 1 and at most {MAX_ITL_FACTOR} (leave it out for \
+                     no pacing)"
                 )));
             }
         }
