@@ -204,8 +204,9 @@ pub struct Scheduler {
     logits: Vec<f32>,
     /// Sizes prompt chunks beside decodes (`None`: `cfg.itl_factor` is off).
     pacer: Option<Pacer>,
-    /// The last step's (decode rows, prompt tokens), for [`Scheduler::prompt_room`].
-    last_step: (usize, usize),
+    /// The last step's (decode rows, prompt tokens, seconds), for
+    /// [`Scheduler::prompt_room`].
+    last_step: (usize, usize, f64),
 }
 
 impl Scheduler {
@@ -225,7 +226,7 @@ impl Scheduler {
             grammars: std::sync::OnceLock::new(),
             logits: Vec::new(),
             pacer: cfg.itl_factor.map(Pacer::new),
-            last_step: (0, 0),
+            last_step: (0, 0, 0.0),
             cfg,
         })
     }
@@ -246,19 +247,25 @@ impl Scheduler {
     }
 
     /// Prompt positions the last step left room for: what remains of `max_batch_tokens`
-    /// and, when paced, of the step's allowance beside its decodes (none while their
-    /// count has no baseline). A caller that runs other prompt work between steps (the
-    /// server's prompt scoring) takes this much, so it delays the streams as a prompt
-    /// chunk would. The pacer measures chunks only: a scored position also computes its
-    /// logits and costs several chunk tokens (docs/performance.md, host B: echo gaps
-    /// 3.9× the median at a factor of 1.5), and with no chunk measured yet the
-    /// allowance is its first guess.
+    /// and, when paced, of its time margin beside its decodes (none while their count
+    /// has no baseline). A caller that runs other prompt work between steps (the
+    /// server's prompt scoring) takes this much and reports its time with
+    /// [`Scheduler::record_prompt_work`], so the step and the work together stay within
+    /// [`SchedulerConfig::itl_factor`] × a decode-only step.
     pub fn prompt_room(&self) -> usize {
-        let (decodes, prompt) = self.last_step;
+        let (decodes, prompt, secs) = self.last_step;
         let left = self.cfg.max_batch_tokens.saturating_sub(decodes + prompt);
         match &self.pacer {
-            Some(p) => left.min(p.allowance(decodes).saturating_sub(prompt)),
+            Some(p) => left.min(p.room_after(decodes, secs)),
             None => left,
+        }
+    }
+
+    /// Reports prompt work run after the last step ([`Scheduler::prompt_room`]):
+    /// `positions` in `secs`. It prices the next room; without pacing it is ignored.
+    pub fn record_prompt_work(&mut self, positions: usize, secs: f64) {
+        if let Some(p) = &mut self.pacer {
+            p.record_between(positions, secs);
         }
     }
 
@@ -416,14 +423,14 @@ impl Scheduler {
     /// every request it touched (empty when there is nothing to do).
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let plan = self.schedule();
-        self.last_step = (0, 0);
+        self.last_step = (0, 0, 0.0);
         if plan.is_empty() {
             return Ok(Vec::new());
         }
         self.stats.steps += 1;
         let decodes = plan.iter().filter(|&&(i, n)| self.is_decode(i, n)).count();
         let prompt_tokens = plan.iter().map(|p| p.1).sum::<usize>() - decodes;
-        self.last_step = (decodes, prompt_tokens);
+
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .map(|&(i, n)| {
@@ -443,8 +450,10 @@ impl Scheduler {
         let result = self
             .model
             .forward_batch_into(&mut self.store, &inputs, &mut self.logits);
+        let secs = started.elapsed().as_secs_f64();
+        self.last_step = (decodes, prompt_tokens, secs);
         if let Some(p) = &mut self.pacer {
-            p.record(decodes, prompt_tokens, started.elapsed().as_secs_f64());
+            p.record(decodes, prompt_tokens, secs);
         }
         let logits = match result {
             Ok(()) => std::mem::take(&mut self.logits),

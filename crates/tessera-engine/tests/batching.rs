@@ -435,13 +435,14 @@ fn cancelled_requests_free_their_blocks_at_once() {
 }
 
 /// What a step leaves for prompt work run between steps (the server's scoring): the
-/// token budget's rest, and when paced, nothing beyond the allowance. A count of decodes
-/// with a baseline but no prompt token measured yet gets half of (F − 1) × decodes,
-/// at least one: a deterministic case of the time-driven pacer.
+/// token budget's rest, and when paced, nothing beyond the step's time margin. After the
+/// first decode-only step of a count, with nothing priced yet, the margin holds the
+/// first guess, half of (F − 1) × decodes rounded down: 0 at F = 1.5 and 2 decodes, a
+/// deterministic case of the time-driven pacer.
 #[test]
 fn prompt_room_is_what_a_step_left() {
     let f = fixture();
-    for (pacing, after_decodes) in [(None, 64 - 2), (Some(1.5), 1)] {
+    for (pacing, after_decodes) in [(None, 64 - 2), (Some(1.5), 0)] {
         let c = SchedulerConfig {
             itl_factor: pacing,
             ..config(64, 64)

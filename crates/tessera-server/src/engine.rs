@@ -10,10 +10,10 @@
 //!
 //! Prompt scoring (`echo` with log-probabilities) runs on the same thread, one scoring at
 //! a time in arrival order, after each step with what the step left of `max_batch_tokens`
-//! and, with `--itl-factor`, of the paced allowance beside its decodes
-//! ([`Scheduler::prompt_room`]; one position at least): a long prompt to score delays the
-//! streams in flight by one slice per step, as a chunked prefill does, not by its whole
-//! length. A scoring whose client went away is dropped before its next slice.
+//! and, with `--itl-factor`, of the step's time margin beside its decodes, priced by the
+//! slices' own measured time ([`Scheduler::prompt_room`]; one position at least): a long
+//! prompt to score delays the streams in flight by one slice per step, as a chunked
+//! prefill does, not by its whole length. A scoring whose client went away is dropped before its next slice.
 
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
@@ -335,7 +335,9 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>, shared: Arc<Shared>, metri
         // A scoring takes what the step left of the token budget, paced beside decodes
         // with --itl-factor (one position at least), after the step's events are on
         // their way.
+        let started = Instant::now();
         let scored = score_slice(&mut scoring, &s, &shared, s.prompt_room().max(1));
+        s.record_prompt_work(scored, started.elapsed().as_secs_f64());
         metrics.record_scoring(scoring.len(), scored);
     }
     metrics.record_step(&s.stats(), &s.stats());

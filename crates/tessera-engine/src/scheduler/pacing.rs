@@ -20,6 +20,12 @@
 //! averages, so they follow a prompt whose attention grows chunk by chunk and forget a
 //! step slowed by something else.
 //!
+//! Prompt work a caller runs between steps (the server's `echo` scoring, where every
+//! position also computes its logits: several chunk tokens' cost) takes the margin the
+//! last step left ([`Pacer::room_after`]), priced by its own measured time once it has
+//! one: priced as chunk tokens, 8 streams' gaps during a scoring were 2–6× their median
+//! at a factor of 1.5; priced by its own time, 1.4–1.6× (docs/performance.md, host B).
+//!
 //! Pacing is opt-in ([`SchedulerConfig::itl_factor`]): it makes step composition depend
 //! on wall time (outputs do not, beyond rounding: batch invariance holds for any
 //! chunking), and it slows every prompt that arrives beside streams, a burst of them
@@ -41,6 +47,9 @@ pub(crate) struct Pacer {
     baseline: BTreeMap<usize, f64>,
     /// Averaged extra seconds per prompt token in steps that also decode.
     per_prompt_token: Option<f64>,
+    /// Averaged seconds per position of prompt work run between steps (the server's
+    /// scoring, where every position also computes its logits).
+    per_between: Option<f64>,
 }
 
 impl Pacer {
@@ -50,6 +59,7 @@ impl Pacer {
             factor,
             baseline: BTreeMap::new(),
             per_prompt_token: None,
+            per_between: None,
         }
     }
 
@@ -89,9 +99,45 @@ impl Pacer {
             return;
         };
         let per = (secs - base).max(0.0) / prompt as f64;
-        let p = self.per_prompt_token.get_or_insert(per);
-        *p += NEWEST_WEIGHT * (per - *p);
+        average(&mut self.per_prompt_token, per);
     }
+
+    /// Positions of prompt work that may run after a step of `decodes` decode rows that
+    /// took `step_secs`, keeping the two within `factor` × the baseline: unbounded with
+    /// no decodes, none without a baseline or once the step took the whole margin.
+    pub(crate) fn room_after(&self, decodes: usize, step_secs: f64) -> usize {
+        if decodes == 0 {
+            return usize::MAX;
+        }
+        let Some(&base) = self.baseline.get(&decodes) else {
+            return 0;
+        };
+        let spare = self.factor * base - step_secs;
+        if spare.is_nan() || spare <= 0.0 {
+            return 0;
+        }
+        // Before any such work is measured, a chunk token's cost, else the first guess.
+        let per = self.per_between.or(self.per_prompt_token);
+        let positions = match per {
+            Some(per) if per > 0.0 => spare / per,
+            _ => (self.factor - 1.0) * decodes as f64 / 2.0,
+        };
+        positions.floor() as usize
+    }
+
+    /// Records prompt work run between steps: `positions` in `secs`.
+    pub(crate) fn record_between(&mut self, positions: usize, secs: f64) {
+        if positions == 0 || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        average(&mut self.per_between, secs / positions as f64);
+    }
+}
+
+/// Folds `sample` into an exponential average (the first sample starts it).
+fn average(avg: &mut Option<f64>, sample: f64) {
+    let a = avg.get_or_insert(sample);
+    *a += NEWEST_WEIGHT * (sample - *a);
 }
 
 #[cfg(test)]
@@ -183,5 +229,29 @@ mod tests {
         // not a negative cost.
         p.record(2, 3, 2.0 * per);
         assert_eq!(p.allowance(2), 4);
+    }
+
+    #[test]
+    fn work_between_steps_gets_the_margin_the_step_left() {
+        // Powers of two: a 2⁻⁵ s decode-only step of 8 rows, factor 2.
+        let base = 1.0 / 32.0;
+        let mut p = Pacer::new(2.0);
+        assert_eq!(p.room_after(0, 1.0), usize::MAX, "no decodes: not paced");
+        assert_eq!(p.room_after(8, base), 0, "no baseline yet");
+        p.record(8, 0, base);
+        assert_eq!(p.room_after(8, base), 4, "the first guess");
+        assert_eq!(p.room_after(8, 2.0 * base), 0, "the step took the margin");
+        p.record(8, 4, base + 4.0 / 1024.0); // 2⁻¹⁰ s a chunk token
+        assert_eq!(p.room_after(8, base), 32, "priced as chunk tokens");
+        p.record_between(4, 4.0 / 256.0); // a scored position: 2⁻⁸ s
+        assert_eq!(p.room_after(8, base), 8, "priced as measured");
+        assert_eq!(
+            p.room_after(8, base + 4.0 / 256.0),
+            4,
+            "after a costlier step"
+        );
+        p.record_between(0, 1.0);
+        p.record_between(3, f64::INFINITY);
+        assert_eq!(p.room_after(8, base), 8, "bad samples ignored");
     }
 }
