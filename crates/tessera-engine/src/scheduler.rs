@@ -598,9 +598,10 @@ impl Scheduler {
             // `i` still points at this sequence unless it was the one preempted.
         }
         // 2. Prompt chunks of running sequences, then 3. new sequences, oldest first,
-        // paced beside the decodes.
+        // paced beside the decodes against the batch they will all form.
         if let Some(p) = &self.pacer {
-            budget = budget.min(p.allowance(decodes));
+            let batch = (self.running.len() + self.waiting.len()).min(self.cfg.max_seqs);
+            budget = budget.min(p.allowance(decodes, batch));
         }
         for i in 0..self.running.len() {
             let s = &self.running[i];

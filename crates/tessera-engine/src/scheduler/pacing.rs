@@ -11,7 +11,11 @@
 //! It keeps the time of recent decode-only steps per number of decode rows (the
 //! baseline), and from every step that adds prompt tokens to decodes, the extra time per
 //! prompt token. The next such step gets as many prompt tokens as keep it within
-//! `factor` × the baseline, at least one. A decode count without a baseline first gets
+//! `factor` × the decode-only step of the batch that is forming: the decoding
+//! sequences and those whose prompts are waiting or in flight (up to `max_seqs`), each
+//! extra row priced as a prompt token unless that count has run alone. Against the
+//! current decodes only, a burst of 16 prompts prefilled a few tokens a step beside the
+//! first streams, whose steps would be 16 rows' soon anyway. At least one token. A decode count without a baseline first gets
 //! one step of decodes alone, which measures it: while prompts keep every step mixed
 //! nothing else would, and another count's baseline is no estimate (a step of 16
 //! decodes is not one of 4). Counts are at most `max_seqs` and baselines are kept, so
@@ -63,26 +67,44 @@ impl Pacer {
         }
     }
 
-    /// Prompt tokens a step with `decodes` decode rows may add: unbounded with no
-    /// decodes, none while their count has no baseline (the step measures it), else at
-    /// least 1.
-    pub(crate) fn allowance(&self, decodes: usize) -> usize {
+    /// Prompt tokens a step with `decodes` decode rows may add while `batch` sequences
+    /// (≥ decodes: the running ones and those waiting, up to `max_seqs`) will decode
+    /// once the prompts in flight have joined: unbounded with no decodes, none while
+    /// their count has no baseline (the step measures it), else enough to keep the step
+    /// within `factor` × the decode-only step of `batch` rows ([`Pacer::batch_step`]),
+    /// at least 1.
+    pub(crate) fn allowance(&self, decodes: usize, batch: usize) -> usize {
         if decodes == 0 {
             return usize::MAX;
         }
         let Some(&base) = self.baseline.get(&decodes) else {
             return 0;
         };
-        let spare = self.factor - 1.0;
-        let tokens = match self.per_prompt_token {
-            Some(per) if per > 0.0 => spare * base / per,
-            // Nothing measured yet: half of "prompt rows cost what decode rows cost",
-            // which is the case on hosts where the step is bound by its matmuls'
-            // instructions; the first measurement corrects it either way.
-            _ => spare * decodes as f64 / 2.0,
+        let per = match self.per_prompt_token {
+            Some(per) if per > 0.0 => per,
+            // Nothing measured yet: a prompt token costs two decode rows' share of the
+            // step, which halves "prompt rows cost what decode rows cost" (the case on
+            // hosts where the step is bound by its matmuls' instructions); the first
+            // measurement corrects it either way.
+            _ => 2.0 * base / decodes as f64,
         };
+        let target = self.batch_step(decodes, batch.max(decodes), base, per);
         // `as` saturates: a huge ratio (free prompt tokens) is no limit.
-        (tokens.floor() as usize).max(1)
+        (((self.factor * target - base) / per).floor() as usize).max(1)
+    }
+
+    /// The decode-only step of `batch` rows, given `decodes` rows' `base` and the
+    /// prompt token's cost `per`: measured where that count has run, else `base` plus
+    /// `per` for each row more (a decode row is one more matmul row, as a prompt token
+    /// is; its attention reads a context instead of a chunk's). Pacing against the
+    /// batch that forms, not the few sequences decoding so far, keeps a burst from
+    /// prefilling a few tokens a step beside streams whose steps will soon be
+    /// `batch` rows anyway.
+    fn batch_step(&self, decodes: usize, batch: usize, base: f64, per: f64) -> f64 {
+        match self.baseline.get(&batch) {
+            Some(&measured) if batch > decodes => measured,
+            _ => base + (batch - decodes) as f64 * per,
+        }
     }
 
     /// Records a step's time: `decodes` decode rows and `prompt` prompt tokens.
@@ -147,12 +169,16 @@ mod tests {
     #[test]
     fn no_decodes_no_limit_a_probe_step_then_a_guess() {
         let mut p = Pacer::new(2.0);
-        assert_eq!(p.allowance(0), usize::MAX);
-        assert_eq!(p.allowance(8), 0, "a step of decodes alone measures them");
+        assert_eq!(p.allowance(0, 0), usize::MAX);
+        assert_eq!(
+            p.allowance(8, 8),
+            0,
+            "a step of decodes alone measures them"
+        );
         p.record(8, 0, 0.02);
         p.record(1, 0, 0.01);
-        assert_eq!(p.allowance(8), 4, "no prompt token measured yet");
-        assert_eq!(p.allowance(1), 1, "at least one token");
+        assert_eq!(p.allowance(8, 8), 4, "no prompt token measured yet");
+        assert_eq!(p.allowance(1, 1), 1, "at least one token");
     }
 
     #[test]
@@ -164,10 +190,10 @@ mod tests {
         };
         let mut p = Pacer::new(2.0);
         p.record(8, 0, step(8, 0));
-        let mut chunk = p.allowance(8);
+        let mut chunk = p.allowance(8, 8);
         for _ in 0..20 {
             p.record(8, chunk, step(8, chunk));
-            chunk = p.allowance(8);
+            chunk = p.allowance(8, 8);
         }
         // (2 − 1) × 39 ms / 1.95 ms = 20 tokens: the step takes exactly 2× the baseline.
         assert_eq!(chunk, 20);
@@ -176,7 +202,7 @@ mod tests {
         let mut wide = Pacer::new(3.0);
         wide.record(8, 0, step(8, 0));
         wide.record(8, 4, step(8, 4));
-        assert_eq!(wide.allowance(8), 40);
+        assert_eq!(wide.allowance(8, 8), 40);
     }
 
     #[test]
@@ -187,25 +213,25 @@ mod tests {
         let mut last = usize::MAX;
         for cost in [0.001, 0.002, 0.004, 0.008] {
             for _ in 0..30 {
-                let c = p.allowance(4);
+                let c = p.allowance(4, 4);
                 p.record(4, c, 0.010 + cost * c as f64);
             }
-            let c = p.allowance(4);
+            let c = p.allowance(4, 4);
             assert!(c < last, "{c} tokens at {cost} s each, {last} before");
             assert!(c as f64 * cost <= 0.010 * 1.05, "{c} × {cost}");
             last = c;
         }
         for _ in 0..30 {
-            let c = p.allowance(4);
+            let c = p.allowance(4, 4);
             p.record(4, c, 0.010 + 0.0005 * c as f64);
         }
-        assert!(p.allowance(4) >= 19, "{}", p.allowance(4));
+        assert!(p.allowance(4, 4) >= 19, "{}", p.allowance(4, 4));
         // Prompt tokens that cost nothing beside the decodes are not limited.
         for _ in 0..80 {
-            let c = p.allowance(4).min(1 << 20);
+            let c = p.allowance(4, 4).min(1 << 20);
             p.record(4, c, 0.010);
         }
-        assert!(p.allowance(4) > 1 << 20);
+        assert!(p.allowance(4, 4) > 1 << 20);
     }
 
     #[test]
@@ -216,19 +242,39 @@ mod tests {
         p.record(8, 0, 8.0 * per);
         p.record(2, 0, 3.0 * per);
         p.record(8, 4, 12.0 * per);
-        assert_eq!(p.allowance(8), 8);
-        assert_eq!(p.allowance(2), 3);
-        assert_eq!(p.allowance(5), 0, "another count's baseline is not used");
+        assert_eq!(p.allowance(8, 8), 8);
+        assert_eq!(p.allowance(2, 2), 3);
+        assert_eq!(p.allowance(5, 5), 0, "another count's baseline is not used");
         p.record(5, 2, 1.0); // nor is a mixed step without a baseline
-        assert_eq!(p.allowance(8), 8);
+        assert_eq!(p.allowance(8, 8), 8);
         p.record(8, 4, f64::NAN);
         p.record(8, 0, -1.0);
         p.record(0, 4, 5.0);
-        assert_eq!(p.allowance(8), 8);
+        assert_eq!(p.allowance(8, 8), 8);
         // A mixed step faster than its baseline (noise) means cheaper prompt tokens,
         // not a negative cost.
         p.record(2, 3, 2.0 * per);
-        assert_eq!(p.allowance(2), 4);
+        assert_eq!(p.allowance(2, 2), 4);
+    }
+
+    #[test]
+    fn a_forming_batch_sets_the_target() {
+        // Powers of two: 2 decode rows take 2⁻⁶ s, a prompt token costs 2⁻⁸ s; factor 2.
+        let (base, per) = (1.0 / 64.0, 1.0 / 256.0);
+        let mut p = Pacer::new(2.0);
+        p.record(2, 0, base);
+        // No token priced yet: the first guess (4 rows' worth of a step per token,
+        // 2⁻⁷ s) prices the 14 sequences about to join as well.
+        assert_eq!(p.allowance(2, 2), 1, "(2 − 1) × 2 / 2 tokens");
+        assert_eq!(p.allowance(2, 16), 29, "1 + 2 × 14 tokens");
+        p.record(2, 4, base + 4.0 * per);
+        assert_eq!(p.allowance(2, 2), 4, "the current decodes alone");
+        // 16 rows estimated at 2⁻⁶ + 14 × 2⁻⁸ s: 2 × that − 2⁻⁶ s leaves 4 + 28 tokens.
+        assert_eq!(p.allowance(2, 16), 32);
+        assert_eq!(p.allowance(2, 1), 4, "a batch below the decodes is theirs");
+        // Once 16 rows have run alone, their measured step is the target.
+        p.record(16, 0, 4.0 * base);
+        assert_eq!(p.allowance(2, 16), 28, "(2 × 2⁻⁴ − 2⁻⁶) s / 2⁻⁸ s");
     }
 
     #[test]
