@@ -38,8 +38,9 @@ pub struct BatchArgs {
     /// prompts arrive, larger prefills faster.
     #[arg(long, default_value_t = 256)]
     pub max_batch_tokens: usize,
-    /// Pace prompt chunks beside decoding streams: a step takes at most F times a
-    /// decode-only step (measured as it runs), with at least one prompt token; a prompt
+    /// Pace prompt chunks beside decoding streams: a step takes at most F times the
+    /// decode-only step of the running and waiting sequences (measured as it runs),
+    /// with at least one prompt token; a prompt
     /// with no stream beside it still takes --max-batch-tokens a step. Smooth streams
     /// for slower prefill of what arrives beside them (docs/performance.md, host B:
     /// 1.5). Off by default.
