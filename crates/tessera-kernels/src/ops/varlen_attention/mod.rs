@@ -13,7 +13,7 @@
 //! flash kernel (compute-bound, causal mask bottom-right aligned so a chunk that extends
 //! a cached prefix works unchanged), whose packing of Kᵀ and V reads the sequence's
 //! blocks in place (`attention_paged`). The packing costs `2·context·kv_dim` element
-//! copies whatever the chunk's rows, so a short chunk (up to [`CHUNK_AS_DECODE_ROWS`]
+//! copies whatever the chunk's rows, so a short chunk (up to [`chunk_as_decode_rows`]
 //! rows) joins the decode rows instead, one paged query per row over its causal prefix.
 
 mod spec;
@@ -113,8 +113,9 @@ pub fn varlen_attention<T: Element>(
     let table = |s: usize| &seqs.block_tables[s * seqs.max_blocks..][..seqs.max_blocks];
     // (query row, sequence, keys it sees): every decode row, and each row of a short
     // chunk with its causal context.
+    let short = chunk_as_decode_rows(isa);
     let decodes: Vec<(usize, usize, usize)> = (0..seqs.q_lens.len())
-        .filter(|&s| seqs.q_lens[s] <= CHUNK_AS_DECODE_ROWS)
+        .filter(|&s| seqs.q_lens[s] <= short)
         .flat_map(|s| {
             let (rows, len, start) = (seqs.q_lens[s], seqs.context_lens[s], starts[s]);
             (0..rows).map(move |i| (start + i, s, len - rows + i + 1))
@@ -123,7 +124,7 @@ pub fn varlen_attention<T: Element>(
     if !decodes.is_empty() {
         decode_rows(isa, q, cache, seqs, o, p, &decodes)?;
     }
-    for s in (0..seqs.q_lens.len()).filter(|&s| seqs.q_lens[s] > CHUNK_AS_DECODE_ROWS) {
+    for s in (0..seqs.q_lens.len()).filter(|&s| seqs.q_lens[s] > short) {
         let (len, rows) = (seqs.context_lens[s], seqs.q_lens[s]);
         check_table(cache, table(s), len)?;
         let qs = rows_of(q.layout(), starts[s], rows)?;
@@ -149,9 +150,23 @@ pub fn varlen_attention<T: Element>(
 /// Prefill chunks of at most this many rows run as decode rows of the paged kernel
 /// (row i of a chunk over a context of `len` as one query over the first `len − rows +
 /// i + 1` positions): it reads the blocks in place, where the flash kernel first packs
-/// the whole context, so an 8-row chunk over 2,048 cached keys cost about what a
-/// 24-row one does.
-pub const CHUNK_AS_DECODE_ROWS: usize = 8;
+/// the whole context. On AVX2 the two routes tie at ~12 rows (host B, AMD Zen 3,
+/// 2026-12-06, `tessera bench varlen_attention --dtype f16 --variant avx2 --shape
+/// 1xRxCx9x3x64` with the limit at 8 and at 16, 3 alternated rounds, medians in µs,
+/// paged against flash): 9 rows over 256, 1,024 and 2,048 keys 103/124, 341/430,
+/// 623/867; 12 rows 129/121, 429/457, 858/878; 16 rows 146/140, 566/531, 1115/1039.
+/// Elsewhere 8, the limit from before the decode route copied head rows whole
+/// (`decode_rows`), not re-measured since.
+pub fn chunk_as_decode_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx2 => 12,
+        _ => 8,
+    }
+}
+
+/// Most rows [`chunk_as_decode_rows`] gives on any ISA (the tests' route boundary).
+#[cfg(test)]
+const MOST_DECODE_ROWS: usize = 12;
 
 /// The decode rows, `(query row, sequence, keys it sees)`, through one paged call:
 /// compacted when other rows sit between them or a row sees fewer keys than its
@@ -319,9 +334,11 @@ mod tests {
             )
             .map(|()| o)
         };
-        // A chunk the decode kernel takes, and one the flash path takes.
-        const { assert!(3 <= CHUNK_AS_DECODE_ROWS && 12 > CHUNK_AS_DECODE_ROWS) };
-        let chunks: [(usize, usize, [u32; 4]); 2] = [(3, 10, [2, 0, 3, 1]), (12, 14, [2, 0, 3, 1])];
+        // A chunk the decode kernel takes, and one the flash path takes, on every ISA.
+        assert!(Isa::available()
+            .into_iter()
+            .all(|i| (3..=MOST_DECODE_ROWS).contains(&chunk_as_decode_rows(i))));
+        let chunks: [(usize, usize, [u32; 4]); 2] = [(3, 10, [2, 0, 3, 1]), (14, 16, [2, 0, 3, 1])];
         for isa in Isa::available() {
             for (rows, len, good) in chunks {
                 let used = len.div_ceil(bs);
@@ -374,8 +391,10 @@ mod tests {
         };
         // Values lie in [-1, 1], so the registry's relative f32 tolerance is absolute here.
         let tol = spec::TOL_F32.rel;
-        const { assert!(3 <= CHUNK_AS_DECODE_ROWS && 12 > CHUNK_AS_DECODE_ROWS) };
-        for (rows, len) in [(3usize, 10usize), (12, 17)] {
+        assert!(Isa::available()
+            .into_iter()
+            .all(|i| (3..=MOST_DECODE_ROWS).contains(&chunk_as_decode_rows(i))));
+        for (rows, len) in [(3usize, 10usize), (14, 19)] {
             // Stored [rows, d, heads]: element (r, h, x) at r·heads·d + x·heads + h.
             let at = |r: usize, h: usize, x: usize| (r * d + x) * heads + h;
             let layout = Layout::strided(&[rows, heads, d], &[heads * d, 1, heads], 0).unwrap();
