@@ -430,7 +430,6 @@ impl Scheduler {
         self.stats.steps += 1;
         let decodes = plan.iter().filter(|&&(i, n)| self.is_decode(i, n)).count();
         let prompt_tokens = plan.iter().map(|p| p.1).sum::<usize>() - decodes;
-
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .map(|&(i, n)| {

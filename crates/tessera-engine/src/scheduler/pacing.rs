@@ -11,12 +11,13 @@
 //! It keeps the time of recent decode-only steps per number of decode rows (the
 //! baseline), and from every step that adds prompt tokens to decodes, the extra time per
 //! prompt token. The next such step gets as many prompt tokens as keep it within
-//! `factor` × the decode-only step of the batch that is forming: the decoding
-//! sequences and those whose prompts are waiting or in flight (up to `max_seqs`), each
-//! extra row priced as a prompt token unless that count has run alone. Against the
-//! current decodes only, a burst of 16 prompts prefilled a few tokens a step beside the
-//! first streams, whose steps would be 16 rows' soon anyway. At least one token. A decode count without a baseline first gets
-//! one step of decodes alone, which measures it: while prompts keep every step mixed
+//! `factor` × the decode-only step of the batch that is forming, at least one: the
+//! decoding sequences and those whose prompts are waiting or in flight (up to
+//! `max_seqs`), each extra row priced as a prompt token unless that count has run
+//! alone. Against the current decodes only, a burst of 16 prompts prefilled a few
+//! tokens a step beside the first streams, whose steps would be 16 rows' soon anyway
+//! (docs/performance.md, host B). A decode count without a baseline first gets one
+//! step of decodes alone, which measures it: while prompts keep every step mixed
 //! nothing else would, and another count's baseline is no estimate (a step of 16
 //! decodes is not one of 4). Counts are at most `max_seqs` and baselines are kept, so
 //! these probe steps are few and a prompt always progresses. With no decoding sequence
@@ -80,14 +81,7 @@ impl Pacer {
         let Some(&base) = self.baseline.get(&decodes) else {
             return 0;
         };
-        let per = match self.per_prompt_token {
-            Some(per) if per > 0.0 => per,
-            // Nothing measured yet: a prompt token costs two decode rows' share of the
-            // step, which halves "prompt rows cost what decode rows cost" (the case on
-            // hosts where the step is bound by its matmuls' instructions); the first
-            // measurement corrects it either way.
-            _ => 2.0 * base / decodes as f64,
-        };
+        let per = priced(self.per_prompt_token, base, decodes);
         let target = self.batch_step(decodes, batch.max(decodes), base, per);
         // `as` saturates: a huge ratio (free prompt tokens) is no limit.
         (((self.factor * target - base) / per).floor() as usize).max(1)
@@ -138,13 +132,9 @@ impl Pacer {
         if spare.is_nan() || spare <= 0.0 {
             return 0;
         }
-        // Before any such work is measured, a chunk token's cost, else the first guess.
-        let per = self.per_between.or(self.per_prompt_token);
-        let positions = match per {
-            Some(per) if per > 0.0 => spare / per,
-            _ => (self.factor - 1.0) * decodes as f64 / 2.0,
-        };
-        positions.floor() as usize
+        // Before any such work is measured, a chunk token's cost.
+        let per = priced(self.per_between.or(self.per_prompt_token), base, decodes);
+        (spare / per).floor() as usize
     }
 
     /// Records prompt work run between steps: `positions` in `secs`.
@@ -153,6 +143,18 @@ impl Pacer {
             return;
         }
         average(&mut self.per_between, secs / positions as f64);
+    }
+}
+
+/// Seconds a prompt position costs beside `decodes` decode rows whose step takes
+/// `base`: `measured` when there is a positive one, else the first guess, two decode
+/// rows' share of the step. That halves "prompt rows cost what decode rows cost" (the
+/// case on hosts where the step is bound by its matmuls' instructions); the first
+/// measurement corrects it either way.
+fn priced(measured: Option<f64>, base: f64, decodes: usize) -> f64 {
+    match measured {
+        Some(per) if per > 0.0 => per,
+        _ => 2.0 * base / decodes as f64,
     }
 }
 
@@ -286,6 +288,11 @@ mod tests {
         assert_eq!(p.room_after(8, base), 0, "no baseline yet");
         p.record(8, 0, base);
         assert_eq!(p.room_after(8, base), 4, "the first guess");
+        assert_eq!(
+            p.room_after(8, 1.5 * base),
+            2,
+            "priced alike, a smaller margin"
+        );
         assert_eq!(p.room_after(8, 2.0 * base), 0, "the step took the margin");
         p.record(8, 4, base + 4.0 / 1024.0); // 2⁻¹⁰ s a chunk token
         assert_eq!(p.room_after(8, base), 32, "priced as chunk tokens");
