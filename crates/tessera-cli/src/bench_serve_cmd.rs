@@ -40,10 +40,9 @@ pub struct BatchArgs {
     pub max_batch_tokens: usize,
     /// Pace prompt chunks beside decoding streams: a step takes at most F times the
     /// decode-only step of the running and waiting sequences (measured as it runs),
-    /// with at least one prompt token; a prompt
-    /// with no stream beside it still takes --max-batch-tokens a step. Smooth streams
-    /// for slower prefill of what arrives beside them (docs/performance.md, host B:
-    /// 1.5). Off by default.
+    /// with at least one prompt token; a prompt with no stream beside it still takes
+    /// --max-batch-tokens a step. Smooth streams for slower prefill of what arrives
+    /// beside them (docs/performance.md, host B: 1.5). Off by default.
     #[arg(long, value_name = "F")]
     pub itl_factor: Option<f64>,
     /// KV cache pool size, e.g. 2GiB or 512M (default: a quarter of RAM, at most what

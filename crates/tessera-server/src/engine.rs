@@ -13,7 +13,8 @@
 //! and, with `--itl-factor`, of the step's time margin beside its decodes, priced by the
 //! slices' own measured time ([`Scheduler::prompt_room`]; one position at least): a long
 //! prompt to score delays the streams in flight by one slice per step, as a chunked
-//! prefill does, not by its whole length. A scoring whose client went away is dropped before its next slice.
+//! prefill does, not by its whole length. A scoring whose client went away is dropped
+//! before its next slice.
 
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
