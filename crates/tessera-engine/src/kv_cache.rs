@@ -103,9 +103,9 @@ impl KvElem for f16 {
 
 /// int8 codes of each `d`-wide row against its absolute maximum: scale = max|x|/127,
 /// code = x/scale rounded to nearest (even), so every value is within scale/2 of
-/// code·scale, give or take f32 rounding (under 3·10⁻⁵ of a step). An all-zero row gets scale 0 (codes 0); a non-finite value makes the
-/// scale NaN, so attention over it yields NaN as an f32 or f16 cache's would, never a
-/// silent number.
+/// code·scale, give or take f32 rounding (under 3·10⁻⁵ of a step). An all-zero row
+/// gets scale 0 (codes 0); a non-finite value makes the scale NaN, so attention over it
+/// yields NaN as an f32 or f16 cache's would, never a silent number.
 impl KvElem for i8 {
     const SCALED: bool = true;
     fn store(dst: &mut [i8], src: &[f32], scales: &mut [f32], d: usize) {
@@ -557,15 +557,16 @@ mod tests {
         }
     }
 
-    /// A q8 store keeps every value within half a step (its row's absmax/254) of what
-    /// was written, read through the kernels' view: codes times scale, computed here in
-    /// f64 from the stored parts. Zero rows store zeros; a NaN poisons its row's scale.
     /// Steps by which f32 arithmetic may move a q8 code past half a step: 127/max, the
     /// product x·(127/max) and the stored scale max/127 are each rounded once, and each
     /// rounding moves a value of at most 127 steps by at most 127·2⁻²⁴ (a fourth for the
-    /// second-order terms), 2.3·10⁻⁵ steps in all where this test allowed 5·10⁻⁶.
+    /// second-order terms): 2.3·10⁻⁵ steps in all.
     const F32_SLACK: f64 = 4.0 * 127.0 / (1u64 << 24) as f64;
 
+    /// A q8 store keeps every value within half a step (its row's absmax/254, plus
+    /// [`F32_SLACK`]) of what was written, read through the kernels' view: codes times
+    /// scale, computed here in f64 from the stored parts. Zero rows store zeros; a NaN
+    /// poisons its row's scale.
     #[test]
     fn q8_rows_come_back_within_half_a_step() {
         let shape = KvShape {

@@ -24,8 +24,9 @@ pub struct SchedulerConfig {
     /// While sequences decode, size the steps' prompt chunks so a step takes at most
     /// this many times the decode-only step of the running and waiting sequences (up to
     /// `max_seqs`), as measured while running (`pacing`'s docs): the decoding streams'
-    /// inter-token latency against the prefill rate of prompts that arrive beside them. `None` (the default): only `max_batch_tokens`
-    /// bounds a step, and the schedule does not depend on timing.
+    /// inter-token latency against the prefill rate of prompts that arrive beside them.
+    /// `None` (the default): only `max_batch_tokens` bounds a step, and the schedule
+    /// does not depend on timing.
     pub itl_factor: Option<f64>,
 }
 

@@ -168,14 +168,6 @@ pub fn chunk_as_decode_rows(isa: Isa) -> usize {
 const AVX2_DECODE_ROWS: usize = 12;
 const OTHER_DECODE_ROWS: usize = 8;
 
-/// Most rows [`chunk_as_decode_rows`] gives on any ISA (the tests' route boundary).
-#[cfg(test)]
-const MOST_DECODE_ROWS: usize = if AVX2_DECODE_ROWS > OTHER_DECODE_ROWS {
-    AVX2_DECODE_ROWS
-} else {
-    OTHER_DECODE_ROWS
-};
-
 /// The decode rows, `(query row, sequence, keys it sees)`, through one paged call:
 /// compacted when other rows sit between them or a row sees fewer keys than its
 /// sequence holds.
@@ -299,6 +291,15 @@ mod tests {
     use super::*;
     use crate::ops::paged_attention::NO_SCALES;
 
+    /// Every ISA here runs a chunk of `decode` rows as decode rows and one of `flash`
+    /// rows on the flash route: the route tests below depend on both.
+    fn assert_routes_split(decode: usize, flash: usize) {
+        for isa in Isa::available() {
+            let limit = chunk_as_decode_rows(isa);
+            assert!(decode <= limit && limit < flash, "{isa}: limit {limit}");
+        }
+    }
+
     /// A prefill chunk's blocks are read in place, by the flash path's packing or, for a
     /// short chunk, by the paged decode kernel, so a block table that points past the
     /// pool or ends before the context, and a query head width that is not the cache's,
@@ -343,9 +344,7 @@ mod tests {
             .map(|()| o)
         };
         // A chunk the decode kernel takes, and one the flash path takes, on every ISA.
-        assert!(Isa::available()
-            .into_iter()
-            .all(|i| (3..=MOST_DECODE_ROWS).contains(&chunk_as_decode_rows(i))));
+        assert_routes_split(3, 14);
         let chunks: [(usize, usize, [u32; 4]); 2] = [(3, 10, [2, 0, 3, 1]), (14, 16, [2, 0, 3, 1])];
         for isa in Isa::available() {
             for (rows, len, good) in chunks {
@@ -399,9 +398,7 @@ mod tests {
         };
         // Values lie in [-1, 1], so the registry's relative f32 tolerance is absolute here.
         let tol = spec::TOL_F32.rel;
-        assert!(Isa::available()
-            .into_iter()
-            .all(|i| (3..=MOST_DECODE_ROWS).contains(&chunk_as_decode_rows(i))));
+        assert_routes_split(3, 14);
         for (rows, len) in [(3usize, 10usize), (14, 19)] {
             // Stored [rows, d, heads]: element (r, h, x) at r·heads·d + x·heads + h.
             let at = |r: usize, h: usize, x: usize| (r * d + x) * heads + h;
