@@ -3,7 +3,7 @@
 //! A fixed token budget cannot serve both ends of chunked prefill. A large one prefills
 //! a long prompt quickly but stalls every decoding stream for each whole chunk (host B,
 //! 8 streams, a 2,048-token prompt at the default 256 tokens a step: p99 inter-token
-//! latency 20–29× the median without it, docs/performance.md); a small one keeps the
+//! latency 22–27× the median without it, docs/performance.md); a small one keeps the
 //! streams smooth but starves a prompt that arrives alone. What a prompt token costs beside the decodes depends on the host,
 //! the activations' width, how many rows the matmul kernels already run and the chunk's
 //! context (its attention), so the pacer does not model it: it measures it.
