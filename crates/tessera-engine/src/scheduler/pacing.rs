@@ -4,9 +4,10 @@
 //! a long prompt quickly but stalls every decoding stream for each whole chunk (host B,
 //! 8 streams, a 2,048-token prompt at the default 256 tokens a step: p99 inter-token
 //! latency 22–27× the median without it, docs/performance.md); a small one keeps the
-//! streams smooth but starves a prompt that arrives alone. What a prompt token costs beside the decodes depends on the host,
-//! the activations' width, how many rows the matmul kernels already run and the chunk's
-//! context (its attention), so the pacer does not model it: it measures it.
+//! streams smooth but starves a prompt that arrives alone. What a prompt token costs
+//! beside the decodes depends on the host, the activations' width, how many rows the
+//! matmul kernels already run and the chunk's context (its attention), so the pacer does
+//! not model it: it measures it.
 //!
 //! It keeps the time of recent decode-only steps per number of decode rows (the
 //! baseline), and from every step that adds prompt tokens to decodes, the extra time per
@@ -16,7 +17,8 @@
 //! `max_seqs`), each extra row priced as a prompt token unless that count has run
 //! alone. Against the current decodes only, a burst of 16 prompts prefilled a few
 //! tokens a step beside the first streams, whose steps would be 16 rows' soon anyway
-//! (docs/performance.md, host B). A decode count without a baseline first gets one
+//! (host B, 3 rounds: TTFT p50 4.3–4.8 s against 2.2–2.6 now and 1.8 unpaced; the
+//! measurement in `7f60202`'s message). A decode count without a baseline first gets one
 //! step of decodes alone, which measures it: while prompts keep every step mixed
 //! nothing else would, and another count's baseline is no estimate (a step of 16
 //! decodes is not one of 4). Counts are at most `max_seqs` and baselines are kept, so
@@ -29,7 +31,8 @@
 //! position also computes its logits: several chunk tokens' cost) takes the margin the
 //! last step left ([`Pacer::room_after`]), priced by its own measured time once it has
 //! one: priced as chunk tokens, 8 streams' gaps during a scoring were 2–6× their median
-//! at a factor of 1.5; priced by its own time, 1.4–1.6× (docs/performance.md, host B).
+//! at a factor of 1.5; priced by its own time, 1.4–1.6× (host B, 3 alternated rounds,
+//! `8379af5`'s message; the current figure in docs/performance.md).
 //!
 //! Pacing is opt-in ([`SchedulerConfig::itl_factor`]): it makes step composition depend
 //! on wall time (outputs do not, beyond rounding: batch invariance holds for any
