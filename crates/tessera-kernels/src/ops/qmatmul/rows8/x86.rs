@@ -311,6 +311,9 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
     const ONE_CHAIN_FROM: usize = PAIR_M;
     type I = [__m256i; 2];
     type F = [__m256; 2];
+    // Each method is `Ymm<D>`'s on each group. Where both take the same activation
+    // value (`add`'s bytes, `scale_add`'s d_x, `min_add`'s term), LLVM broadcasts it
+    // once: that is the point of the pair.
     #[inline(always)]
     unsafe fn codes(p: *const u8, group_bytes: usize) -> [__m256i; 2] {
         // SAFETY: forwarded contract; 32 readable bytes at each address.
@@ -329,14 +332,16 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
     #[inline(always)]
     unsafe fn start(init: i32) -> [__m256i; 2] {
         // SAFETY: forwarded contract.
-        unsafe { [D::start(init); 2] }
+        unsafe { [Ymm::<D>::start(init); 2] }
     }
     #[inline(always)]
     unsafe fn add(sum: [__m256i; 2], u: [__m256i; 2], x: i32) -> [__m256i; 2] {
-        // SAFETY: forwarded contract; one broadcast for both groups.
+        // SAFETY: forwarded contract.
         unsafe {
-            let x = _mm256_set1_epi32(x);
-            [D::add(sum[0], u[0], x), D::add(sum[1], u[1], x)]
+            [
+                Ymm::<D>::add(sum[0], u[0], x),
+                Ymm::<D>::add(sum[1], u[1], x),
+            ]
         }
     }
     #[inline(always)]
@@ -344,8 +349,8 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
         // SAFETY: forwarded contract, per group.
         unsafe {
             [
-                D::finish::<CODES>([sums[0][0], sums[1][0]], init),
-                D::finish::<CODES>([sums[0][1], sums[1][1]], init),
+                Ymm::<D>::finish::<CODES>([sums[0][0], sums[1][0]], init),
+                Ymm::<D>::finish::<CODES>([sums[0][1], sums[1][1]], init),
             ]
         }
     }
@@ -362,28 +367,26 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
     }
     #[inline(always)]
     unsafe fn zero() -> [__m256; 2] {
-        // SAFETY: AVX per the contract.
-        unsafe { [_mm256_setzero_ps(); 2] }
+        // SAFETY: forwarded contract.
+        unsafe { [Ymm::<D>::zero(); 2] }
     }
     #[inline(always)]
     unsafe fn scale_add(s: [__m256i; 2], d: [__m256; 2], dx: f32, acc: [__m256; 2]) -> [__m256; 2] {
-        // SAFETY: AVX and FMA per the contract.
+        // SAFETY: forwarded contract.
         unsafe {
-            let dx = _mm256_set1_ps(dx);
             [
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[0]), _mm256_mul_ps(d[0], dx), acc[0]),
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), _mm256_mul_ps(d[1], dx), acc[1]),
+                Ymm::<D>::scale_add(s[0], d[0], dx, acc[0]),
+                Ymm::<D>::scale_add(s[1], d[1], dx, acc[1]),
             ]
         }
     }
     #[inline(always)]
     unsafe fn min_add(m: [__m256; 2], sums: f32, acc: [__m256; 2]) -> [__m256; 2] {
-        // SAFETY: FMA per the contract.
+        // SAFETY: forwarded contract.
         unsafe {
-            let sums = _mm256_set1_ps(sums);
             [
-                _mm256_fmadd_ps(m[0], sums, acc[0]),
-                _mm256_fmadd_ps(m[1], sums, acc[1]),
+                Ymm::<D>::min_add(m[0], sums, acc[0]),
+                Ymm::<D>::min_add(m[1], sums, acc[1]),
             ]
         }
     }
@@ -397,6 +400,10 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
 /// Activation rows [`dots16`] takes per pass over two groups' codes: 4 rows' running
 /// sums of 2 groups fill 8 ymm registers, as 8 rows of one group in [`dots8`].
 const PAIR_M: usize = 4;
+const _: () = assert!(
+    AVX2_M == 2 * PAIR_M,
+    "dots16 runs a call's rows in two passes at most"
+);
 
 /// `out[16i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the 16 rows of groups r0/8 and r0/8 + 1
 /// and up to [`AVX2_M`] activation rows, with `vpmaddubsw`. A batch (4 rows or more) of
@@ -426,27 +433,21 @@ pub(in super::super) unsafe fn dots16(
 ) {
     debug_assert!(r0.is_multiple_of(ROWS16) && out.len() >= ROWS16 * acts.live());
     if r0 + ROWS8 < w.rows && w.layout == CodeLayout::Nibbles8 && acts.live() >= PAIR_M {
-        let mut rest = Some(acts);
-        let mut at = 0;
-        while let Some(rows) = rest {
-            let (pass, more) = if rows.live() > PAIR_M {
-                let (a, b) = rows.split(PAIR_M);
-                (a, Some(b))
-            } else {
-                (rows, None)
-            };
+        // The call's rows are at most AVX2_M = 2·PAIR_M: two passes at most.
+        let (first, second) = if acts.live() > PAIR_M {
+            let (a, b) = acts.split(PAIR_M);
+            (a, Some(b))
+        } else {
+            (acts, None)
+        };
+        for (at, pass) in [(0, Some(first)), (PAIR_M, second)] {
+            let Some(pass) = pass else { continue };
             // SAFETY: forwarded contract; each pass starts PAIR_M slots on in the
             // panel, and group r0/8 + 1 holds row r0 + 8 < rows.
             unsafe {
-                dots_with::<YmmPair<Maddubs>, PAIR_M>(
-                    w,
-                    r0,
-                    pass,
-                    (&mut out[ROWS16 * at..], ROWS16),
-                )
+                let out = (&mut out[ROWS16 * at..], ROWS16);
+                dots_with::<YmmPair<Maddubs>, PAIR_M>(w, r0, pass, out)
             };
-            at += pass.live();
-            rest = more;
         }
         return;
     }
