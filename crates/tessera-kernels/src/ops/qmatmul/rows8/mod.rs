@@ -1,10 +1,9 @@
 //! The integer kernel for weights interleaved eight rows at a time
 //! ([`PackedWeights::interleaved`]): one chunk loop ([`chunk`]), written once over
-//! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows, or
-//! two on a pair of ymm for batches of nibble codes), AVX512_VNNI on ymm (`vpdpbusd`, 8
-//! rows), AVX512_VNNI on zmm (16 rows: two adjacent groups, one per 256-bit half)
-//! (`x86`), and Arm's DotProd (`sdot` on two q registers, 8 rows) (`neon`);
-//! Q2_K/Q3_K/Q6_K's split scales go on to [`planes`].
+//! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows),
+//! AVX512_VNNI on ymm (`vpdpbusd`, 8 rows), AVX512_VNNI on zmm (16 rows: two adjacent
+//! groups, one per 256-bit half) (`x86`), and Arm's DotProd (`sdot` on two q registers,
+//! 8 rows) (`neon`); Q2_K/Q3_K/Q6_K's split scales go on to [`planes`].
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
@@ -61,12 +60,12 @@ pub(super) use amx::{begin_matmul, dots_amx16, AMX_M};
 #[cfg(target_arch = "aarch64")]
 pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dots16, dots_vnni16, planes_dots, planes_dots_vnni, AVX2_M, ROWS16, VNNI_M};
+pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, AVX2_M, ROWS16, VNNI_M};
 
-/// The body of every instance (`x86::dots16` on one ymm or a pair, `x86::dots_vnni16`
-/// on ymm and zmm, `neon::dots_sdot`), inlined into each so it is compiled with the
-/// caller's target features: the chunk loop is written once, its register width and
-/// 4-byte dot product (`L`) per instruction set.
+/// The body of every instance (`x86::dots`, `x86::dots_vnni16` on ymm and zmm,
+/// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target
+/// features: the chunk loop is written once, its register width and 4-byte dot product
+/// (`L`) per instruction set.
 ///
 /// # Safety
 /// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
