@@ -292,15 +292,15 @@ fn run_panels(
         }
         #[cfg(target_arch = "x86_64")]
         IntKernel::Avx2Rows8 => {
-            for_weight_rows::<{ rows8::AVX2_M }, { packed::ROWS8 }>(
+            for_weight_rows::<{ rows8::AVX2_M }, { rows8::ROWS16 }>(
                 threads,
                 shape,
                 store,
                 y,
                 |r, m0, mc, out| {
                     // SAFETY: as for VnniRows8, on an AVX2 CPU (`for_isa`), r a multiple of
-                    // 8, out 8·mc long, passes at multiples of AVX2_M (the panel's 8 slots).
-                    unsafe { rows8::dots(w, r, panels.rows(m0, mc), out) }
+                    // 16, out 16·mc long, passes at multiples of AVX2_M (the panel's 8 slots).
+                    unsafe { rows8::dots16(w, r, panels.rows(m0, mc), out) }
                 },
             )
         }

@@ -1,9 +1,10 @@
 //! The integer kernel for weights interleaved eight rows at a time
 //! ([`PackedWeights::interleaved`]): one chunk loop ([`chunk`]), written once over
-//! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows),
-//! AVX512_VNNI on ymm (`vpdpbusd`, 8 rows), AVX512_VNNI on zmm (16 rows: two adjacent
-//! groups, one per 256-bit half) (`x86`), and Arm's DotProd (`sdot` on two q registers,
-//! 8 rows) (`neon`); Q2_K/Q3_K/Q6_K's split scales go on to [`planes`].
+//! [`RowLanes`] and instantiated for AVX2 (`vpmaddubsw` on ymm, one group of 8 rows, or
+//! two on a pair of ymm for batches of nibble codes), AVX512_VNNI on ymm (`vpdpbusd`, 8
+//! rows), AVX512_VNNI on zmm (16 rows: two adjacent groups, one per 256-bit half)
+//! (`x86`), and Arm's DotProd (`sdot` on two q registers, 8 rows) (`neon`);
+//! Q2_K/Q3_K/Q6_K's split scales go on to [`planes`].
 //!
 //! Why a layout of its own: the row kernel (`avx2_int8`) holds one row's chunk per ymm,
 //! so every 32-weight chunk pays its own `vpmaddwd`, conversion and scale multiplies,
@@ -60,12 +61,12 @@ pub(super) use amx::{begin_matmul, dots_amx16, AMX_M};
 #[cfg(target_arch = "aarch64")]
 pub(super) use neon::{dots_sdot, planes_sdot};
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dots, dots_vnni16, planes_dots, planes_dots_vnni, AVX2_M, ROWS16, VNNI_M};
+pub(super) use x86::{dots16, dots_vnni16, planes_dots, planes_dots_vnni, AVX2_M, ROWS16, VNNI_M};
 
-/// The body of every instance (`x86::dots`, `x86::dots_vnni16` on ymm and zmm,
-/// `neon::dots_sdot`), inlined into each so it is compiled with the caller's target
-/// features: the chunk loop is written once, its register width and 4-byte dot product
-/// (`L`) per instruction set.
+/// The body of every instance (`x86::dots16` on one ymm, or a pair through
+/// `nibble_pass_with`; `x86::dots_vnni16` on ymm and zmm; `neon::dots_sdot`), inlined
+/// into each so it is compiled with the caller's target features: the chunk loop is
+/// written once, its register width and 4-byte dot product (`L`) per instruction set.
 ///
 /// # Safety
 /// `w.layout.interleaved()`, not [`Meta::SplitI8`] metadata; r0 a multiple of 8 below `w.rows`; 1 ≤ acts.live()
@@ -79,20 +80,70 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
     w: &PackedWeights,
     r0: usize,
     acts: PanelRows<'_>,
-    (out, ld): (&mut [f32], usize),
+    out: (&mut [f32], usize),
 ) {
+    // SAFETY: forwarded contract.
+    unsafe { pass_with::<L, ByRows<MC>>(w, r0, acts, out) }
+}
+
+/// [`dots_with`] for a pass of exactly M activation rows over nibble codes
+/// ([`CodeLayout::Nibbles8`]): one loop per metadata kind and minimum, where
+/// `dots_with` compiles one per code kind, minimum, metadata kind and row count
+/// ([`by_count`]). For an instance only batches of nibbles take (`x86::YmmPair`): built
+/// through `dots_with`, its ~60 loop bodies took the kernels crate's release build from
+/// 64 s to 386 s (AMD Zen 3, 2026-12-06, `cargo build --release -p tessera-kernels`).
+///
+/// # Safety
+/// As [`dots_with`], with nibble codes and exactly M live rows.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibble_pass_with<L: RowLanes, const M: usize>(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: (&mut [f32], usize),
+) {
+    debug_assert!(w.layout == CodeLayout::Nibbles8 && acts.live() == M);
+    // SAFETY: forwarded contract.
+    unsafe { pass_with::<L, NibbleRows<M>>(w, r0, acts, out) }
+}
+
+/// A pass's arguments, and (`K`) the loop it runs once its groups' metadata is known:
+/// [`ByRows`] or [`NibbleRows`].
+struct Pass<'a, 'o, L, K> {
+    w: &'a PackedWeights,
+    r0: usize,
+    acts: PanelRows<'a>,
+    out: (&'o mut [f32], usize),
+    loop_kind: std::marker::PhantomData<(L, K)>,
+}
+
+/// [`dots_with`]' and [`nibble_pass_with`]'s shared start: the groups' metadata, then
+/// `K`'s loop.
+///
+/// # Safety
+/// As [`dots_with`], and `K`'s contract.
+#[inline(always)]
+unsafe fn pass_with<'a, 'o, L: RowLanes, K>(
+    w: &'a PackedWeights,
+    r0: usize,
+    acts: PanelRows<'a>,
+    out: (&'o mut [f32], usize),
+) where
+    Pass<'a, 'o, L, K>: MetaLoop,
+{
     let last = r0 + ROWS8 * (L::GROUPS - 1);
     debug_assert!(w.layout.interleaved() && r0.is_multiple_of(ROWS8) && last < w.rows);
     debug_assert_eq!(acts.chunks(), w.cols / QK);
-    let by_rows = ByRows::<L, MC> {
+    let pass = Pass::<L, K> {
         w,
         r0,
         acts,
-        out: (out, ld),
-        lanes: std::marker::PhantomData,
+        out,
+        loop_kind: std::marker::PhantomData,
     };
     // SAFETY: forwarded contract; the second group exists where L covers two.
-    unsafe { group_meta(w, r0, L::GROUPS - 1, by_rows) }
+    unsafe { group_meta(w, r0, L::GROUPS - 1, pass) }
 }
 
 /// A chunk loop over a call's groups, once their metadata is known ([`group_meta`]).
@@ -150,16 +201,10 @@ unsafe fn group_meta(w: &PackedWeights, r0: usize, second: usize, f: impl MetaLo
     }
 }
 
-/// [`by_rows`] as a [`MetaLoop`].
-struct ByRows<'a, 'o, L, const MC: usize> {
-    w: &'a PackedWeights,
-    r0: usize,
-    acts: PanelRows<'a>,
-    out: (&'o mut [f32], usize),
-    lanes: std::marker::PhantomData<L>,
-}
+/// [`by_rows`]' loop, for up to MC rows of any codes.
+struct ByRows<const MC: usize>;
 
-impl<L: RowLanes, const MC: usize> MetaLoop for ByRows<'_, '_, L, MC> {
+impl<L: RowLanes, const MC: usize> MetaLoop for Pass<'_, '_, L, ByRows<MC>> {
     #[inline(always)]
     unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
         let pass = GroupPass {
@@ -170,6 +215,28 @@ impl<L: RowLanes, const MC: usize> MetaLoop for ByRows<'_, '_, L, MC> {
         };
         // SAFETY: forwarded contract.
         unsafe { by_rows::<L, C, MC>(pass, self.acts, self.out) }
+    }
+}
+
+/// [`nibble_pass_with`]'s loop: exactly M rows of nibble codes.
+#[cfg(target_arch = "x86_64")]
+struct NibbleRows<const M: usize>;
+
+#[cfg(target_arch = "x86_64")]
+impl<L: RowLanes, const M: usize> MetaLoop for Pass<'_, '_, L, NibbleRows<M>> {
+    #[inline(always)]
+    unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
+        let Self {
+            w, r0, acts, out, ..
+        } = self;
+        // SAFETY: forwarded contract: nibble codes, M live rows.
+        unsafe {
+            if min {
+                dots_m::<L, { Codes::NIBBLES }, true, C, M>(w, meta, r0, acts, out)
+            } else {
+                dots_m::<L, { Codes::NIBBLES }, false, C, M>(w, meta, r0, acts, out)
+            }
+        }
     }
 }
 

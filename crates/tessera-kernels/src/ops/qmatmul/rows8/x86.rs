@@ -6,17 +6,18 @@
 
 use super::super::act_panel::PanelRows;
 use super::super::avx2_int8::MetaElem;
-use super::super::packed::{Meta, PackedWeights, ROWS8};
+use super::super::packed::{CodeLayout, Meta, PackedWeights, ROWS8};
 use super::super::quant_acts::QuantActs;
 use super::super::M_CHUNK;
 use super::planes::{self, PlaneLanes};
-use super::{dots_with, ChunkMeta, Codes, RowLanes, Wide8};
+use super::{dots_with, nibble_pass_with, ChunkMeta, Codes, RowLanes, Wide8};
 use half::f16;
 use std::arch::x86_64::*;
 
-/// `out[8i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
+/// `out[ld·i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
 /// (rows past `w.rows` are zero padding) and up to [`AVX2_M`] activation rows, with
-/// `vpmaddubsw`.
+/// `vpmaddubsw`: [`dots16`]'s loop for decode rows, codes other than nibbles and a
+/// last, odd group.
 ///
 /// On Zen 3 (inline-assembly probes, 2026-12-05, not in the repository) `vpmaddubsw`
 /// and `vpmaddwd` share two pipes, 2 a cycle together; `vpaddw` runs 4 a cycle, vector
@@ -33,19 +34,14 @@ use std::arch::x86_64::*;
 /// AVX2, FMA and F16C; `w.layout.interleaved()`, not `Meta::SplitI8` metadata; r0 a
 /// multiple of 8 below `w.rows`; 1 ≤ acts.live() ≤ AVX2_M, the rows quantized for
 /// `w.cols` columns and `w`'s offset, starting at a slot that leaves AVX2_M slots in
-/// the panel; out.len() ≥ 8·acts.live().
+/// the panel; ld ≥ 8 and out.len() ≥ ld·(live − 1) + 8.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in super::super) unsafe fn dots(
-    w: &PackedWeights,
-    r0: usize,
-    acts: PanelRows<'_>,
-    out: &mut [f32],
-) {
+unsafe fn dots8(w: &PackedWeights, r0: usize, acts: PanelRows<'_>, out: (&mut [f32], usize)) {
     // SAFETY: forwarded contract.
-    unsafe { dots_with::<Ymm<Maddubs>, AVX2_M>(w, r0, acts, (out, ROWS8)) }
+    unsafe { dots_with::<Ymm<Maddubs>, AVX2_M>(w, r0, acts, out) }
 }
 
-/// Activation rows the AVX2 kernel ([`dots`]) takes per pass over a group's codes: 8
+/// Activation rows the AVX2 kernel ([`dots8`]) takes per pass over a group's codes: 8
 /// rows' one running sum each (nibbles, or a plane of full bytes) and accumulators
 /// fill the 16 ymm registers, and each chunk's float finish then overlaps 8 rows' steps
 /// instead of 4 (Q4_1 16×3072×576, 2 threads: 170–172 µs against 201–202 at
@@ -296,6 +292,167 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
     unsafe fn store(acc: __m256, out: &mut [f32]) {
         // SAFETY: per the contract.
         unsafe { store_group(&[acc], out) }
+    }
+}
+
+/// Two adjacent groups' 16 rows on a pair of ymm registers, with dot product `D`: each
+/// activation broadcast serves both groups' `vpmaddubsw`, as do the chunk's d_x and
+/// minimum-term broadcasts in the finish ([`dots16`]).
+struct YmmPair<D>(std::marker::PhantomData<D>);
+
+impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
+    const GROUPS: usize = 2;
+    const NIBBLE_PLANES: bool = D::NIBBLE_PLANES;
+    const I16_SUMS: bool = D::I16_SUMS;
+    /// Rolled, as [`dots8`]' 8 rows are ([`super::RowLanes::ROLLED_FROM`]): unrolled,
+    /// LLVM spilled the sums (Q4_1 16×3072×576 in cache 431–435 µs against 327–328).
+    const ROLLED_FROM: usize = PAIR_M;
+    /// Two groups make 4 rows' 8 independent chains, as 8 rows of one group.
+    const ONE_CHAIN_FROM: usize = PAIR_M;
+    type I = [__m256i; 2];
+    type F = [__m256; 2];
+    // Each method is `Ymm<D>`'s on each group. Where both take the same activation
+    // value (`add`'s bytes, `scale_add`'s d_x, `min_add`'s term), LLVM broadcasts it
+    // once: that is the point of the pair.
+    #[inline(always)]
+    unsafe fn codes(p: *const u8, group_bytes: usize) -> [__m256i; 2] {
+        // SAFETY: forwarded contract; 32 readable bytes at each address.
+        unsafe {
+            [
+                Ymm::<D>::codes(p, 0),
+                Ymm::<D>::codes(p.add(group_bytes), 0),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles<const HI: bool>(v: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: forwarded contract.
+        unsafe { [Ymm::<D>::nibbles::<HI>(v[0]), Ymm::<D>::nibbles::<HI>(v[1])] }
+    }
+    #[inline(always)]
+    unsafe fn start(init: i32) -> [__m256i; 2] {
+        // SAFETY: forwarded contract.
+        unsafe { [Ymm::<D>::start(init); 2] }
+    }
+    #[inline(always)]
+    unsafe fn add(sum: [__m256i; 2], u: [__m256i; 2], x: i32) -> [__m256i; 2] {
+        // SAFETY: forwarded contract.
+        unsafe {
+            [
+                Ymm::<D>::add(sum[0], u[0], x),
+                Ymm::<D>::add(sum[1], u[1], x),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish<const CODES: u8>(sums: [[__m256i; 2]; 2], init: i32) -> [__m256i; 2] {
+        // SAFETY: forwarded contract, per group.
+        unsafe {
+            [
+                Ymm::<D>::finish::<CODES>([sums[0][0], sums[1][0]], init),
+                Ymm::<D>::finish::<CODES>([sums[0][1], sums[1][1]], init),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn meta<C: ChunkMeta, const MINS: bool>(m: &[C; 2], c: usize) -> [__m256; 2] {
+        // SAFETY: forwarded contract, for both groups.
+        unsafe {
+            if MINS {
+                [m[0].mins(c), m[1].mins(c)]
+            } else {
+                [m[0].scales(c), m[1].scales(c)]
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> [__m256; 2] {
+        // SAFETY: forwarded contract.
+        unsafe { [Ymm::<D>::zero(); 2] }
+    }
+    #[inline(always)]
+    unsafe fn scale_add(s: [__m256i; 2], d: [__m256; 2], dx: f32, acc: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: forwarded contract.
+        unsafe {
+            [
+                Ymm::<D>::scale_add(s[0], d[0], dx, acc[0]),
+                Ymm::<D>::scale_add(s[1], d[1], dx, acc[1]),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn min_add(m: [__m256; 2], sums: f32, acc: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: forwarded contract.
+        unsafe {
+            [
+                Ymm::<D>::min_add(m[0], sums, acc[0]),
+                Ymm::<D>::min_add(m[1], sums, acc[1]),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(acc: [__m256; 2], out: &mut [f32]) {
+        // SAFETY: per the contract (16 floats).
+        unsafe { store_group(&acc, out) }
+    }
+}
+
+/// Activation rows [`dots16`] takes per pass over two groups' codes: 4 rows' running
+/// sums of 2 groups fill 8 ymm registers, as 8 rows of one group in [`dots8`].
+const PAIR_M: usize = 4;
+
+/// `out[16i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the 16 rows of groups r0/8 and r0/8 + 1
+/// and up to [`AVX2_M`] activation rows, with `vpmaddubsw`. Nibble codes run passes of
+/// exactly [`PAIR_M`] rows over both groups on a pair of ymm registers ([`YmmPair`]):
+/// per 8 `vpmaddubsw`, 4 activation broadcasts and 2 code vectors instead of
+/// [`dots8`]'s 8 and 1. The rest (the last 1–3 rows, other codes, a last, odd group)
+/// runs [`dots8`] per group.
+///
+/// Why: broadcasts cost this loop more than the probes in [`dots8`]'s doc suggest. A
+/// timing build (wrong outputs) sharing each broadcast between two activation rows took
+/// Q4_1 16×3072×576 in cache on one thread from 345–348 µs to 269–270; the pair, which
+/// pays for its halved broadcasts with a second code vector and its nibble masks each
+/// step, takes 327–328 (−5%); cold on 2 threads 165–166 against 175, 16×960×576 54
+/// against 57 (AMD Zen 3, 2026-12-06, `tessera bench qmatmul --variant avx2-int8-r8`,
+/// 3 alternated rounds, fastest samples). One and two rows (decode) took 10–15% longer
+/// as pairs (1×3072×576 29–36 µs against 26–30), so they stay per group. 5-bit codes
+/// keep two sums a row and full bytes two planes, which 4 rows of two groups would not
+/// fit in 16 registers; full bytes already share each broadcast between their planes.
+///
+/// # Safety
+/// As [`dots8`], with r0 a multiple of 16 and out.len() ≥ 16·acts.live().
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn dots16(
+    w: &PackedWeights,
+    r0: usize,
+    acts: PanelRows<'_>,
+    out: &mut [f32],
+) {
+    debug_assert!(r0.is_multiple_of(ROWS16) && out.len() >= ROWS16 * acts.live());
+    let pairs = r0 + ROWS8 < w.rows && w.layout == CodeLayout::Nibbles8;
+    let (mut rest, mut at) = (Some(acts), 0);
+    while let Some(rows) = rest.filter(|rows| pairs && rows.live() >= PAIR_M) {
+        let (pass, next) = if rows.live() > PAIR_M {
+            let (pass, next) = rows.split(PAIR_M);
+            (pass, Some(next))
+        } else {
+            (rows, None)
+        };
+        // SAFETY: forwarded contract, nibble codes and PAIR_M live rows; each pass
+        // starts PAIR_M slots further on in the panel, and group r0/8 + 1 holds row
+        // r0 + 8 < rows.
+        unsafe {
+            let out = (&mut out[ROWS16 * at..], ROWS16);
+            nibble_pass_with::<YmmPair<Maddubs>, PAIR_M>(w, r0, pass, out)
+        };
+        (rest, at) = (next, at + PAIR_M);
+    }
+    let Some(rows) = rest else { return };
+    for r in (r0..w.rows.min(r0 + ROWS16)).step_by(ROWS8) {
+        // SAFETY: forwarded contract, for one group, at a row stride of 16; after pair
+        // passes the rest are fewer than PAIR_M rows, which `dots8` reads exactly (no
+        // slots past them), so starting PAIR_M slots on is in the panel.
+        unsafe { dots8(w, r, rows, (&mut out[ROWS16 * at + r - r0..], ROWS16)) };
     }
 }
 
