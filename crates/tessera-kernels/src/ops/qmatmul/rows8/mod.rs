@@ -89,9 +89,10 @@ unsafe fn dots_with<L: RowLanes, const MC: usize>(
 /// [`dots_with`] for a pass of exactly M activation rows over nibble codes
 /// ([`CodeLayout::Nibbles8`]): one loop per metadata kind and minimum, where
 /// `dots_with` compiles one per code kind, minimum, metadata kind and row count
-/// ([`by_count`]). For an instance only batches of nibbles take (`x86::YmmPair`): built
-/// through `dots_with`, its ~60 loop bodies took the kernels crate's release build from
-/// 64 s to 386 s (AMD Zen 3, 2026-12-06, `cargo build --release -p tessera-kernels`).
+/// ([`by_count`]). For an instance only batches of nibbles take (`x86::YmmPair`): the
+/// kernels crate's release build took 386 s with it through `dots_with` (~60 loop
+/// bodies), 69–71 s through this, 64–65 s without it (AMD Zen 3, 2026-12-06, `cargo
+/// build --release -p tessera-kernels`).
 ///
 /// # Safety
 /// As [`dots_with`], with nibble codes and exactly M live rows.
@@ -207,14 +208,12 @@ struct ByRows<const MC: usize>;
 impl<L: RowLanes, const MC: usize> MetaLoop for Pass<'_, '_, L, ByRows<MC>> {
     #[inline(always)]
     unsafe fn run<C: ChunkMeta>(self, meta: [C; 2], min: bool) {
-        let pass = GroupPass {
-            w: self.w,
-            meta,
-            min,
-            r0: self.r0,
-        };
+        let Self {
+            w, r0, acts, out, ..
+        } = self;
+        let pass = GroupPass { w, meta, min, r0 };
         // SAFETY: forwarded contract.
-        unsafe { by_rows::<L, C, MC>(pass, self.acts, self.out) }
+        unsafe { by_rows::<L, C, MC>(pass, acts, out) }
     }
 }
 
