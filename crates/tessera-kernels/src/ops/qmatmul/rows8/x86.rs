@@ -16,8 +16,8 @@ use std::arch::x86_64::*;
 
 /// `out[ld·i + g] = Σ_k W[r0 + g, k]·x̂_i[k]` for the group of 8 rows starting at r0
 /// (rows past `w.rows` are zero padding) and up to [`AVX2_M`] activation rows, with
-/// `vpmaddubsw`: [`dots16`]'s loop for decode rows, codes other than nibbles and a
-/// last, odd group.
+/// `vpmaddubsw`: [`dots16`]'s loop for decode rows, a batch's last 1–3 rows, codes
+/// other than nibbles and a last, odd group.
 ///
 /// On Zen 3 (inline-assembly probes, 2026-12-05, not in the repository) `vpmaddubsw`
 /// and `vpmaddwd` share two pipes, 2 a cycle together; `vpaddw` runs 4 a cycle, vector
