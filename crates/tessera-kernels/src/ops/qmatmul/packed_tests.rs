@@ -340,9 +340,9 @@ fn interleaved_kernel_matches_portable() {
 /// Byte codes at their largest against activation codes at ±127, where the AVX2
 /// instance's i16 running sums come nearest to wrapping (`rows8`'s module docs): 5-bit
 /// codes at 31 reach 4·2·31·127 = 31 496 of 32 767 and stay exact only if each sum
-/// widens to i32 on its own; full bytes at 255 put 15 in both nibble planes, whose
-/// sums reach 8·2·15·127 = 30 480 each. Every instance the CPU has must match the
-/// portable loop on them.
+/// widens to i32 on its own; full bytes at 255 (q = 127 in AVX2's signed form) make
+/// pairs of 2·127·127 = 32 258 (−128, stored 0, has its own test below). Every instance
+/// the CPU has must match the portable loop on them.
 #[test]
 fn byte_codes_at_their_bound_do_not_wrap() {
     let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Neon]
@@ -454,6 +454,61 @@ fn full_byte_codes_do_not_saturate() {
             (portable[0] - k as f32).abs() < 1e-2 * k as f32,
             "{portable:?}"
         );
+    }
+}
+
+/// Q8_0 codes at −128 (stored byte 0), which this crate's quantizer never writes but a
+/// file may hold: AVX2 multiplies |q| = 128 by activation bytes at ±127, a pair of
+/// 2·128·127 = 32 512, the nearest to `vpmaddubsw`'s saturation at 2¹⁵ any code comes
+/// (`rows8`'s module docs). Activations of ±1 quantize exactly to ±127 (d_x = 1/127), so
+/// every output is Σ d·q·x exactly, computed here in f64 from the blocks, and every
+/// layout and instance the CPU has must give it within f32 rounding.
+#[test]
+fn full_byte_codes_at_minus_128_are_exact() {
+    let (rows, k) = (17, 256);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5128);
+    // Mostly −128, with 127s and small codes in random places, and random scales.
+    let blocks: Vec<BlockQ8_0> = (0..rows * k / QK)
+        .map(|_| BlockQ8_0 {
+            d: half::f16::from_f32(rng.random_range(0.001f32..0.01)),
+            qs: std::array::from_fn(|_| match rng.random_range(0..8) {
+                0 => 127,
+                1 => rng.random_range(-3..=3),
+                _ => i8::MIN,
+            }),
+        })
+        .collect();
+    let want_row = |r: usize, sign: f64| -> f64 {
+        blocks[r * k / QK..(r + 1) * k / QK]
+            .iter()
+            .map(|b| b.d.to_f64() * b.qs.iter().map(|&q| q as f64 * sign).sum::<f64>())
+            .sum()
+    };
+    let q = QuantMatrix::<BlockQ8_0>::from_blocks(rows, k, blocks.clone()).unwrap();
+    let packed: Vec<PackedWeights> = std::iter::once(PackedWeights::row_major(&q))
+        .chain(PackedWeights::interleaved(&q))
+        .collect();
+    assert_eq!(packed.len(), 2, "Q8_0 interleaves");
+    let isas = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
+        .into_iter()
+        .filter(|isa| isa.is_available());
+    for isa in isas {
+        for w in &packed {
+            for (m, sign) in [(1, 1.0), (3, -1.0), (5, 1.0), (8, -1.0), (16, 1.0)] {
+                let x = vec![sign as f32; m * k];
+                let got = apply(&x, (m, k, rows), |x, y| qmatmul_int8(isa, 1, w, x, y));
+                for (i, &g) in got.iter().enumerate() {
+                    let want = want_row(i % rows, sign);
+                    // f32 accumulation over k/32 block terms of up to 32·128·0.01.
+                    let tol = 1e-5 * (k as f64 * 128.0 * 0.01);
+                    assert!(
+                        (g as f64 - want).abs() <= tol,
+                        "{isa} {:?} m {m} row {i}: {g} vs {want}",
+                        w.layout
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -28,12 +28,12 @@
 //! 5-bit codes, and 4·7874 = 31496 < 2¹⁵, so each running sum widens to i32 on its own;
 //! nibbles (2·15·127 = 3810, 8·3810 = 30480) add both in i16 first, or keep one sum of
 //! all 8 steps where enough rows hide its latency ([`RowLanes::I16_SUMS`]). A full byte
-//! would saturate `vpmaddubsw` (2·255·127 > 2¹⁵), so AVX2 splits it, u = 16·h + l, and
-//! adds each plane against the same activation bytes into its own running sum, each
-//! then obeying the nibbles' 8-step bound; the high sum is weighed by 16 as it widens
-//! (`vpmaddwd` against 16s): two `vpmaddubsw` per 4 bytes, twice a nibble's cost per
-//! weight, as their bits are. `vpdpbusd` and `sdot` sum in i32, so they take full bytes
-//! whole (up to 255·127·32 per chunk).
+//! would saturate `vpmaddubsw` (2·255·127 > 2¹⁵), so AVX2 takes it signed, q = u − 128,
+//! as llama.cpp's AVX2 dot products do: |q| (unsigned) against the activation bytes
+//! given q's signs (`vpsignb`), pair sums within 2·128·127 = 32512 < 2¹⁵, each step's
+//! widened to i32 at once (`vpmaddwd` against ones): two multiplies per 4 bytes, twice
+//! a nibble's cost per weight, as their bits are ([`RowLanes::Full`]). `vpdpbusd` and
+//! `sdot` sum in i32, so they take full bytes whole (up to 255·127·32 per chunk).
 //!
 //! Per chunk and row the value is `d·(S − offset·Σq_x)·d_x + m·(d_x·Σq_x)`: S and the
 //! start value exact in i32, the minimum term from the activation's precomputed
@@ -247,13 +247,9 @@ trait RowLanes {
     /// 8-row groups one register covers (1 or 2).
     const GROUPS: usize;
     /// Whether full-byte codes go into the dot product as signed u − 128
-    /// ([`RowLanes::full_bytes`]), whose sums then include −128·Σq_x: the activation's
+    /// ([`RowLanes::full_codes`]), whose sums then include −128·Σq_x: the activation's
     /// start value is not added.
     const SIGNED_BYTES: bool = false;
-    /// Whether full-byte codes go in as two nibble planes, u = 16·h + l, each added
-    /// against the same activation bytes into its own running sum (`finish` weighs the
-    /// high one by 16): `vpmaddubsw` would saturate on whole bytes (2·255·127 > 2¹⁵).
-    const NIBBLE_PLANES: bool = false;
     /// Activation rows from which each keeps one running sum per chunk instead of two
     /// (enough independent dot products to hide the instruction's latency).
     const ONE_CHAIN_FROM: usize = 8;
@@ -282,15 +278,19 @@ trait RowLanes {
     /// # Safety
     /// As [`RowLanes::codes`], without the memory.
     unsafe fn nibbles<const HI: bool>(v: Self::I) -> Self::I;
-    /// Full-byte codes as the dot product takes them: unsigned as they are (the
-    /// default), or u − 128 where [`RowLanes::SIGNED_BYTES`].
+    /// A step's full-byte codes as every activation row's [`RowLanes::add_full`] takes
+    /// them, prepared once: unsigned as they are, u − 128 where
+    /// [`RowLanes::SIGNED_BYTES`], or (`vpmaddubsw`, which would saturate on whole
+    /// bytes) u − 128 with its magnitudes.
+    type Full: Copy;
+    /// # Safety
+    /// As [`RowLanes::nibbles`].
+    unsafe fn full_codes(v: Self::I) -> Self::Full;
+    /// [`RowLanes::add`] for full-byte codes.
     ///
     /// # Safety
     /// As [`RowLanes::nibbles`].
-    #[inline(always)]
-    unsafe fn full_bytes(v: Self::I) -> Self::I {
-        v
-    }
+    unsafe fn add_full(sum: Self::I, u: Self::Full, x: i32) -> Self::I;
     /// A running sum started at `init` (or at zero, where `finish` adds it).
     ///
     /// # Safety
@@ -346,7 +346,7 @@ impl Codes {
     /// are into every dot product, with the activation's start value.
     const FIVE_BIT: u8 = 1;
     /// Full bytes, offset 128 ([`CodeLayout::Bytes8`] of Q8_0, Q8_K): through
-    /// [`RowLanes::full_bytes`].
+    /// [`RowLanes::full_codes`] and [`RowLanes::add_full`].
     const FULL: u8 = 2;
 
     /// The kind of `w`'s codes.
@@ -496,11 +496,12 @@ impl ChunkMeta for Factored8 {
 /// On i16 sums ([`RowLanes::I16_SUMS`], AVX2) a pass of more than 4 rows runs as two,
 /// of 4 rows and the rest, for 5-bit codes and for 5 rows. 5-bit codes keep two running
 /// sums a row, and 8 rows' would not fit the 16 ymm registers: at 8 rows a pass Q5_0
-/// 16×3072×576 took 229 µs against 194–202 at 4, where nibbles and full bytes (one sum
-/// a row, a plane each) were faster (Q4_1 −15%, the Q8_0 LM head −17%). 5 rows in a
-/// pass of 8 waste 3: Q4_1 5×3072×576 85–87 µs against 73 as 4 + 1; 6 rows broke even.
-/// AMD Zen 3, 2026-12-05, `tessera bench qmatmul --variant avx2-int8-r8`, cold, 2
-/// threads, 2 alternated rounds.
+/// 16×3072×576 took 229 µs against 194–202 at 4, where nibbles (one sum a row) were
+/// faster (Q4_1 −15%). 5 rows in a pass of 8 waste 3: Q4_1 5×3072×576 85–87 µs against
+/// 73 as 4 + 1; 6 rows broke even. AMD Zen 3, 2026-12-05, `tessera bench qmatmul
+/// --variant avx2-int8-r8`, cold, 2 threads, 2 alternated rounds. Full bytes, one i32
+/// sum a row, too: Q8_0 16×3072×576 in cache, one thread, 501–504 µs at 8 rows a pass
+/// against 658–666 at 4 (2026-12-06, 3 alternated rounds, fastest samples).
 #[inline(always)]
 unsafe fn by_rows<L: RowLanes, C: ChunkMeta, const MC: usize>(
     pass: GroupPass<'_, C>,
@@ -704,8 +705,7 @@ unsafe fn chunk<
             g.codes.add((c / 2) * GROUP_PAIR_BYTES)
         };
         // Two running sums per activation row, even and odd steps: `vpdpbusd`
-        // accumulates in place, and one chain of 8 would wait on its latency (or the
-        // low and high planes of full bytes, `RowLanes::NIBBLE_PLANES`).
+        // accumulates in place, and one chain of 8 would wait on its latency.
         // Signed full bytes carry −128·Σq_x in their sums, and formats with minima have
         // no offset (a wrong start would fail every format's float64 verification): no
         // start value to broadcast, the sums start from a zeroed register.
@@ -766,7 +766,7 @@ struct Steps {
 
 impl Steps {
     /// Adds step t (of QK/4) to each row's running sum `k` (the step's parity; 0 where
-    /// one sum a row suffices, and both planes of full bytes in nibble planes).
+    /// one sum a row suffices).
     ///
     /// # Safety
     /// As [`chunk`], t < QK/4.
@@ -781,23 +781,21 @@ impl Steps {
         unsafe {
             let (c, rows) = (self.c, self.rows);
             let v = L::codes(self.base.add(QK * t), self.group_bytes);
-            if CODES == Codes::FULL && L::NIBBLE_PLANES {
-                let (lo, hi) = (L::nibbles::<false>(v), L::nibbles::<true>(v));
-                for i in 0..M {
-                    let x = rows.four(c, i, t);
-                    sums[i][0] = L::add(sums[i][0], lo, x);
-                    sums[i][1] = L::add(sums[i][1], hi, x);
-                }
-                return;
-            }
-            let u = match CODES {
-                Codes::FULL => L::full_bytes(v),
-                Codes::FIVE_BIT => v,
-                _ => L::nibbles::<HI>(v),
-            };
             // One running sum a row where M rows hide the latency, but 5-bit codes in i16.
             let one_chain = M >= L::ONE_CHAIN_FROM && !(L::I16_SUMS && CODES == Codes::FIVE_BIT);
             let k = if one_chain { 0 } else { k };
+            if CODES == Codes::FULL {
+                let u = L::full_codes(v);
+                for i in 0..M {
+                    sums[i][k] = L::add_full(sums[i][k], u, rows.four(c, i, t));
+                }
+                return;
+            }
+            let u = if CODES == Codes::FIVE_BIT {
+                v
+            } else {
+                L::nibbles::<HI>(v)
+            };
             for i in 0..M {
                 sums[i][k] = L::add(sums[i][k], u, rows.four(c, i, t));
             }

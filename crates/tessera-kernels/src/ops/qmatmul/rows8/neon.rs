@@ -80,6 +80,8 @@ impl RowLanes for Sdot8 {
     const ONE_CHAIN_FROM: usize = 2;
     type I = I8Rows;
     type F = F8Rows;
+    /// Signed, u − 128, as `sdot` takes them.
+    type Full = I8Rows;
     #[inline(always)]
     unsafe fn codes(p: *const u8, _: usize) -> I8Rows {
         // SAFETY: 32 readable bytes, per the contract.
@@ -102,10 +104,15 @@ impl RowLanes for Sdot8 {
         })
     }
     #[inline(always)]
-    unsafe fn full_bytes(v: I8Rows) -> I8Rows {
+    unsafe fn full_codes(v: I8Rows) -> I8Rows {
         // u ^ 0x80 is u − 128 as a signed byte.
         // SAFETY: NEON.
         each(v, |b| unsafe { veorq_u8(b, vdupq_n_u8(0x80)) })
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: I8Rows, u: I8Rows, x: i32) -> I8Rows {
+        // SAFETY: forwarded contract (`sdot` takes signed bytes whole).
+        unsafe { Self::add(sum, u, x) }
     }
     #[inline(always)]
     unsafe fn start(init: i32) -> I8Rows {

@@ -42,10 +42,11 @@ unsafe fn dots8(w: &PackedWeights, r0: usize, acts: PanelRows<'_>, out: (&mut [f
 }
 
 /// Activation rows the AVX2 kernel ([`dots8`]) takes per pass over a group's codes: 8
-/// rows' one running sum each (nibbles, or a plane of full bytes) and accumulators
+/// rows' one running sum each (nibbles' i16, full bytes' i32) and accumulators
 /// fill the 16 ymm registers, and each chunk's float finish then overlaps 8 rows' steps
 /// instead of 4 (Q4_1 16×3072×576, 2 threads: 170–172 µs against 201–202 at
-/// [`M_CHUNK`]; the Q8_0 LM head 16×49152×576 4667–4693 against 5604–5664; AMD Zen 3,
+/// [`M_CHUNK`]; the Q8_0 LM head 16×49152×576, then as two nibble planes, 4667–4693
+/// against 5604–5664; AMD Zen 3,
 /// 2026-12-05, `tessera bench qmatmul --variant avx2-int8-r8`, 2 alternated rounds).
 /// 5-bit codes, two sums a row, run such a pass as two of 4 (`super::by_rows`).
 pub(in super::super) const AVX2_M: usize = 8;
@@ -86,7 +87,7 @@ pub(in super::super) const ROWS16: usize = 2 * ROWS8;
 /// (docs/performance.md, host H).
 const ZMM_MIN_ROWS: usize = VNNI_M;
 
-/// [`dots`] with `vpdpbusd` (AVX512_VNNI; one instruction per 4 activation bytes
+/// [`dots8`] with `vpdpbusd` (AVX512_VNNI; one instruction per 4 activation bytes
 /// instead of `vpmaddubsw` + `vpaddw`, and no `vpmaddwd` per chunk) for the 16 rows of
 /// groups r0/8 and r0/8 + 1, on zmm registers with each lane one row: `out[16i + g] =
 /// Σ_k W[r0 + g, k]·x̂_i[k]`.
@@ -100,7 +101,7 @@ const ZMM_MIN_ROWS: usize = VNNI_M;
 /// of a pass of fewer than [`ZMM_MIN_ROWS`] activation rows.
 ///
 /// # Safety
-/// As [`dots`] with [`VNNI_M`] for M_CHUNK, r0 a multiple of 16, out.len() ≥
+/// As [`dots8`] with [`VNNI_M`] for M_CHUNK, r0 a multiple of 16, out.len() ≥
 /// 16·acts.live(), and the CPU has AVX-512F/BW/DQ/VL and AVX512_VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(in super::super) unsafe fn dots_vnni16(
@@ -128,9 +129,11 @@ pub(in super::super) unsafe fn dots_vnni16(
 trait Dot4 {
     /// A running chunk sum.
     type Sum: Copy;
-    /// As [`RowLanes::NIBBLE_PLANES`]: stated by each instance (no default), as its
-    /// `finish` must weigh the high plane exactly when it is true.
-    const NIBBLE_PLANES: bool;
+    /// As [`RowLanes::SIGNED_BYTES`]: stated by each instance (no default), as its
+    /// [`Dot4::full_codes`] and `finish` must agree with it.
+    const SIGNED_BYTES: bool;
+    /// As [`RowLanes::Full`].
+    type Full: Copy;
     /// As [`RowLanes::I16_SUMS`], stated by each instance as its `finish` relies on it.
     const I16_SUMS: bool;
     /// As [`RowLanes::ROLLED_FROM`].
@@ -144,6 +147,16 @@ trait Dot4 {
     /// # Safety
     /// As [`Dot4::start`].
     unsafe fn add(sum: Self::Sum, u: __m256i, x: __m256i) -> Self::Sum;
+    /// As [`RowLanes::full_codes`].
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn full_codes(v: __m256i) -> Self::Full;
+    /// As [`RowLanes::add_full`].
+    ///
+    /// # Safety
+    /// As [`Dot4::start`].
+    unsafe fn add_full(sum: Self::Sum, u: Self::Full, x: __m256i) -> Self::Sum;
     /// The chunk's i32 sums from its two running sums (the first started from `init`),
     /// start value included, for codes of kind `CODES` ([`super::Codes`]).
     ///
@@ -153,12 +166,22 @@ trait Dot4 {
 }
 
 /// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see the module
-/// docs), then `vpmaddwd` against ones into i32.
+/// docs), then `vpmaddwd` against ones into i32. Full bytes go in signed, as |q| against
+/// the activation bytes with q's signs, each step widened to i32 (the parent's docs).
+///
+/// Full bytes went in as two nibble planes, u = 16·h + l, each with its own i16 sum,
+/// until 2026-12-06: as many multiplies, but two sums a row, and 8 rows' 16 sums and 8
+/// accumulators spilled in the steps. Signed, one i32 sum a row: Q8_0 16×3072×576 in
+/// cache, one thread, 500–504 µs against 564–569; the LM head 16×49152×576 cold on 2
+/// threads 4100–4112 against 4583–7127 (AMD Zen 3, `tessera bench qmatmul --variant
+/// avx2-int8-r8`, 3 alternated rounds, fastest samples).
 struct Maddubs;
 
 impl Dot4 for Maddubs {
     type Sum = __m256i;
-    const NIBBLE_PLANES: bool = true;
+    const SIGNED_BYTES: bool = true;
+    /// q = u − 128 and |q| (`vpabsb`; |−128| reads 128 as an unsigned byte).
+    type Full = [__m256i; 2];
     const I16_SUMS: bool = true;
     const ROLLED_FROM: usize = 5;
     #[inline(always)]
@@ -172,19 +195,33 @@ impl Dot4 for Maddubs {
         unsafe { _mm256_add_epi16(sum, _mm256_maddubs_epi16(u, x)) }
     }
     #[inline(always)]
+    unsafe fn full_codes(v: __m256i) -> [__m256i; 2] {
+        // SAFETY: AVX2 per the contract; u ^ 0x80 is u − 128 as a signed byte.
+        unsafe {
+            let q = _mm256_xor_si256(v, _mm256_set1_epi8(i8::MIN));
+            [q, _mm256_abs_epi8(q)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: __m256i, [q, abs]: [__m256i; 2], x: __m256i) -> __m256i {
+        // SAFETY: AVX2 per the contract. |q|·(±x) pairs: |x| ≤ 127 (the activation
+        // quantizer's clamp), so a pair is within 2·128·127 < 2¹⁵ and never saturates;
+        // where q = 0, `vpsignb` zeroes x as |q| does.
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(x, q));
+            _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+    #[inline(always)]
     unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], init: i32) -> __m256i {
         // SAFETY: AVX2 per the contract. Nibbles' two i16 sums together obey the
         // 8-step bound of the parent's module docs; 5-bit codes' only each their own
-        // 4 steps, so they widen apart; full bytes' are their low and high planes
-        // (8 steps each), the high one weighed by 16 as it widens.
+        // 4 steps, so they widen apart; full bytes' are i32 already.
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let s = match CODES {
                 Codes::NIBBLES => _mm256_madd_epi16(_mm256_add_epi16(a, b), ones),
-                Codes::FULL => _mm256_add_epi32(
-                    _mm256_madd_epi16(a, ones),
-                    _mm256_madd_epi16(b, _mm256_set1_epi16(16)),
-                ),
+                Codes::FULL => _mm256_add_epi32(a, b),
                 _ => _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones)),
             };
             _mm256_add_epi32(s, _mm256_set1_epi32(init))
@@ -193,12 +230,13 @@ impl Dot4 for Maddubs {
 }
 
 /// AVX512_VNNI on ymm: `vpdpbusd` accumulates the 4-byte dots in i32 directly, so it
-/// takes full bytes whole (no nibble planes, which its `finish` would not weigh).
+/// takes full bytes whole, unsigned, with the activation's start value.
 struct Vnni;
 
 impl Dot4 for Vnni {
     type Sum = __m256i;
-    const NIBBLE_PLANES: bool = false;
+    const SIGNED_BYTES: bool = false;
+    type Full = __m256i;
     const I16_SUMS: bool = false;
     const ROLLED_FROM: usize = usize::MAX;
     #[inline(always)]
@@ -212,6 +250,15 @@ impl Dot4 for Vnni {
         unsafe { _mm256_dpbusd_epi32(sum, u, x) }
     }
     #[inline(always)]
+    unsafe fn full_codes(v: __m256i) -> __m256i {
+        v
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: __m256i, u: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { Self::add(sum, u, x) }
+    }
+    #[inline(always)]
     unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], _: i32) -> __m256i {
         // SAFETY: AVX2 per the contract.
         unsafe { _mm256_add_epi32(a, b) }
@@ -223,11 +270,12 @@ struct Ymm<D>(std::marker::PhantomData<D>);
 
 impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
     const GROUPS: usize = 1;
-    const NIBBLE_PLANES: bool = D::NIBBLE_PLANES;
+    const SIGNED_BYTES: bool = D::SIGNED_BYTES;
     const I16_SUMS: bool = D::I16_SUMS;
     const ROLLED_FROM: usize = D::ROLLED_FROM;
     type I = __m256i;
     type F = __m256;
+    type Full = D::Full;
     #[inline(always)]
     unsafe fn codes(p: *const u8, _: usize) -> __m256i {
         // SAFETY: AVX per the contract; 32 readable bytes.
@@ -250,6 +298,16 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for Ymm<D> {
     unsafe fn add(sum: __m256i, u: __m256i, x: i32) -> __m256i {
         // SAFETY: forwarded contract.
         unsafe { D::add(sum, u, _mm256_set1_epi32(x)) }
+    }
+    #[inline(always)]
+    unsafe fn full_codes(v: __m256i) -> D::Full {
+        // SAFETY: forwarded contract.
+        unsafe { D::full_codes(v) }
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: __m256i, u: D::Full, x: i32) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { D::add_full(sum, u, _mm256_set1_epi32(x)) }
     }
     #[inline(always)]
     unsafe fn finish<const CODES: u8>(sums: [__m256i; 2], init: i32) -> __m256i {
@@ -302,7 +360,7 @@ struct YmmPair<D>(std::marker::PhantomData<D>);
 
 impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
     const GROUPS: usize = 2;
-    const NIBBLE_PLANES: bool = D::NIBBLE_PLANES;
+    const SIGNED_BYTES: bool = D::SIGNED_BYTES;
     const I16_SUMS: bool = D::I16_SUMS;
     /// Rolled, as [`dots8`]' 8 rows are ([`super::RowLanes::ROLLED_FROM`]): unrolled,
     /// LLVM spilled the sums (Q4_1 16×3072×576 in cache 431–435 µs against 327–328).
@@ -311,6 +369,7 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
     const ONE_CHAIN_FROM: usize = PAIR_M;
     type I = [__m256i; 2];
     type F = [__m256; 2];
+    type Full = [D::Full; 2];
     // Each method is `Ymm<D>`'s on each group. Where both take the same activation
     // value (`add`'s bytes, `scale_add`'s d_x, `min_add`'s term), LLVM broadcasts it
     // once: that is the point of the pair.
@@ -341,6 +400,21 @@ impl<D: Dot4<Sum = __m256i>> RowLanes for YmmPair<D> {
             [
                 Ymm::<D>::add(sum[0], u[0], x),
                 Ymm::<D>::add(sum[1], u[1], x),
+            ]
+        }
+    }
+    #[inline(always)]
+    unsafe fn full_codes(v: [__m256i; 2]) -> [D::Full; 2] {
+        // SAFETY: forwarded contract.
+        unsafe { v.map(|g| Ymm::<D>::full_codes(g)) }
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: [__m256i; 2], u: [D::Full; 2], x: i32) -> [__m256i; 2] {
+        // SAFETY: forwarded contract.
+        unsafe {
+            [
+                Ymm::<D>::add_full(sum[0], u[0], x),
+                Ymm::<D>::add_full(sum[1], u[1], x),
             ]
         }
     }
@@ -416,8 +490,9 @@ const PAIR_M: usize = 4;
 /// against 57 (AMD Zen 3, 2026-12-06, `tessera bench qmatmul --variant avx2-int8-r8`,
 /// 3 alternated rounds, fastest samples). One and two rows (decode) took 10–15% longer
 /// as pairs (1×3072×576 29–36 µs against 26–30), so they stay per group. 5-bit codes
-/// keep two sums a row and full bytes two planes, which 4 rows of two groups would not
-/// fit in 16 registers; full bytes already share each broadcast between their planes.
+/// keep two sums a row, which 4 rows of two groups would not fit in 16 registers. Full
+/// bytes (one i32 sum a row) have not been tried as pairs: each step would hold q and
+/// |q| of both groups.
 ///
 /// # Safety
 /// As [`dots8`], with r0 a multiple of 16 and out.len() ≥ 16·acts.live().
@@ -464,6 +539,8 @@ impl RowLanes for Zmm {
     const GROUPS: usize = 2;
     type I = __m512i;
     type F = __m512;
+    /// Whole and unsigned, as [`Vnni`]'s.
+    type Full = __m512i;
     #[inline(always)]
     unsafe fn codes(p: *const u8, group_bytes: usize) -> __m512i {
         // SAFETY: AVX-512F per the contract; 32 readable bytes at each address.
@@ -490,6 +567,15 @@ impl RowLanes for Zmm {
     unsafe fn add(sum: __m512i, u: __m512i, x: i32) -> __m512i {
         // SAFETY: AVX512_VNNI per the contract.
         unsafe { _mm512_dpbusd_epi32(sum, u, _mm512_set1_epi32(x)) }
+    }
+    #[inline(always)]
+    unsafe fn full_codes(v: __m512i) -> __m512i {
+        v
+    }
+    #[inline(always)]
+    unsafe fn add_full(sum: __m512i, u: __m512i, x: i32) -> __m512i {
+        // SAFETY: forwarded contract.
+        unsafe { Self::add(sum, u, x) }
     }
     #[inline(always)]
     unsafe fn finish<const CODES: u8>([a, b]: [__m512i; 2], _: i32) -> __m512i {
