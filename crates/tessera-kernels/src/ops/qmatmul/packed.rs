@@ -232,8 +232,8 @@ impl PackedWeights {
     /// with one scale per chunk, the split-scale 6-bit formats, and the 8-bit formats
     /// (offset 128, one scale per chunk) where an integer kernel reads them interleaved:
     /// `vpdpbusd` takes full unsigned bytes, `sdot` signed ones (u − 128), and
-    /// `vpmaddubsw` their two nibble planes (`rows8`); elsewhere (an Arm CPU without
-    /// DotProd) they keep the row layout.
+    /// `vpmaddubsw` their magnitudes against sign-flipped activations (`rows8`);
+    /// elsewhere (an Arm CPU without DotProd) they keep the row layout.
     pub(super) fn can_interleave<B: BlockFormat>() -> bool {
         // (AVX512_VNNI comes with AVX2 on every x86 CPU.)
         let full_bytes = Isa::Avx2.is_available() || CpuFeatures::get().neon_dotprod;

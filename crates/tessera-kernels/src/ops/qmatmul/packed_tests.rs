@@ -74,7 +74,7 @@ fn only_offset_128_formats_have_wide_codes() {
         }
         if p.signed_bytes() {
             // Full bytes interleave where an integer kernel reads them so: `vpdpbusd`,
-            // `vpmaddubsw` (as two nibble planes) and `sdot`.
+            // `vpmaddubsw` (as magnitudes, signs on the activations) and `sdot`.
             let x86 = Isa::Avx2.is_available() && matches!(Isa::best(), Isa::Avx2 | Isa::Avx512);
             let sdot = CpuFeatures::get().neon_dotprod && Isa::best() == Isa::Neon;
             let want = if (x86 || sdot) && dtype != DType::I8 {
