@@ -284,6 +284,8 @@ trait RowLanes {
     /// [`RowLanes::SIGNED_BYTES`], or (`vpmaddubsw`, which would saturate on whole
     /// bytes) u − 128 with its magnitudes.
     type Full: Copy;
+    /// A step's full-byte codes `v` as [`RowLanes::Full`].
+    ///
     /// # Safety
     /// As [`RowLanes::nibbles`].
     unsafe fn full_codes(v: Self::I) -> Self::Full;

@@ -53,9 +53,9 @@ pub(super) trait Dot4 {
     unsafe fn finish<const CODES: u8>(sums: [Self::Sum; 2], init: i32) -> __m256i;
 }
 
-/// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see the module
+/// AVX2: `vpmaddubsw` pairs into i16, added with `vpaddw` (bounded, see `rows8`'s module
 /// docs), then `vpmaddwd` against ones into i32. Full bytes go in signed, as |q| against
-/// the activation bytes with q's signs, each step widened to i32 (the parent's docs).
+/// the activation bytes with q's signs, each step widened to i32 (`rows8`'s module docs).
 ///
 /// Full bytes went in as two nibble planes, u = 16·h + l, each with its own i16 sum,
 /// until 2026-12-06: as many multiplies, but two sums a row, and 8 rows' 16 sums and 8
@@ -103,7 +103,7 @@ impl Dot4 for Maddubs {
     #[inline(always)]
     unsafe fn finish<const CODES: u8>([a, b]: [__m256i; 2], init: i32) -> __m256i {
         // SAFETY: AVX2 per the contract. Nibbles' two i16 sums together obey the
-        // 8-step bound of the parent's module docs; 5-bit codes' only each their own
+        // 8-step bound of `rows8`'s module docs; 5-bit codes' only each their own
         // 4 steps, so they widen apart; full bytes' are i32 already.
         unsafe {
             let ones = _mm256_set1_epi16(1);
