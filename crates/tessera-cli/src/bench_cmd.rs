@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// kernel's compute rate, to compare with what DRAM delivers.
     #[arg(long)]
     in_cache: bool,
+    /// Time compute-bound ops cold too: rotate copies of the operands so that every
+    /// call reads them from DRAM, as a model's consecutive layers do.
+    #[arg(long, conflicts_with = "in_cache")]
+    cold: bool,
     /// Also write every timed call as a Chrome trace / Perfetto JSON file.
     #[arg(long, value_name = "TRACE.json")]
     profile: Option<std::path::PathBuf>,
@@ -78,6 +82,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         budget: Duration::from_millis(args.budget_ms),
         cold_read: args.peers,
         in_cache: args.in_cache,
+        cold: args.cold,
         device_ceilings: crate::devices::device_ceilings(args.sel.backend)?,
         ..Default::default()
     };

@@ -67,6 +67,10 @@ pub struct BenchOptions {
     /// Time memory-bound ops on one instance, without rotation: the weights stay in
     /// cache, so the result is the kernel's compute rate rather than DRAM's.
     pub in_cache: bool,
+    /// Rotate instances for compute-bound ops too, so every call reads its operands
+    /// from DRAM as a model's layers do one after another (a compute-bound op is
+    /// otherwise timed on one instance, in cache). Ignored with `in_cache`.
+    pub cold: bool,
     /// The ceilings of the installed device, measured by its own probes: device
     /// variants are judged against these, without the CPU's bracketing probes.
     pub device_ceilings: Option<Ceilings>,
@@ -81,6 +85,7 @@ impl Default for BenchOptions {
             target_spread: 0.02,
             cold_read: false,
             in_cache: false,
+            cold: false,
             device_ceilings: None,
         }
     }
@@ -217,7 +222,7 @@ pub fn run(spec: &BenchSpec<'_>, ceilings: &Ceilings, opts: &BenchOptions) -> Re
     };
     let mut instances: Vec<Box<dyn Instance>> =
         vec![spec.problem.instantiate(spec.dtype, &mut rng)?];
-    if mem_bound && !opts.in_cache {
+    if (mem_bound || opts.cold) && !opts.in_cache {
         let target = 3 * ceilings.cache_bytes.unwrap_or_else(llc_bytes);
         // Counted in the bytes each instance holds, not only those one call reads: a
         // gather's instances hold whole tables (see `Instance::resident_bytes`).
@@ -342,7 +347,8 @@ mod tests {
     }
 
     /// `in_cache` times a memory-bound op on its one instance; without it the same op
-    /// rotates enough instances to leave the cache.
+    /// rotates enough instances to leave the cache. A compute-bound op rotates only
+    /// with `cold`.
     #[test]
     fn rotation_is_one_instance_in_cache_and_three_device_caches_cold() {
         let op = tessera_kernels::ops::find("qmatmul").unwrap();
@@ -418,5 +424,36 @@ mod tests {
         );
         let r = run(&spec, &cold, &opts).unwrap();
         assert_eq!(r.rotation, 1);
+
+        // A compute-bound op runs on one instance unless `cold` asks for the rotation.
+        let spec = BenchSpec {
+            op: "qmatmul",
+            problem: problem.as_ref(),
+            dtype: DType::Q4_0,
+            ..spec
+        };
+        let slow = Ceilings {
+            fma_gflops: 1e-3,
+            int8_gops: 1e-3,
+            dram_gbps: 1e6,
+            ..cold
+        };
+        let r = run(&spec, &slow, &opts).unwrap();
+        assert_eq!((r.bound, r.rotation), ("compute", 1));
+        let forced = BenchOptions { cold: true, ..opts };
+        let r = run(&spec, &slow, &forced).unwrap();
+        assert_eq!(
+            (r.bound, r.rotation),
+            ("compute", (3 * cache).div_ceil(each))
+        );
+        let both = BenchOptions {
+            in_cache: true,
+            ..forced
+        };
+        assert_eq!(
+            run(&spec, &slow, &both).unwrap().rotation,
+            1,
+            "in_cache wins"
+        );
     }
 }
