@@ -5,7 +5,7 @@
 //! so memory is O(seq·d), not O(seq²).
 //!
 //! The scores are in base 2: the queries carry log₂e with the softmax scale, so each
-//! weight is 2^(s − max) ([`crate::simd::lanes_exp::exp2`]: no range reduction by ln 2,
+//! weight is 2^(s − max) (`simd::lanes_exp::exp2`: no range reduction by ln 2,
 //! a degree-5 polynomial, 13 vector operations where e^x takes 20). At d = 64 a weight
 //! costs one exp per 2·64 multiply-adds, and e^x was ~25% of the kernel's time on AVX2
 //! (host B, 1 thread, causal 512 × 9 heads: 7.3 → 5.5 ms with the exp left out, a

@@ -44,7 +44,7 @@ multiversion! {
 }
 
 multiversion! {
-    /// Columns `j0..j1` for B with contiguous rows (cs == 1): accumulate x[p]·B[p, j0..j1].
+    /// Columns `j0..j1` for B with contiguous rows (cs == 1): accumulate `x[p]·B[p, j0..j1]`.
     fn axpy_cols<T: GemmInput>(row: &GemvRow<'_, T>, j0: usize, j1: usize, out: &mut [f32]) {
         out.fill(0.0);
         for (p, &xp) in row.x.iter().enumerate() {

@@ -164,7 +164,7 @@ multiversion! {
     }
 }
 
-/// One k-value of a group's 8 rows: lane i = (code of word i − offset)·d[i] (+ m[i] with
+/// One k-value of a group's 8 rows: lane i = (code of word i − offset)·`d[i]` (+ `m[i]` with
 /// `MIN`; without, no `+ 0.0`, which would turn the format's −0 into +0).
 #[inline(always)]
 fn lanes8<const MIN: bool>(
