@@ -1,10 +1,10 @@
 // The AVX2 interleaved kernels' instruction mixes (crates/tessera-kernels/src/ops/qmatmul/
-// rows8), timed alone: what one 32-column chunk of an 8-row weight group costs per
-// activation row when nothing but the instructions limits it (no cache misses, no loop
-// overhead, no spills beyond the accumulators the real loops keep in memory). The
-// kernels' own cycles (`tessera bench qmatmul ... --in-cache --set threads=1`) divided by
-// these say how close each loop runs to its instruction mix; docs/performance.md quotes
-// both.
+// rows8), timed alone on x86-64 with AVX2 and FMA: what one 32-column chunk of an 8-row
+// weight group costs per activation row when nothing but the instructions limits it (no
+// cache misses, no loop overhead; the float accumulators live in memory, as 8 lane sets'
+// running sums leave no registers for them). These cycles divided by the kernels' own
+// (`tessera bench qmatmul ... --in-cache --set threads=1`) say how close each loop runs to
+// its instruction mix; docs/performance.md quotes both.
 //
 //   gcc -O2 scripts/avx2_int8_mix.c -o /tmp/avx2_int8_mix && taskset -c 0 /tmp/avx2_int8_mix
 //
