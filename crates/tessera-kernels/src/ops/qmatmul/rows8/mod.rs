@@ -372,7 +372,8 @@ impl Codes {
 /// 16×3072×576 took 229 µs against 194–202 at 4, where nibbles (one sum a row) were
 /// faster (Q4_1 −15%). 5 rows in a pass of 8 waste 3: Q4_1 5×3072×576 85–87 µs against
 /// 73 as 4 + 1; 6 rows broke even. AMD Zen 3, 2026-12-05, `tessera bench qmatmul
-/// --variant avx2-int8-r8`, cold, 2 threads, 2 alternated rounds. Full bytes, one i32
+/// --variant avx2-int8-r8`, 2 threads (16 rows on one copy of the weights, 5 on rotated
+/// copies, as the bench's cost model chose), 2 alternated rounds. Full bytes, one i32
 /// sum a row, too: Q8_0 16×3072×576 in cache, one thread, 501–504 µs at 8 rows a pass
 /// against 658–666 at 4 (2026-12-06, 3 alternated rounds, fastest samples).
 #[inline(always)]

@@ -60,9 +60,9 @@ pub(super) trait Dot4 {
 /// Full bytes went in as two nibble planes, u = 16·h + l, each with its own i16 sum,
 /// until 2026-12-06: as many multiplies, but two sums a row, and 8 rows' 16 sums and 8
 /// accumulators spilled in the steps. Signed, one i32 sum a row: Q8_0 16×3072×576 in
-/// cache, one thread, 500–504 µs against 564–569; the LM head 16×49152×576 cold on 2
-/// threads 4100–4112 against 4583–7127 (AMD Zen 3, `tessera bench qmatmul --variant
-/// avx2-int8-r8`, 3 alternated rounds, fastest samples).
+/// cache, one thread, 500–504 µs against 564–569; the LM head 16×49152×576 on one copy
+/// of its weights, 2 threads, 4100–4112 against 4583–7127 (AMD Zen 3, `tessera bench
+/// qmatmul --variant avx2-int8-r8`, 3 alternated rounds, fastest samples).
 pub(super) struct Maddubs;
 
 impl Dot4 for Maddubs {
