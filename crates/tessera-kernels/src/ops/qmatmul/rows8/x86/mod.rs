@@ -29,9 +29,9 @@ mod lanes;
 /// 331–340 µs against 396–404 at 4 rows, 2026-12-05, host B class); unrolled, LLVM
 /// hoisted the chunk's activation words and spilled them (567–569 µs).
 /// `scripts/avx2_int8_mix.c` times the loops' instruction mixes alone, with their
-/// finishes (host B class, 2026-12-06): 8.5–9.3 cycles per chunk and row for nibbles,
-/// 14.1–14.4 for full bytes; Q4_1 and Q8_0 16×3072×576 then ran at 85–86% and 89–91%
-/// of those rates (docs/performance.md, host B).
+/// finishes (host B class, 2026-12-06, clock 3.19–3.20 GHz): 8.0–8.1 cycles per chunk and
+/// row for nibbles, 13.1 for full bytes; Q4_1 and Q8_0 16×3072×576 then ran at 86–87% and
+/// 90% of those rates (docs/performance.md, host B).
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `w.layout.interleaved()`, not `Meta::SplitI8` metadata; r0 a
