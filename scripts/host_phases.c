@@ -7,9 +7,8 @@
 //   gcc -O2 -mavx2 scripts/host_phases.c -o /tmp/host_phases && taskset -c 0 /tmp/host_phases [SECONDS] [--timeline]
 //
 // Each round times five windows back to back (the clock's ~1 ms, the others 20-400 µs):
-//   clock  a chain of dependent scalar adds (one cycle each): the core's clock in GHz as a
-//          4-add loop reads it, 7% under avx2_int8_mix.c's 1000-add blocks on host B (loop
-//          overhead): compare rounds with each other;
+//   clock  a chain of dependent scalar adds (one cycle each), carried through every
+//          iteration: the core's clock in GHz;
 //   reg    vpmaddubsw + vpaddw pairs into 8 sums, registers only: vector issue, per cycle;
 //   L1     the same over a 16 KiB buffer (one load per multiply), per cycle;
 //   L2     over 384 KiB, per cycle;
