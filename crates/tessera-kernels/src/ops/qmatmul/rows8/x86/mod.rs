@@ -142,10 +142,11 @@ const PAIR_M: usize = 4;
 /// timing build (wrong outputs) sharing each broadcast between two activation rows took
 /// Q4_1 16×3072×576 in cache on one thread from 345–348 µs to 269–270; the pair, which
 /// pays for its halved broadcasts with a second code vector and its nibble masks each
-/// step, takes 327–328 (−5%); on 2 threads (one copy of the weights) 165–166 against 175, 16×960×576 54
-/// against 57 (AMD Zen 3, 2026-12-06, `tessera bench qmatmul --variant avx2-int8-r8`,
-/// 3 alternated rounds, fastest samples). One and two rows (decode) took 10–15% longer
-/// as pairs (1×3072×576 29–36 µs against 26–30), so they stay per group. 5-bit codes
+/// step, takes 327–328 (−5%); on 2 threads (one copy of the weights) 165–166 against
+/// 175, 16×960×576 54 against 57 (AMD Zen 3, 2026-12-06, `tessera bench qmatmul
+/// --variant avx2-int8-r8`, 3 alternated rounds, fastest samples). One and two rows
+/// (decode) took 10–15% longer as pairs (1×3072×576 29–36 µs against 26–30), so they
+/// stay per group. 5-bit codes
 /// keep two sums a row, which 4 rows of two groups would not fit in 16 registers. Full
 /// bytes (one i32 sum a row) have not been tried as pairs: each step would hold q and
 /// |q| of both groups.
